@@ -1,0 +1,86 @@
+# condukt: build, test and set-up entry points.
+#
+#   make setup     install the Debian packages this project needs (apt, root)
+#   make           build priv/condukt-egress
+#   make test      every test tier this machine can run (README)
+#   make demo      the main job (README)
+#
+# `mix compile` calls `make priv/condukt-egress` through the compiler step
+# in mix.exs, so a project using :condukt as a dependency gets the binary.
+
+VERSION := $(shell sed -n 's/^ *@version "\(.*\)"/\1/p' mix.exs)
+ROOT := $(abspath .)
+
+CC ?= cc
+PKGS := jansson
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lunistring
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wstrict-prototypes \
+        -Wmissing-prototypes -Wvla -Wno-unused-parameter
+BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -g $(WARN) -Ic_src $(PKG_CFLAGS) \
+        -DCE_VERSION='"$(VERSION)"' -MMD -MP
+REL_CFLAGS := $(BASE_CFLAGS) -O2 -fstack-protector-strong -D_FORTIFY_SOURCE=2 -fPIE
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all \
+        -fno-omit-frame-pointer
+TEST_CFLAGS := $(BASE_CFLAGS) -O1 $(SAN_FLAGS) -Inative_test \
+        -DCE_SOURCE_ROOT='"$(ROOT)"'
+
+SRCS := $(shell find c_src -name '*.c' | sort)
+LIB_SRCS := $(filter-out c_src/main.c,$(SRCS))
+TEST_SRCS := $(shell find native_test -name '*.c' -not -path 'native_test/fuzz/*' | sort)
+
+REL_OBJS := $(SRCS:%.c=build/rel/%.o)
+SAN_OBJS := $(LIB_SRCS:%.c=build/san/%.o) $(TEST_SRCS:%.c=build/san/%.o)
+
+BIN := priv/condukt-egress
+TEST_BIN := build/san/native_tests
+
+.PHONY: all setup test c-test elixir-test demo mozilla-pem clean
+all: $(BIN)
+
+$(BIN): $(REL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) -pie -Wl,-z,relro,-z,now -o $@ $^ $(PKG_LIBS)
+
+build/rel/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(REL_CFLAGS) -c -o $@ $<
+
+build/san/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(TEST_CFLAGS) -c -o $@ $<
+
+$(TEST_BIN): $(SAN_OBJS)
+	$(CC) $(SAN_FLAGS) -o $@ $^ $(PKG_LIBS) -lcriterion
+
+# A sanitizer report aborts the process, which Criterion counts as a
+# failed test, so ASan/UBSan/LSan findings fail the run.
+SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+           LSAN_OPTIONS=exitcode=23
+
+c-test: $(TEST_BIN) $(BIN)
+	$(SAN_ENV) CONDUKT_EGRESS_BIN=$(ROOT)/$(BIN) $(TEST_BIN) --jobs 2
+
+elixir-test: $(BIN)
+	MIX_ENV=test mix compile --warnings-as-errors --force
+	mix format --check-formatted
+	MIX_ENV=test mix test
+
+test: c-test elixir-test
+
+setup:
+	sh scripts/setup-debian.sh
+
+demo: $(BIN)
+	mix run scripts/demo.exs
+
+# Refresh the Mozilla root snapshot from Debian's ca-certificates package.
+mozilla-pem:
+	sh scripts/refresh-mozilla-pem.sh
+
+clean:
+	rm -rf build $(BIN) _build
+
+-include $(REL_OBJS:.o=.d) $(SAN_OBJS:.o=.d)

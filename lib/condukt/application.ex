@@ -1,0 +1,19 @@
+defmodule Condukt.Application do
+  @moduledoc false
+  use Application
+
+  @impl true
+  def start(_type, _args) do
+    Supervisor.start_link(offline_telemetry(), strategy: :one_for_one, name: Condukt.Supervisor)
+  end
+
+  # When the build had no Hex, :telemetry is the in-repo stand-in
+  # (offline/telemetry/), whose handler table is owned by a process that
+  # this tree starts. With the real :telemetry the module below does not
+  # exist and the real application owns its table.
+  defp offline_telemetry do
+    if Code.ensure_loaded?(:condukt_offline_telemetry_table),
+      do: [%{id: :condukt_offline_telemetry_table, start: {:condukt_offline_telemetry_table, :start_link, []}}],
+      else: []
+  end
+end

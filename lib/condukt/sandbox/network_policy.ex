@@ -1,0 +1,374 @@
+defmodule Condukt.Sandbox.NetworkPolicy do
+  @moduledoc """
+  The per-session egress policy: an ordered pipeline of rules that every
+  HTTP(S) request of the sandboxed workspace walks, top to bottom, until one
+  matches.
+
+      %Condukt.Sandbox.NetworkPolicy{
+        rules: [
+          deny: ["*.internal.example.com"],
+          allow: ["api.github.com", "*.openai.com"],
+          decide: fn _ctx, _req -> :allow end
+        ],
+        default: :deny
+      }
+
+  ## Rules
+
+    * `allow: patterns` and `deny: patterns` match the request's host
+      against a non-empty list of glob patterns: `*` matches within one DNS
+      label, `**` across labels. Matching is case-insensitive, ignores a
+      trailing dot and the port, and compares IDN names in their ASCII form
+      and IP literals by address; `docs/host-matching.md` has the exact
+      rules.
+    * `decide: callable` defers to code (or to an agent). It matches every
+      request that reaches it and is terminal: whatever the callable answers
+      is the decision. Four shapes are accepted — a 2-arity function,
+      `{module, function}`, a module (called as `module.decide(ctx, req, [])`)
+      and `{module, opts}` (`module.decide(ctx, req, opts)`); see
+      `Condukt.Sandbox.NetworkPolicy.Decider`. A keyword list is the
+      configured form:
+
+  #{Condukt.Options.docs(Condukt.Sandbox.NetworkPolicy.Schema.decide())}
+
+  If no rule matches, `:default` fires (`:deny` unless set to `:allow`).
+
+  ## Validation
+
+  `new/1` and `new!/1` validate a policy and fill in the decide defaults;
+  each error is a `Condukt.Sandbox.NetworkPolicy.Error` naming the rule
+  index, the key and the bad value. Sandboxes validate the policy they are
+  given, so a bad policy never reaches a pod.
+
+  ## Dry runs and the sidecar form
+
+  `evaluate/2` runs the pipeline on a URL or a `Request` without calling any
+  decider. `to_sidecar_json/1` compiles the policy into the versioned JSON
+  document the `condukt-egress` sidecar evaluates (`docs/policy-json.md`);
+  decide callables stay on the BEAM.
+  """
+
+  alias Condukt.Sandbox.NetworkPolicy.{Context, Error, Host, Request, Schema}
+
+  @typedoc "A host glob such as `\"api.github.com\"` or `\"*.openai.com\"`."
+  @type host_pattern :: String.t()
+
+  @typedoc "The four shapes of a decide callable."
+  @type callable ::
+          (Context.t(), Request.t() -> Condukt.Sandbox.NetworkPolicy.Decider.decision())
+          | {module(), atom()}
+          | module()
+          | {module(), keyword()}
+
+  @typedoc "The configured form of a decide rule."
+  @type decide_options :: [
+          call: callable(),
+          timeout: pos_integer(),
+          cache: boolean(),
+          context_messages: non_neg_integer(),
+          context_metadata: map()
+        ]
+
+  @type rule ::
+          {:allow, [host_pattern()]}
+          | {:deny, [host_pattern()]}
+          | {:decide, callable() | decide_options()}
+
+  @type t :: %__MODULE__{rules: [rule()], default: :allow | :deny}
+
+  @typedoc "Why `evaluate/2` denied a request."
+  @type deny_reason :: :denied_by_rule | :default_deny | :invalid_host | :invalid_url
+
+  @type decision :: :allow | {:deny, deny_reason()} | {:decide, non_neg_integer()}
+
+  @type matched_rule :: %{index: non_neg_integer(), kind: :allow | :deny | :decide} | nil
+
+  @sidecar_version 1
+
+  defstruct rules: [], default: :deny
+
+  @doc """
+  Validates a policy given as a keyword list, a map or a struct.
+
+  Returns the policy as a struct whose decide rules are in their configured
+  form with every default filled in. Host patterns are kept as written.
+  """
+  @spec new(t() | keyword() | map()) :: {:ok, t()} | {:error, Error.t()}
+  def new(policy) do
+    with {:ok, fields} <- fields(policy),
+         {:ok, default} <- validate_default(Map.get(fields, :default, :deny)),
+         {:ok, rules} <- validate_rules(Map.get(fields, :rules, [])) do
+      {:ok, %__MODULE__{rules: Enum.map(rules, &elem(&1, 0)), default: default}}
+    end
+  end
+
+  @doc "Like `new/1`, but raises `Condukt.Sandbox.NetworkPolicy.Error`."
+  @spec new!(t() | keyword() | map()) :: t()
+  def new!(policy) do
+    case new(policy) do
+      {:ok, policy} -> policy
+      {:error, error} -> raise error
+    end
+  end
+
+  @doc """
+  Dry-runs the policy on a URL (`"https://api.github.com/repos"`), a bare
+  `host[:port]`, or a `%Request{}` (its `:host`).
+
+  Returns `{decision, matched_rule}`. Decide rules are not called: they
+  yield `{:decide, index}`. An invalid host or URL is denied before any rule
+  with reason `:invalid_host` or `:invalid_url`. Raises
+  `Condukt.Sandbox.NetworkPolicy.Error` if the policy is invalid.
+
+      iex> policy = Condukt.Sandbox.NetworkPolicy.new!(rules: [allow: ["*.github.com"]])
+      iex> Condukt.Sandbox.NetworkPolicy.evaluate(policy, "https://api.github.com/repos")
+      {:allow, %{index: 0, kind: :allow}}
+      iex> Condukt.Sandbox.NetworkPolicy.evaluate(policy, "https://api.github.com.evil.net/")
+      {{:deny, :default_deny}, nil}
+  """
+  @spec evaluate(t() | keyword() | map(), Request.t() | String.t()) :: {decision(), matched_rule()}
+  def evaluate(policy, target) do
+    {rules, default} = compile!(policy)
+
+    case target_host(target) do
+      {:ok, host} -> walk(rules, host, default)
+      {:error, reason} -> {{:deny, reason}, nil}
+    end
+  end
+
+  @doc """
+  Compiles the policy into the sidecar's JSON document (version
+  #{@sidecar_version}, `docs/policy-json.md`): patterns normalised, decide
+  rules reduced to their index, timeout and cache flag. Raises
+  `Condukt.Sandbox.NetworkPolicy.Error` if the policy is invalid.
+  """
+  @spec to_sidecar_json(t() | keyword() | map()) :: String.t()
+  def to_sidecar_json(policy) do
+    {rules, default} = compile!(policy)
+
+    json_rules =
+      rules
+      |> Enum.with_index()
+      |> Enum.map(fn
+        {{:decide, opts}, i} ->
+          {[{"index", i}, {"kind", "decide"}, {"timeout_ms", opts[:timeout]}, {"cache", opts[:cache]}]}
+
+        {{kind, patterns}, i} ->
+          {[{"index", i}, {"kind", Atom.to_string(kind)}, {"hosts", Enum.map(patterns, &Host.to_text/1)}]}
+      end)
+
+    Condukt.JSON.encode!({[{"version", @sidecar_version}, {"default", Atom.to_string(default)}, {"rules", json_rules}]})
+  end
+
+  ## Evaluation ---------------------------------------------------------------
+
+  defp compile!(policy) do
+    policy = new!(policy)
+
+    rules =
+      Enum.map(policy.rules, fn
+        {:decide, opts} ->
+          {:decide, opts}
+
+        {kind, patterns} ->
+          {kind, Enum.map(patterns, fn pattern -> pattern |> Host.normalize_pattern() |> elem(1) end)}
+      end)
+
+    {rules, policy.default}
+  end
+
+  defp target_host(%Request{host: host}) when is_binary(host) do
+    case Host.normalize(host) do
+      {:ok, normalized} -> {:ok, normalized}
+      :error -> {:error, :invalid_host}
+    end
+  end
+
+  defp target_host(%Request{}), do: {:error, :invalid_host}
+  defp target_host(url) when is_binary(url), do: Host.parse_target(url)
+
+  defp walk(rules, host, default) do
+    rules
+    |> Enum.with_index()
+    |> Enum.find_value(fn {rule, index} -> rule_decision(rule, index, host) end)
+    |> case do
+      nil when default == :allow -> {:allow, nil}
+      nil -> {{:deny, :default_deny}, nil}
+      found -> found
+    end
+  end
+
+  defp rule_decision({:decide, _opts}, i, _host), do: {{:decide, i}, %{index: i, kind: :decide}}
+
+  defp rule_decision({kind, patterns}, i, host) do
+    if Enum.any?(patterns, &Host.match?(&1, host)) do
+      decision = if kind == :allow, do: :allow, else: {:deny, :denied_by_rule}
+      {decision, %{index: i, kind: kind}}
+    end
+  end
+
+  ## Validation ---------------------------------------------------------------
+
+  @policy_keys [:rules, :default]
+
+  defp fields(%__MODULE__{} = policy), do: {:ok, Map.from_struct(policy)}
+
+  defp fields(policy) when is_map(policy) and not is_struct(policy) do
+    check_policy_keys(Map.to_list(policy))
+  end
+
+  defp fields(policy) when is_list(policy) do
+    if Keyword.keyword?(policy),
+      do: check_policy_keys(policy),
+      else: {:error, %Error{reason: :invalid_policy, value: policy}}
+  end
+
+  defp fields(policy), do: {:error, %Error{reason: :invalid_policy, value: policy}}
+
+  defp check_policy_keys(pairs) do
+    case Enum.find(pairs, fn {key, _} -> key not in @policy_keys end) do
+      nil ->
+        {:ok, Map.new(pairs)}
+
+      {key, _} ->
+        {:error,
+         %Error{
+           reason: :unknown_key,
+           key: nil,
+           value: key,
+           detail: Condukt.Options.suggest(key, @policy_keys)
+         }}
+    end
+  end
+
+  defp validate_default(default) when default in [:allow, :deny], do: {:ok, default}
+  defp validate_default(default), do: {:error, %Error{reason: :invalid_default, key: :default, value: default}}
+
+  defp validate_rules(rules) when is_list(rules) do
+    rules
+    |> Enum.with_index()
+    |> Enum.reduce_while({:ok, []}, fn {rule, index}, {:ok, acc} ->
+      case validate_rule(rule, index) do
+        {:ok, valid} -> {:cont, {:ok, [{valid, index} | acc]}}
+        {:error, _} = error -> {:halt, error}
+      end
+    end)
+    |> case do
+      {:ok, acc} -> {:ok, Enum.reverse(acc)}
+      error -> error
+    end
+  end
+
+  defp validate_rules(rules), do: {:error, %Error{reason: :invalid_rules, key: :rules, value: rules}}
+
+  defp validate_rule({kind, patterns}, index) when kind in [:allow, :deny] do
+    cond do
+      patterns == [] ->
+        {:error, %Error{reason: :empty_host_list, rule_index: index, key: kind, value: []}}
+
+      not is_list(patterns) or not Enum.all?(patterns, &is_binary/1) ->
+        {:error, %Error{reason: :invalid_host_list, rule_index: index, key: kind, value: patterns}}
+
+      true ->
+        Enum.find_value(patterns, {:ok, {kind, patterns}}, fn pattern ->
+          case Host.normalize_pattern(pattern) do
+            {:ok, _} ->
+              nil
+
+            {:error, code} ->
+              {:error, %Error{reason: :invalid_pattern, rule_index: index, key: kind, value: pattern, detail: code}}
+          end
+        end)
+    end
+  end
+
+  defp validate_rule({:decide, options}, index) when is_list(options) do
+    if Keyword.keyword?(options) and options != [] do
+      validate_decide_options(options, index)
+    else
+      {:error, %Error{reason: :missing_call, rule_index: index, key: :decide, value: options}}
+    end
+  end
+
+  defp validate_rule({:decide, callable}, index) do
+    with :ok <- check_callable(callable, index) do
+      validate_decide_options([call: callable], index)
+    end
+  end
+
+  defp validate_rule({kind, _value}, index) when is_atom(kind) do
+    {:error,
+     %Error{
+       reason: :unknown_rule_kind,
+       rule_index: index,
+       key: kind,
+       value: kind,
+       detail: Condukt.Options.suggest(kind, [:allow, :deny, :decide])
+     }}
+  end
+
+  defp validate_rule(rule, index), do: {:error, %Error{reason: :invalid_rule, rule_index: index, value: rule}}
+
+  defp validate_decide_options(options, index) do
+    case Condukt.Options.validate(options, Schema.decide()) do
+      {:ok, valid} ->
+        with :ok <- check_callable(valid[:call], index), do: {:ok, {:decide, valid}}
+
+      {:error, {:unknown, key, suggestion}} ->
+        {:error, %Error{reason: :unknown_decide_option, rule_index: index, key: key, value: key, detail: suggestion}}
+
+      {:error, {:missing, :call}} ->
+        {:error, %Error{reason: :missing_call, rule_index: index, key: :decide, value: options}}
+
+      {:error, {:invalid, key, value, expected}} ->
+        {:error, %Error{reason: :invalid_decide_option, rule_index: index, key: key, value: value, detail: expected}}
+    end
+  end
+
+  defp check_callable(callable, index) do
+    case callable_problem(callable) do
+      nil ->
+        :ok
+
+      problem ->
+        {:error, %Error{reason: :invalid_callable, rule_index: index, key: :call, value: callable, detail: problem}}
+    end
+  end
+
+  defp callable_problem(fun) when is_function(fun, 2), do: nil
+
+  defp callable_problem(fun) when is_function(fun) do
+    {:arity, arity} = Function.info(fun, :arity)
+    "a function decider takes 2 arguments (ctx, req), this one takes #{arity}"
+  end
+
+  defp callable_problem({module, opts}) when is_atom(module) and is_list(opts) do
+    if Keyword.keyword?(opts),
+      do: exported_problem(module, :decide, 3),
+      else: "the options of {module, opts} must be a keyword list"
+  end
+
+  defp callable_problem({module, function}) when is_atom(module) and is_atom(function),
+    do: exported_problem(module, function, 2)
+
+  defp callable_problem(module) when is_atom(module) and module not in [nil, true, false],
+    do: exported_problem(module, :decide, 3)
+
+  defp callable_problem(_other) do
+    "expected a 2-arity function, {module, function}, a module or {module, opts}"
+  end
+
+  defp exported_problem(module, function, arity) do
+    cond do
+      not match?({:module, _}, Code.ensure_loaded(module)) ->
+        "module #{inspect(module)} is not available"
+
+      not function_exported?(module, function, arity) ->
+        "#{inspect(module)}.#{function}/#{arity} is not exported" <>
+          if(function == :decide, do: " (the Condukt.Sandbox.NetworkPolicy.Decider callback)", else: "")
+
+      true ->
+        nil
+    end
+  end
+end

@@ -1,0 +1,41 @@
+#!/bin/sh
+# Installs the Debian 12 packages condukt needs to build, test and run.
+# Idempotent: packages already installed are left alone, and apt is not
+# touched at all when nothing is missing. Needs root (or sudo).
+set -eu
+
+PACKAGES="
+  make gcc pkg-config git curl ca-certificates
+  elixir erlang-nox erlang-dev erlang-jiffy
+  libjansson-dev libunistring-dev libssl-dev libuv1-dev libnghttp2-dev
+  libwebsockets-dev libyaml-dev
+  libcriterion-dev clang libclang-rt-14-dev
+"
+
+missing=""
+for p in $PACKAGES; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  case "$status" in
+    "install ok installed") ;;
+    *) missing="$missing $p" ;;
+  esac
+done
+
+if [ -z "$missing" ]; then
+  echo "setup: all Debian packages present"
+  exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+  SUDO=""
+elif command -v sudo >/dev/null 2>&1; then
+  SUDO="sudo"
+else
+  echo "setup: missing packages:$missing; run this as root or install sudo" >&2
+  exit 1
+fi
+
+echo "setup: installing$missing"
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing

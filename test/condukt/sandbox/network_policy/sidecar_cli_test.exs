@@ -1,0 +1,124 @@
+defmodule Condukt.Sandbox.NetworkPolicy.SidecarCliTest do
+  # The policy as the sidecar sees it: documents written by
+  # NetworkPolicy.to_sidecar_json/1 and read by the real condukt-egress
+  # binary (`policy check`, `policy eval`).
+  use ExUnit.Case, async: true
+
+  alias Condukt.Sandbox.NetworkPolicy
+  alias Condukt.Test.Vectors
+
+  @moduletag :tmp_dir
+
+  defp egress(args), do: System.cmd(Condukt.egress_binary(), args, stderr_to_stdout: true)
+
+  defp write!(dir, name, contents) do
+    path = Path.join(dir, name)
+    File.write!(path, contents)
+    path
+  end
+
+  test "the C evaluator agrees with evaluate/2 on every vector, through to_sidecar_json/1", %{tmp_dir: dir} do
+    vectors = Vectors.load!()
+
+    failures =
+      vectors["groups"]
+      |> Enum.with_index()
+      |> Enum.flat_map(fn {group, i} ->
+        policy = Vectors.elixir_policy(group["policy"])
+        file = write!(dir, "group#{i}.json", NetworkPolicy.to_sidecar_json(policy))
+        assert {_, 0} = egress(["policy", "check", file])
+
+        Enum.flat_map(group["cases"], fn c ->
+          {out, 0} = egress(["policy", "eval", file, c["input"]])
+          from_c = Condukt.JSON.decode!(out)
+
+          {decision, matched} = NetworkPolicy.evaluate(policy, c["input"])
+          assert matched_json(matched) == from_c["matched_rule"]
+
+          if same_decision?(decision, from_c),
+            do: [],
+            else: ["#{group["name"]}: #{inspect(c["input"])}: Elixir #{inspect(decision)}, C #{out}"]
+        end)
+      end)
+
+    assert failures == []
+  end
+
+  defp matched_json(nil), do: nil
+  defp matched_json(%{index: i, kind: k}), do: %{"index" => i, "kind" => Atom.to_string(k)}
+
+  defp same_decision?(:allow, %{"decision" => "allow", "reason" => nil}), do: true
+  defp same_decision?({:decide, _}, %{"decision" => "decide", "reason" => nil}), do: true
+  defp same_decision?({:deny, r}, %{"decision" => "deny", "reason" => r2}), do: Atom.to_string(r) == r2
+  defp same_decision?(_, _), do: false
+
+  describe "policy check names the culprit of every bad policy" do
+    @bad [
+      {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"alow","hosts":["a.com"]}]}), "$.rules[0].kind"},
+      {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"deny","hosts":[]}]}), "$.rules[0].hosts"},
+      {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"allow","hosts":["a.com","***.b.com"]}]}),
+       "$.rules[0].hosts[1]"},
+      {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"allow","hosts":["a..b.com"]}]}),
+       "$.rules[0].hosts[0]"},
+      {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"allow","hosts":["https://a.com"]}]}),
+       "$.rules[0].hosts[0]"},
+      {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"allow","hosts":["a.com/x"]}]}),
+       "$.rules[0].hosts[0]"},
+      {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"allow","hosts":["a.com:443"]}]}),
+       "$.rules[0].hosts[0]"},
+      {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"decide","timeout_ms":0,"cache":true}]}),
+       "$.rules[0].timeout_ms"},
+      {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"decide","timeout_ms":-1,"cache":true}]}),
+       "$.rules[0].timeout_ms"},
+      {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"decide","timeout_ms":5,"cache":true,"call":"x"}]}),
+       "$.rules[0].call"},
+      {~s({"version":1,"default":"drop","rules":[]}), "$.default"},
+      {~s({"version":2,"default":"deny","rules":[]}), "$.version"},
+      {~s({"version":"1","default":"deny","rules":[]}), "$.version"},
+      {~s({"version":1,"default":"deny","rules":[],"extra":1}), "$.extra"},
+      {~s({"version":1,"default":"deny","rules":[{"index":1,"kind":"allow","hosts":["a.com"]}]}), "$.rules[0].index"}
+    ]
+
+    for {{doc, path}, i} <- Enum.with_index(@bad) do
+      test "case #{i}: #{path}", %{tmp_dir: dir} do
+        file = write!(dir, "bad.json", unquote(doc))
+        {out, status} = egress(["policy", "check", file])
+        assert status == 1, out
+        assert out =~ unquote(path) <> ":", out
+      end
+    end
+  end
+
+  test "policy eval prints one JSON object", %{tmp_dir: dir} do
+    file =
+      write!(
+        dir,
+        "seed.json",
+        NetworkPolicy.to_sidecar_json(rules: [deny: ["*.internal.example.com"], allow: ["api.github.com"]])
+      )
+
+    {out, 0} = egress(["policy", "eval", file, "https://API.github.com./repos"])
+
+    assert Condukt.JSON.decode!(out) == %{
+             "decision" => "allow",
+             "reason" => nil,
+             "matched_rule" => %{"index" => 1, "kind" => "allow"},
+             "host" => "api.github.com"
+           }
+  end
+
+  test "usage errors exit 2 and name the bad word" do
+    assert {out, 2} = egress(["polcy"])
+    assert out =~ "polcy"
+    assert {out, 2} = egress(["policy", "frobnicate"])
+    assert out =~ "frobnicate"
+    assert {_out, 2} = egress(["policy", "check"])
+    assert {out, 2} = egress(["policy", "check", "--verbose", "x.json"])
+    assert out =~ "--verbose"
+  end
+
+  test "a missing file is an error naming it" do
+    {out, 1} = egress(["policy", "check", "/nonexistent/policy.json"])
+    assert out =~ "/nonexistent/policy.json"
+  end
+end

@@ -1,0 +1,107 @@
+defmodule Condukt.Sandbox.NetworkPolicy.VectorsTest do
+  # Runs every vector of native_test/vectors/policy_vectors.json, the file
+  # the C tests run too; the two evaluators agree by construction.
+  use ExUnit.Case, async: true
+
+  alias Condukt.Sandbox.NetworkPolicy
+  alias Condukt.Sandbox.NetworkPolicy.Host
+  alias Condukt.Test.Vectors
+
+  setup_all do
+    %{vectors: Vectors.load!()}
+  end
+
+  test "the file holds at least 300 policy cases", %{vectors: vectors} do
+    count = vectors["groups"] |> Enum.map(&length(&1["cases"])) |> Enum.sum()
+    assert count >= 300, "only #{count} cases in #{Vectors.path()}"
+  end
+
+  test "pattern vectors", %{vectors: vectors} do
+    failures =
+      Enum.flat_map(vectors["patterns"], fn v ->
+        expected = if v["error"], do: {:error, v["error"]}, else: {:ok, v["normalized"]}
+
+        got =
+          case Host.normalize_pattern(v["pattern"]) do
+            {:ok, p} -> {:ok, Host.to_text(p)}
+            {:error, code} -> {:error, Atom.to_string(code)}
+          end
+
+        if got == expected,
+          do: [],
+          else: ["#{inspect(v["pattern"])}: expected #{inspect(expected)}, got #{inspect(got)}"]
+      end)
+
+    assert failures == []
+  end
+
+  test "host vectors", %{vectors: vectors} do
+    failures =
+      Enum.flat_map(vectors["hosts"], fn v ->
+        got =
+          case Host.normalize(v["host"]) do
+            {:ok, h} -> Host.to_text(h)
+            :error -> nil
+          end
+
+        if got == v["normalized"],
+          do: [],
+          else: ["#{inspect(v["host"])}: expected #{inspect(v["normalized"])}, got #{inspect(got)}"]
+      end)
+
+    assert failures == []
+  end
+
+  test "policy cases", %{vectors: vectors} do
+    failures =
+      Enum.flat_map(vectors["groups"], fn group ->
+        policy = Vectors.elixir_policy(group["policy"])
+
+        Enum.flat_map(group["cases"], fn c ->
+          got = summarize(NetworkPolicy.evaluate(policy, c["input"]), c["input"])
+          expected = Map.take(c, ["decision", "reason", "matched_rule", "host"])
+
+          if got == expected,
+            do: [],
+            else: ["#{group["name"]}: #{inspect(c["input"])}: expected #{inspect(expected)}, got #{inspect(got)}"]
+        end)
+      end)
+
+    assert failures == []
+  end
+
+  test "to_sidecar_json/1 reproduces every group's document, patterns normalised", %{vectors: vectors} do
+    for group <- vectors["groups"] do
+      expected =
+        update_in(group["policy"]["rules"], fn rules ->
+          Enum.map(rules, fn
+            %{"hosts" => hosts} = rule ->
+              %{rule | "hosts" => Enum.map(hosts, &(&1 |> Host.normalize_pattern() |> elem(1) |> Host.to_text()))}
+
+            rule ->
+              rule
+          end)
+        end)
+
+      json = group["policy"] |> Vectors.elixir_policy() |> NetworkPolicy.to_sidecar_json()
+      assert Condukt.JSON.decode!(json) == expected, group["name"]
+    end
+  end
+
+  defp summarize({decision, matched}, input) do
+    {name, reason} =
+      case decision do
+        :allow -> {"allow", nil}
+        {:decide, _} -> {"decide", nil}
+        {:deny, reason} -> {"deny", Atom.to_string(reason)}
+      end
+
+    host =
+      case Host.parse_target(input) do
+        {:ok, h} -> Host.to_text(h)
+        {:error, _} -> nil
+      end
+
+    %{"decision" => name, "reason" => reason, "matched_rule" => matched && matched.index, "host" => host}
+  end
+end

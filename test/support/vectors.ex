@@ -1,0 +1,26 @@
+defmodule Condukt.Test.Vectors do
+  @moduledoc false
+  # Loads native_test/vectors/policy_vectors.json, the shared oracle that the
+  # C tests run too.
+
+  @path Path.expand("../../native_test/vectors/policy_vectors.json", __DIR__)
+
+  def path, do: @path
+  def load!, do: @path |> File.read!() |> Condukt.JSON.decode!()
+
+  # The Elixir form of a vector group's sidecar policy: decide rules get a
+  # function callable, since the sidecar document carries none.
+  def elixir_policy(%{"default" => default, "rules" => rules}) do
+    %Condukt.Sandbox.NetworkPolicy{
+      default: String.to_existing_atom(default),
+      rules:
+        Enum.map(rules, fn
+          %{"kind" => "decide", "timeout_ms" => t, "cache" => c} ->
+            {:decide, [call: fn _ctx, _req -> :allow end, timeout: t, cache: c]}
+
+          %{"kind" => kind, "hosts" => hosts} ->
+            {String.to_existing_atom(kind), hosts}
+        end)
+    }
+  end
+end
