@@ -73,7 +73,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.VectorsTest do
   test "to_sidecar_json/1 reproduces every group's document, patterns normalised", %{vectors: vectors} do
     for group <- vectors["groups"] do
       expected =
-        update_in(group["policy"]["rules"], fn rules ->
+        Map.update!(group["policy"], "rules", fn rules ->
           Enum.map(rules, fn
             %{"hosts" => hosts} = rule ->
               %{rule | "hosts" => Enum.map(hosts, &(&1 |> Host.normalize_pattern() |> elem(1) |> Host.to_text()))}
