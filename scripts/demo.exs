@@ -54,18 +54,25 @@ from_c = fn out ->
 end
 
 row = fn cols ->
-  cols |> Enum.zip([44, 22, 18, 22]) |> Enum.map_join(" ", fn {c, w} -> String.pad_trailing(c, w) end)
+  cols |> Enum.zip([50, 22, 14, 22]) |> Enum.map_join(" ", fn {c, w} -> String.pad_trailing(c, w) end)
 end
 
 IO.puts(row.(["URL", "Elixir evaluate/2", "matched rule", "C policy eval"]))
-IO.puts(String.duplicate("-", 110))
+IO.puts(String.duplicate("-", 111))
 
 disagreements =
   Enum.count(urls, fn url ->
     {decision, matched} = NetworkPolicy.evaluate(policy, url)
     {out, 0} = System.cmd(Condukt.egress_binary(), ["policy", "eval", file, url])
     c = from_c.(out)
-    rule = if matched, do: "#{matched.index} (#{matched.kind})", else: "default/none"
+
+    rule =
+      cond do
+        matched -> "#{matched.index} (#{matched.kind})"
+        match?({:deny, r} when r in [:invalid_host, :invalid_url], decision) -> "none"
+        true -> "default"
+      end
+
     IO.puts(row.([url, show.(decision), rule, c]))
     show.(decision) != c
   end)

@@ -4,11 +4,14 @@
  *   condukt-egress policy check FILE              exit 0, or 1 + error line
  *   condukt-egress policy eval FILE URL_OR_HOST   one JSON verdict on stdout
  *
+ * "--" ends the options, for a host or file that starts with '-'.
+ *
  * Exit codes follow cli.h: 1 when the document is refused (the loader's
  * one-line message on stderr, prefixed "condukt-egress: FILE: "), 2 for a
  * bad command line. The eval output format is fixed by docs/policy-json.md
  * ("policy eval output"); the Elixir side and operators parse it.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -20,8 +23,8 @@
 
 static void usage(FILE *out) {
   fprintf(out,
-          "usage: " PROG " policy check FILE\n"
-          "       " PROG " policy eval FILE URL_OR_HOST\n"
+          "usage: " PROG " policy check [--] FILE\n"
+          "       " PROG " policy eval [--] FILE URL_OR_HOST\n"
           "\n"
           "  check  validate a sidecar policy document (docs/policy-json.md)\n"
           "  eval   print the verdict for a URL or host[:port] as one JSON line\n");
@@ -70,40 +73,58 @@ static void print_verdict(const ce_verdict_t *v) {
   printf("}\n");
 }
 
+/* The most positional words any form of the command takes: SUB FILE TARGET. */
+#define POLICY_MAX_WORDS 3
+
 int ce_cmd_policy(int argc, char **argv) {
-  /* Options are not part of this command's grammar; refusing every word
-   * that starts with '-' keeps "-" or "--help" from being read as a file. */
+  /* A word starting with '-' is an option, and this command has none but
+   * -h/--help; refusing the others keeps "-" or "--verbose" from being read
+   * as a file. A lone "--" ends the options, so a host or a file whose name
+   * starts with '-' can still be given after it. */
+  const char *words[POLICY_MAX_WORDS];
+  int n = 0;
+  bool options_done = false;
   for (int i = 1; i < argc; i++) {
-    if (argv[i][0] == '-')
-      return usage_error("policy: unknown option", argv[i]);
+    const char *w = argv[i];
+    if (!options_done && strcmp(w, "--") == 0) {
+      options_done = true;
+      continue;
+    }
+    if (!options_done && (strcmp(w, "-h") == 0 || strcmp(w, "--help") == 0)) {
+      usage(stdout);
+      return CE_EXIT_OK;
+    }
+    if (!options_done && w[0] == '-')
+      return usage_error("policy: unknown option", w);
+    if (n == POLICY_MAX_WORDS)
+      return usage_error("policy: unexpected argument", w);
+    words[n++] = w;
   }
-  if (argc < 2)
+  if (n < 1)
     return usage_error("policy: missing subcommand (check or eval)", NULL);
 
-  const char *sub = argv[1];
+  const char *sub = words[0];
   if (strcmp(sub, "check") == 0) {
-    if (argc < 3)
+    if (n < 2)
       return usage_error("policy check: missing FILE", NULL);
-    if (argc > 3)
-      return usage_error("policy check: unexpected argument", argv[3]);
+    if (n > 2)
+      return usage_error("policy check: unexpected argument", words[2]);
     ce_policy_t *policy = NULL;
-    int code = load(argv[2], &policy);
+    int code = load(words[1], &policy);
     ce_policy_free(policy);
     return code;
   }
   if (strcmp(sub, "eval") == 0) {
-    if (argc < 3)
+    if (n < 2)
       return usage_error("policy eval: missing FILE", NULL);
-    if (argc < 4)
+    if (n < 3)
       return usage_error("policy eval: missing URL_OR_HOST", NULL);
-    if (argc > 4)
-      return usage_error("policy eval: unexpected argument", argv[4]);
     ce_policy_t *policy = NULL;
-    int code = load(argv[2], &policy);
+    int code = load(words[1], &policy);
     if (code != CE_EXIT_OK)
       return code;
     ce_verdict_t verdict;
-    int rc = ce_policy_eval_input(policy, argv[3], strlen(argv[3]), &verdict);
+    int rc = ce_policy_eval_input(policy, words[2], strlen(words[2]), &verdict);
     ce_policy_free(policy);
     if (rc != 0) {
       fprintf(stderr, PROG ": policy eval: %s\n", ce_strerror(rc));
@@ -116,7 +137,9 @@ int ce_cmd_policy(int argc, char **argv) {
     }
     return CE_EXIT_OK;
   }
-  if (strcmp(sub, "help") == 0)
-    return usage_error("policy: not a subcommand (the usage follows)", sub);
+  if (strcmp(sub, "help") == 0) {
+    usage(stdout);
+    return CE_EXIT_OK;
+  }
   return usage_error("policy: unknown subcommand", sub);
 }

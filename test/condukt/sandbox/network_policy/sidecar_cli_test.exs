@@ -28,12 +28,16 @@ defmodule Condukt.Sandbox.NetworkPolicy.SidecarCliTest do
         file = write!(dir, "group#{i}.json", NetworkPolicy.to_sidecar_json(policy))
         assert {_, 0} = egress(["policy", "check", file])
 
-        Enum.flat_map(group["cases"], fn c ->
-          {out, 0} = egress(["policy", "eval", file, c["input"]])
+        # A command-line argument cannot carry a NUL byte; those vectors are
+        # run in-process by the C tests (test_vectors.c) instead.
+        group["cases"]
+        |> Enum.reject(&String.contains?(&1["input"], <<0>>))
+        |> Enum.flat_map(fn c ->
+          {out, 0} = egress(["policy", "eval", "--", file, c["input"]])
           from_c = Condukt.JSON.decode!(out)
 
           {decision, matched} = NetworkPolicy.evaluate(policy, c["input"])
-          assert matched_json(matched) == from_c["matched_rule"]
+          assert matched_json(matched) == from_c["matched_rule"], inspect(c["input"])
 
           if same_decision?(decision, from_c),
             do: [],

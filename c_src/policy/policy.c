@@ -1,0 +1,689 @@
+/*
+ * Policy loading and evaluation (see policy.h).
+ *
+ * Loading parses the document with jansson, walks it once in a fixed order
+ * (version first, so a newer document says "unsupported version" rather
+ * than tripping over a member this build does not know; then unknown
+ * members, so a misspelt member is named as such rather than reported as a
+ * missing one), and compiles every pattern into a flat array. The first
+ * problem found ends the load with a message naming its JSON path.
+ *
+ * A compiled policy is three arrays: rules, each pointing at a slice of
+ * the pattern array, and one text arena holding every normalised name.
+ * Evaluation walks the rules in order; nothing in it allocates.
+ */
+#include "policy/policy.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <unistr.h>
+
+#include "common/error.h"
+#include "policy/glob.h"
+#include "policy/url.h"
+
+/* A JSON path in a message: "$.rules[4095].hosts[4095]" plus a member name
+ * shortened to QUOTE_MAX bytes always fits. */
+#define PATH_MAX_LEN 192
+/* User text quoted in a message (a pattern, a member name) is cut to this
+ * many bytes and marked with "..." so one line stays readable. */
+#define QUOTE_MAX 96
+/* The first read buffer for a policy file; it doubles up to the limit. */
+#define READ_CHUNK (64u * 1024u)
+
+typedef struct {
+  uint8_t kind;      /* ce_host_kind_t */
+  uint8_t wildcard;  /* a name containing '*' */
+  uint16_t len;      /* text length, at most CE_HOST_NAME_MAX */
+  size_t text_off;   /* offset of the text in policy->arena (names only) */
+  uint8_t addr[16];  /* IP literals only */
+} ce__pattern_t;
+
+typedef struct {
+  ce_rule_kind_t kind;
+  uint32_t timeout_ms;
+  bool cache;
+  size_t first; /* index of the first pattern in policy->patterns */
+  size_t count;
+} ce__rule_t;
+
+struct ce_policy {
+  ce_decision_t default_decision;
+  ce__rule_t *rules;
+  size_t rule_count;
+  ce__pattern_t *patterns;
+  size_t pattern_count, pattern_cap;
+  char *arena;
+  size_t arena_len, arena_cap;
+};
+
+/* ---- error messages ---------------------------------------------------- */
+
+/* snprintf that may cut: every buffer is sized for the texts we expect,
+ * and a shortened message is still better than none. */
+static void format_into(char *dst, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void format_into(char *dst, size_t cap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(dst, cap, fmt, ap);
+  va_end(ap);
+}
+
+static int fail(ce_policy_error_t *err, int code, const char *path,
+                const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static int fail(ce_policy_error_t *err, int code, const char *path,
+                const char *fmt, ...) {
+  char what[CE_POLICY_ERROR_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof(what), fmt, ap);
+  va_end(ap);
+  err->code = code;
+  if (path != NULL)
+    format_into(err->message, sizeof(err->message), "%s: %s", path, what);
+  else
+    format_into(err->message, sizeof(err->message), "%s", what);
+  return code;
+}
+
+/* Writes s[0..n) into dst (cap bytes, NUL-terminated) so that it reads
+ * safely on a terminal: control bytes and (when the text is not valid
+ * UTF-8) non-ASCII bytes become \xNN, '"' and '\' are escaped when
+ * in_quotes is set, and text past QUOTE_MAX bytes is replaced by "...". */
+static void sanitize(char *dst, size_t cap, const char *s, size_t n,
+                     int in_quotes) {
+  static const char hex[] = "0123456789abcdef";
+  int utf8 = u8_check((const uint8_t *)s, n) == NULL;
+  size_t o = 0, i = 0;
+  size_t limit = n > QUOTE_MAX ? QUOTE_MAX : n;
+
+  /* Never cut a UTF-8 sequence in half. */
+  if (utf8 && limit < n) {
+    while (limit > 0 && ((unsigned char)s[limit] & 0xC0) == 0x80)
+      limit--;
+  }
+  for (i = 0; i < limit && o + 5 < cap; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (in_quotes && (c == '"' || c == '\\')) {
+      dst[o++] = '\\';
+      dst[o++] = (char)c;
+    } else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !utf8)) {
+      dst[o++] = '\\';
+      dst[o++] = 'x';
+      dst[o++] = hex[c >> 4];
+      dst[o++] = hex[c & 0xf];
+    } else {
+      dst[o++] = (char)c;
+    }
+  }
+  if (i < n && o + 4 < cap) {
+    memcpy(dst + o, "...", 3);
+    o += 3;
+  }
+  dst[o] = '\0';
+}
+
+static void quote(char *dst, size_t cap, const char *s, size_t n) {
+  sanitize(dst, cap, s, n, 1);
+}
+
+/* path + ".name", or path + "[\"name\"]" when the name is not a plain
+ * identifier, so every message names the member unambiguously. */
+static void member_path(char *dst, size_t cap, const char *base,
+                        const char *key) {
+  size_t n = strlen(key);
+  int plain = n > 0 && n <= QUOTE_MAX;
+  for (size_t i = 0; i < n && plain; i++) {
+    char c = key[i];
+    plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+            (i > 0 && c >= '0' && c <= '9');
+  }
+  if (plain) {
+    format_into(dst, cap, "%s.%s", base, key);
+  } else {
+    char q[QUOTE_MAX * 4 + 8];
+    quote(q, sizeof(q), key, n);
+    format_into(dst, cap, "%s[\"%s\"]", base, q);
+  }
+}
+
+/* ---- building ------------------------------------------------------------ */
+
+static int grow(void **buf, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap)
+    return 0;
+  size_t ncap = *cap > 0 ? *cap : 16;
+  while (ncap < need) {
+    if (ncap > SIZE_MAX / 2 / elem)
+      return CE_ENOMEM;
+    ncap *= 2;
+  }
+  void *nbuf = realloc(*buf, ncap * elem);
+  if (nbuf == NULL)
+    return CE_ENOMEM;
+  *buf = nbuf;
+  *cap = ncap;
+  return 0;
+}
+
+static int add_pattern(ce_policy_t *p, const ce_host_t *h) {
+  int rc = grow((void **)&p->patterns, &p->pattern_cap, p->pattern_count + 1,
+                sizeof(ce__pattern_t));
+  if (rc != 0)
+    return rc;
+  ce__pattern_t *pat = &p->patterns[p->pattern_count];
+  memset(pat, 0, sizeof(*pat));
+  pat->kind = (uint8_t)h->kind;
+  pat->len = (uint16_t)h->len;
+  if (h->kind == CE_HOST_NAME) {
+    rc = grow((void **)&p->arena, &p->arena_cap, p->arena_len + h->len, 1);
+    if (rc != 0)
+      return rc;
+    memcpy(p->arena + p->arena_len, h->text, h->len);
+    pat->text_off = p->arena_len;
+    pat->wildcard = memchr(h->text, '*', h->len) != NULL;
+    p->arena_len += h->len;
+  } else {
+    memcpy(pat->addr, h->addr, sizeof(pat->addr));
+  }
+  p->pattern_count++;
+  return 0;
+}
+
+/* ---- validation ---------------------------------------------------------- */
+
+static int check_members(const json_t *obj, const char *path,
+                         const char *const *allowed, size_t nallowed,
+                         ce_policy_error_t *err) {
+  const char *key;
+  json_t *val;
+  json_object_foreach((json_t *)obj, key, val) {
+    int known = 0;
+    for (size_t k = 0; k < nallowed && !known; k++)
+      known = strcmp(key, allowed[k]) == 0;
+    if (!known) {
+      char mpath[PATH_MAX_LEN];
+      member_path(mpath, sizeof(mpath), path, key);
+      return fail(err, CE_EINVAL, mpath, "unknown member");
+    }
+  }
+  return 0;
+}
+
+static int missing(ce_policy_error_t *err, const char *path, const char *name) {
+  return fail(err, CE_EINVAL, path, "missing member \"%s\"", name);
+}
+
+static int load_hosts(ce_policy_t *p, const json_t *hosts, const char *path,
+                      ce__rule_t *rule, ce_policy_error_t *err) {
+  char hpath[PATH_MAX_LEN];
+  format_into(hpath, sizeof(hpath), "%s.hosts", path);
+  if (!json_is_array(hosts) || json_array_size(hosts) == 0)
+    return fail(err, CE_EINVAL, hpath, "expected a non-empty array of strings");
+  if (json_array_size(hosts) > CE_POLICY_MAX_HOSTS)
+    return fail(err, CE_EINVAL, hpath, "more than %d patterns",
+                CE_POLICY_MAX_HOSTS);
+
+  rule->first = p->pattern_count;
+  for (size_t j = 0; j < json_array_size(hosts); j++) {
+    const json_t *h = json_array_get(hosts, j);
+    char epath[PATH_MAX_LEN];
+    format_into(epath, sizeof(epath), "%s[%zu]", hpath, j);
+    if (!json_is_string(h))
+      return fail(err, CE_EINVAL, epath, "expected a string");
+
+    const char *text = json_string_value(h);
+    size_t len = json_string_length(h);
+    ce_host_t norm;
+    ce_pattern_err_t perr = CE_PATTERN_OK;
+    int rc = ce_pattern_normalize(text, len, &norm, &perr);
+    if (rc == CE_ENOMEM)
+      return fail(err, CE_ENOMEM, epath, "%s", ce_strerror(CE_ENOMEM));
+    if (rc != 0) {
+      char q[QUOTE_MAX * 4 + 8];
+      quote(q, sizeof(q), text, len);
+      err->pattern_err = perr;
+      return fail(err, CE_EINVAL, epath, "bad pattern \"%s\" (%s): %s", q,
+                  ce_pattern_err_code(perr), ce_pattern_err_hint(perr));
+    }
+    rc = add_pattern(p, &norm);
+    if (rc != 0)
+      return fail(err, rc, epath, "%s", ce_strerror(rc));
+  }
+  rule->count = p->pattern_count - rule->first;
+  return 0;
+}
+
+static int load_rule(ce_policy_t *p, const json_t *obj, size_t i,
+                     ce_policy_error_t *err) {
+  static const char *const members[] = {"index", "kind", "hosts",
+                                        "timeout_ms", "cache"};
+  char path[PATH_MAX_LEN], mpath[PATH_MAX_LEN];
+  ce__rule_t *rule = &p->rules[i];
+  int rc;
+
+  format_into(path, sizeof(path), "$.rules[%zu]", i);
+  if (!json_is_object(obj))
+    return fail(err, CE_EINVAL, path, "expected an object");
+  rc = check_members(obj, path, members, sizeof(members) / sizeof(members[0]), err);
+  if (rc != 0)
+    return rc;
+
+  const json_t *index = json_object_get(obj, "index");
+  format_into(mpath, sizeof(mpath), "%s.index", path);
+  if (index == NULL)
+    return missing(err, path, "index");
+  if (!json_is_integer(index))
+    return fail(err, CE_EINVAL, mpath, "expected an integer");
+  if (json_integer_value(index) != (json_int_t)i)
+    return fail(err, CE_EINVAL, mpath,
+                "must equal the rule's position %zu, not %" JSON_INTEGER_FORMAT,
+                i, json_integer_value(index));
+
+  const json_t *kind = json_object_get(obj, "kind");
+  const char *k = json_string_value(kind);
+  format_into(mpath, sizeof(mpath), "%s.kind", path);
+  if (kind == NULL)
+    return missing(err, path, "kind");
+  if (k != NULL && strcmp(k, "allow") == 0 && json_string_length(kind) == 5)
+    rule->kind = CE_RULE_ALLOW;
+  else if (k != NULL && strcmp(k, "deny") == 0 && json_string_length(kind) == 4)
+    rule->kind = CE_RULE_DENY;
+  else if (k != NULL && strcmp(k, "decide") == 0 && json_string_length(kind) == 6)
+    rule->kind = CE_RULE_DECIDE;
+  else
+    return fail(err, CE_EINVAL, mpath, "expected \"allow\", \"deny\" or \"decide\"");
+
+  const json_t *hosts = json_object_get(obj, "hosts");
+  const json_t *timeout = json_object_get(obj, "timeout_ms");
+  const json_t *cache = json_object_get(obj, "cache");
+
+  if (rule->kind != CE_RULE_DECIDE) {
+    if (timeout != NULL) {
+      format_into(mpath, sizeof(mpath), "%s.timeout_ms", path);
+      return fail(err, CE_EINVAL, mpath, "only a decide rule has this member");
+    }
+    if (cache != NULL) {
+      format_into(mpath, sizeof(mpath), "%s.cache", path);
+      return fail(err, CE_EINVAL, mpath, "only a decide rule has this member");
+    }
+    if (hosts == NULL)
+      return missing(err, path, "hosts");
+    return load_hosts(p, hosts, path, rule, err);
+  }
+
+  if (hosts != NULL) {
+    format_into(mpath, sizeof(mpath), "%s.hosts", path);
+    return fail(err, CE_EINVAL, mpath,
+                "a decide rule matches every request and has no hosts");
+  }
+  if (timeout == NULL)
+    return missing(err, path, "timeout_ms");
+  format_into(mpath, sizeof(mpath), "%s.timeout_ms", path);
+  if (!json_is_integer(timeout))
+    return fail(err, CE_EINVAL, mpath, "expected an integer");
+  json_int_t ms = json_integer_value(timeout);
+  if (ms < CE_POLICY_TIMEOUT_MIN_MS || ms > CE_POLICY_TIMEOUT_MAX_MS)
+    return fail(err, CE_EINVAL, mpath,
+                "must be between %d and %d, not %" JSON_INTEGER_FORMAT,
+                CE_POLICY_TIMEOUT_MIN_MS, CE_POLICY_TIMEOUT_MAX_MS, ms);
+  rule->timeout_ms = (uint32_t)ms;
+  if (cache == NULL)
+    return missing(err, path, "cache");
+  if (!json_is_boolean(cache)) {
+    format_into(mpath, sizeof(mpath), "%s.cache", path);
+    return fail(err, CE_EINVAL, mpath, "expected true or false");
+  }
+  rule->cache = json_is_true(cache);
+  rule->first = p->pattern_count;
+  rule->count = 0;
+  return 0;
+}
+
+static int load_document(ce_policy_t *p, const json_t *root,
+                         ce_policy_error_t *err) {
+  static const char *const members[] = {"version", "default", "rules"};
+  int rc;
+
+  if (!json_is_object(root))
+    return fail(err, CE_EINVAL, "$", "expected an object");
+
+  const json_t *version = json_object_get(root, "version");
+  if (version == NULL)
+    return missing(err, "$", "version");
+  if (!json_is_integer(version))
+    return fail(err, CE_EINVAL, "$.version", "expected an integer");
+  if (json_integer_value(version) != CE_POLICY_VERSION)
+    return fail(err, CE_EVERSION, "$.version",
+                "unsupported version %" JSON_INTEGER_FORMAT
+                " (this build reads version %d)",
+                json_integer_value(version), CE_POLICY_VERSION);
+
+  rc = check_members(root, "$", members, sizeof(members) / sizeof(members[0]), err);
+  if (rc != 0)
+    return rc;
+
+  const json_t *def = json_object_get(root, "default");
+  const char *d = json_string_value(def);
+  if (def == NULL)
+    return missing(err, "$", "default");
+  if (d != NULL && strcmp(d, "allow") == 0 && json_string_length(def) == 5)
+    p->default_decision = CE_DECISION_ALLOW;
+  else if (d != NULL && strcmp(d, "deny") == 0 && json_string_length(def) == 4)
+    p->default_decision = CE_DECISION_DENY;
+  else
+    return fail(err, CE_EINVAL, "$.default", "expected \"allow\" or \"deny\"");
+
+  const json_t *rules = json_object_get(root, "rules");
+  if (rules == NULL)
+    return missing(err, "$", "rules");
+  if (!json_is_array(rules))
+    return fail(err, CE_EINVAL, "$.rules", "expected an array");
+  size_t n = json_array_size(rules);
+  if (n > CE_POLICY_MAX_RULES)
+    return fail(err, CE_EINVAL, "$.rules", "more than %d rules",
+                CE_POLICY_MAX_RULES);
+  if (n > 0) {
+    p->rules = calloc(n, sizeof(ce__rule_t));
+    if (p->rules == NULL)
+      return fail(err, CE_ENOMEM, "$.rules", "%s", ce_strerror(CE_ENOMEM));
+  }
+  for (size_t i = 0; i < n; i++) {
+    rc = load_rule(p, json_array_get(rules, i), i, err);
+    if (rc != 0)
+      return rc;
+    p->rule_count = i + 1;
+  }
+  return 0;
+}
+
+/* ---- public: loading ------------------------------------------------------ */
+
+int ce_policy_load_buffer(const char *buf, size_t len, ce_policy_t **out,
+                          ce_policy_error_t *err) {
+  ce_policy_error_t local;
+  ce_policy_error_t *e = err != NULL ? err : &local;
+  json_error_t jerr;
+  int rc;
+
+  memset(e, 0, sizeof(*e));
+  if (len > CE_POLICY_MAX_BYTES)
+    return fail(e, CE_ETOOBIG, NULL,
+                "the document is larger than 4 MiB (%u bytes)",
+                CE_POLICY_MAX_BYTES);
+
+  /* RFC 8259 §4 leaves duplicate names to the implementation; two readers
+   * could pick different values, so a duplicate is an error. */
+  json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+  if (root == NULL) {
+    /* jansson quotes the offending token raw, which may hold control
+     * bytes or broken UTF-8; the message must stay one clean line. */
+    char text[QUOTE_MAX * 4 + 8];
+    sanitize(text, sizeof(text), jerr.text, strlen(jerr.text), 0);
+    return fail(e, CE_EPARSE, NULL, "invalid JSON at line %d, column %d: %s",
+                jerr.line, jerr.column, text);
+  }
+
+  ce_policy_t *p = calloc(1, sizeof(*p));
+  if (p == NULL) {
+    rc = fail(e, CE_ENOMEM, NULL, "%s", ce_strerror(CE_ENOMEM));
+    goto fail_policy;
+  }
+  rc = load_document(p, root, e);
+  if (rc != 0)
+    goto fail_load;
+
+  json_decref(root);
+  *out = p;
+  return 0;
+
+fail_load:
+  ce_policy_free(p);
+fail_policy:
+  json_decref(root);
+  return rc;
+}
+
+/* Reads at most CE_POLICY_MAX_BYTES + 1 bytes so an over-size file is
+ * noticed without reading all of it. */
+static int read_file(const char *path, char **out, size_t *out_len,
+                     ce_policy_error_t *err) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int saved = errno;
+    return fail(err, saved == ENOENT ? CE_ENOENT : CE_EIO, NULL,
+                "cannot open: %s", strerror(saved));
+  }
+
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  int rc = 0;
+  for (;;) {
+    if (len == cap) {
+      size_t ncap = cap == 0 ? READ_CHUNK : cap * 2;
+      if (ncap > CE_POLICY_MAX_BYTES + 1)
+        ncap = CE_POLICY_MAX_BYTES + 1;
+      if (ncap == cap) {
+        rc = fail(err, CE_ETOOBIG, NULL,
+                  "the document is larger than 4 MiB (%u bytes)",
+                  CE_POLICY_MAX_BYTES);
+        goto fail_read;
+      }
+      char *nbuf = realloc(buf, ncap);
+      if (nbuf == NULL) {
+        rc = fail(err, CE_ENOMEM, NULL, "%s", ce_strerror(CE_ENOMEM));
+        goto fail_read;
+      }
+      buf = nbuf;
+      cap = ncap;
+    }
+    ssize_t got = read(fd, buf + len, cap - len);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got < 0) {
+      rc = fail(err, CE_EIO, NULL, "cannot read: %s", strerror(errno));
+      goto fail_read;
+    }
+    if (got == 0)
+      break;
+    len += (size_t)got;
+  }
+  close(fd);
+  *out = buf;
+  *out_len = len;
+  return 0;
+
+fail_read:
+  free(buf);
+  close(fd);
+  return rc;
+}
+
+int ce_policy_load_file(const char *path, ce_policy_t **out,
+                        ce_policy_error_t *err) {
+  ce_policy_error_t local;
+  ce_policy_error_t *e = err != NULL ? err : &local;
+  char *buf = NULL;
+  size_t len = 0;
+
+  memset(e, 0, sizeof(*e));
+  int rc = read_file(path, &buf, &len, e);
+  if (rc != 0)
+    return rc;
+  rc = ce_policy_load_buffer(buf, len, out, e);
+  free(buf);
+  return rc;
+}
+
+void ce_policy_free(ce_policy_t *policy) {
+  if (policy == NULL)
+    return;
+  free(policy->arena);
+  free(policy->patterns);
+  free(policy->rules);
+  free(policy);
+}
+
+/* ---- public: evaluation --------------------------------------------------- */
+
+static bool pattern_matches(const ce_policy_t *p, const ce__pattern_t *pat,
+                            const ce_host_t *h) {
+  if (pat->kind != (uint8_t)h->kind)
+    return false; /* IP literals match IP patterns of their family only */
+  switch (h->kind) {
+  case CE_HOST_IPV4:
+    return memcmp(pat->addr, h->addr, 4) == 0;
+  case CE_HOST_IPV6:
+    return memcmp(pat->addr, h->addr, 16) == 0;
+  case CE_HOST_NAME:
+  default: {
+    const char *text = p->arena + pat->text_off;
+    if (pat->wildcard)
+      return ce_glob_match(text, pat->len, h->text, h->len);
+    return pat->len == h->len && memcmp(text, h->text, h->len) == 0;
+  }
+  }
+}
+
+static void set_invalid(ce_verdict_t *out, ce_reason_t reason) {
+  out->decision = CE_DECISION_DENY;
+  out->reason = reason;
+  out->rule_index = -1;
+  out->rule_kind = CE_RULE_DENY;
+  out->host_valid = false;
+  out->host.kind = CE_HOST_NAME;
+  out->host.len = 0;
+  out->host.text[0] = '\0';
+}
+
+/* docs/host-matching.md §5 steps 2 and 3 on an already valid host. */
+static void decide(const ce_policy_t *p, ce_verdict_t *out) {
+  for (size_t i = 0; i < p->rule_count; i++) {
+    const ce__rule_t *r = &p->rules[i];
+    bool hit = r->kind == CE_RULE_DECIDE;
+    for (size_t j = 0; j < r->count && !hit; j++)
+      hit = pattern_matches(p, &p->patterns[r->first + j], &out->host);
+    if (!hit)
+      continue;
+    out->rule_index = (int32_t)i;
+    out->rule_kind = r->kind;
+    switch (r->kind) {
+    case CE_RULE_ALLOW:
+      out->decision = CE_DECISION_ALLOW;
+      out->reason = CE_REASON_NONE;
+      break;
+    case CE_RULE_DENY:
+      out->decision = CE_DECISION_DENY;
+      out->reason = CE_REASON_DENIED_BY_RULE;
+      break;
+    case CE_RULE_DECIDE:
+    default:
+      out->decision = CE_DECISION_DECIDE;
+      out->reason = CE_REASON_NONE;
+      break;
+    }
+    return;
+  }
+  out->rule_index = -1;
+  out->rule_kind = CE_RULE_DENY;
+  out->decision = p->default_decision;
+  out->reason = p->default_decision == CE_DECISION_ALLOW ? CE_REASON_NONE
+                                                         : CE_REASON_DEFAULT_DENY;
+}
+
+int ce_policy_eval_host(const ce_policy_t *policy, const char *host,
+                        size_t len, ce_verdict_t *out) {
+  int rc = ce_host_normalize(host, len, &out->host);
+  if (rc != 0) {
+    set_invalid(out, CE_REASON_INVALID_HOST);
+    return rc == CE_ENOMEM ? CE_ENOMEM : 0;
+  }
+  out->host_valid = true;
+  decide(policy, out);
+  return 0;
+}
+
+int ce_policy_eval_input(const ce_policy_t *policy, const char *input,
+                         size_t len, ce_verdict_t *out) {
+  ce_url_t url;
+  if (ce_url_split(input, len, &url) != 0) {
+    set_invalid(out, CE_REASON_INVALID_URL);
+    return 0;
+  }
+  /* A URL whose scheme and authority are acceptable but whose host is not
+   * reports invalid_host: the host, not the URL syntax, is at fault. */
+  return ce_policy_eval_host(policy, url.host, url.host_len, out);
+}
+
+ce_decision_t ce_policy_default(const ce_policy_t *policy) {
+  return policy->default_decision;
+}
+
+size_t ce_policy_rule_count(const ce_policy_t *policy) {
+  return policy->rule_count;
+}
+
+int ce_policy_rule(const ce_policy_t *policy, size_t index,
+                   ce_rule_info_t *out) {
+  if (index >= policy->rule_count)
+    return CE_EINVAL;
+  const ce__rule_t *r = &policy->rules[index];
+  out->kind = r->kind;
+  out->host_count = r->count;
+  out->timeout_ms = r->timeout_ms;
+  out->cache = r->cache;
+  return 0;
+}
+
+const char *ce_decision_name(ce_decision_t decision) {
+  switch (decision) {
+  case CE_DECISION_ALLOW:
+    return "allow";
+  case CE_DECISION_DENY:
+    return "deny";
+  case CE_DECISION_DECIDE:
+    return "decide";
+  default:
+    return "unknown";
+  }
+}
+
+const char *ce_rule_kind_name(ce_rule_kind_t kind) {
+  switch (kind) {
+  case CE_RULE_ALLOW:
+    return "allow";
+  case CE_RULE_DENY:
+    return "deny";
+  case CE_RULE_DECIDE:
+    return "decide";
+  default:
+    return "unknown";
+  }
+}
+
+const char *ce_reason_name(ce_reason_t reason) {
+  switch (reason) {
+  case CE_REASON_NONE:
+    return NULL;
+  case CE_REASON_DENIED_BY_RULE:
+    return "denied_by_rule";
+  case CE_REASON_DEFAULT_DENY:
+    return "default_deny";
+  case CE_REASON_INVALID_HOST:
+    return "invalid_host";
+  case CE_REASON_INVALID_URL:
+    return "invalid_url";
+  default:
+    return "unknown";
+  }
+}

@@ -1,0 +1,140 @@
+/*
+ * The sidecar policy: loading the version 1 JSON document of
+ * docs/policy-json.md with strict validation, and evaluating a request host
+ * against it per docs/host-matching.md §5.
+ *
+ * Ownership: ce_policy_load_*() allocate a ce_policy_t that the caller
+ * frees with ce_policy_free(). A loaded policy is immutable, so any number
+ * of threads may evaluate against it at once. Evaluation writes only into
+ * the caller's ce_verdict_t and never allocates for ASCII hosts.
+ */
+#ifndef CE_POLICY_POLICY_H
+#define CE_POLICY_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policy/host.h"
+
+/* The only document version this build reads (docs/policy-json.md). */
+#define CE_POLICY_VERSION 1
+/* docs/policy-json.md: a document is at most 4 MiB. */
+#define CE_POLICY_MAX_BYTES (4u * 1024u * 1024u)
+/* docs/policy-json.md: at most 4096 rules, and 4096 patterns per rule. */
+#define CE_POLICY_MAX_RULES 4096
+#define CE_POLICY_MAX_HOSTS 4096
+/* docs/policy-json.md: a decide rule waits 1 ms to one hour. */
+#define CE_POLICY_TIMEOUT_MIN_MS 1
+#define CE_POLICY_TIMEOUT_MAX_MS 3600000
+/* Room for one error line; quoted user text in it is shortened to fit. */
+#define CE_POLICY_ERROR_MAX 512
+
+typedef enum {
+  CE_RULE_ALLOW = 0,
+  CE_RULE_DENY = 1,
+  CE_RULE_DECIDE = 2,
+} ce_rule_kind_t;
+
+typedef enum {
+  CE_DECISION_ALLOW = 0,
+  CE_DECISION_DENY = 1,
+  CE_DECISION_DECIDE = 2, /* the caller asks the BEAM's decider */
+} ce_decision_t;
+
+typedef enum {
+  CE_REASON_NONE = 0, /* allow and decide carry no reason */
+  CE_REASON_DENIED_BY_RULE,
+  CE_REASON_DEFAULT_DENY,
+  CE_REASON_INVALID_HOST,
+  CE_REASON_INVALID_URL,
+} ce_reason_t;
+
+typedef struct ce_policy ce_policy_t;
+
+/* One rule as loaded. */
+typedef struct {
+  ce_rule_kind_t kind;
+  size_t host_count;   /* allow/deny: number of patterns; decide: 0 */
+  uint32_t timeout_ms; /* decide only, else 0 */
+  bool cache;          /* decide only, else false */
+} ce_rule_info_t;
+
+/* The answer for one request. */
+typedef struct {
+  ce_decision_t decision;
+  ce_reason_t reason;
+  int32_t rule_index;        /* the matched rule, or -1 for none */
+  ce_rule_kind_t rule_kind;  /* meaningful only when rule_index >= 0 */
+  bool host_valid;           /* false for invalid_host and invalid_url */
+  ce_host_t host;            /* the normalised host when host_valid */
+} ce_verdict_t;
+
+/* Why a load failed: code is the returned CE_E* value, message one line
+ * "<json path>: <what is wrong>" (or a file or JSON syntax problem), and
+ * pattern_err the host-matching.md §2 code when a pattern was refused. */
+typedef struct {
+  int code;
+  ce_pattern_err_t pattern_err;
+  char message[CE_POLICY_ERROR_MAX];
+} ce_policy_error_t;
+
+/* Loads and validates a document held in buf[0..len) (no NUL needed).
+ * Returns 0 and sets *out to a new policy, or:
+ *   CE_ETOOBIG   len exceeds CE_POLICY_MAX_BYTES;
+ *   CE_EPARSE    not JSON (including a duplicate object key);
+ *   CE_EVERSION  $.version is an integer other than CE_POLICY_VERSION;
+ *   CE_EINVAL    any other schema violation, including a bad pattern;
+ *   CE_ENOMEM    out of memory.
+ * err may be NULL; when given it is always filled (code 0 and an empty
+ * message on success). On failure *out is untouched. */
+int ce_policy_load_buffer(const char *buf, size_t len, ce_policy_t **out,
+                          ce_policy_error_t *err);
+
+/* Reads the file at path (at most CE_POLICY_MAX_BYTES) and loads it as
+ * ce_policy_load_buffer() does. Returns what that returns, plus:
+ *   CE_ENOENT    the file does not exist;
+ *   CE_EIO       it cannot be opened or read (the message says why).
+ * On failure *out is untouched. */
+int ce_policy_load_file(const char *path, ce_policy_t **out,
+                        ce_policy_error_t *err);
+
+/* Frees a policy; NULL is fine. */
+void ce_policy_free(ce_policy_t *policy);
+
+/* The hot path: evaluates a bare request host (SNI, Host header or
+ * :authority; an optional ":port" is dropped) in host[0..len), which need
+ * not be NUL-terminated. Allocation-free for ASCII input.
+ * Returns 0 with *out filled, or CE_ENOMEM (only for non-ASCII input); in
+ * that case *out is still a deny with reason CE_REASON_INVALID_HOST, so a
+ * caller that ignores the code fails closed. */
+int ce_policy_eval_host(const ce_policy_t *policy, const char *host,
+                        size_t len, ce_verdict_t *out);
+
+/* The dry-run path: input is a URL when it contains "://" (its host is
+ * taken per docs/host-matching.md §4; a bad scheme or a '\' in the
+ * authority gives reason CE_REASON_INVALID_URL) and a bare host[:port]
+ * otherwise. Returns what ce_policy_eval_host() returns. */
+int ce_policy_eval_input(const ce_policy_t *policy, const char *input,
+                         size_t len, ce_verdict_t *out);
+
+/* The document's default: CE_DECISION_ALLOW or CE_DECISION_DENY. */
+ce_decision_t ce_policy_default(const ce_policy_t *policy);
+
+/* The number of rules. */
+size_t ce_policy_rule_count(const ce_policy_t *policy);
+
+/* Fills *out with rule index. Returns 0, or CE_EINVAL when index is out of
+ * range (then *out is untouched). */
+int ce_policy_rule(const ce_policy_t *policy, size_t index,
+                   ce_rule_info_t *out);
+
+/* Wire names: "allow"/"deny"/"decide" for decisions and kinds, and
+ * "denied_by_rule", "default_deny", "invalid_host", "invalid_url" for
+ * reasons. ce_reason_name() returns NULL for CE_REASON_NONE; the others
+ * never return NULL ("unknown" for values outside the enums). */
+const char *ce_decision_name(ce_decision_t decision);
+const char *ce_rule_kind_name(ce_rule_kind_t kind);
+const char *ce_reason_name(ce_reason_t reason);
+
+#endif

@@ -1,0 +1,66 @@
+/*
+ * Dry-run URL splitting (see url.h and docs/host-matching.md §4).
+ */
+#include "policy/url.h"
+
+#include <string.h>
+#include <strings.h>
+
+#include "common/error.h"
+
+static const char *const SCHEMES[] = {"http", "https", "ws", "wss"};
+
+static const char *find_sep(const char *s, size_t n) {
+  for (size_t i = 0; i + 3 <= n; i++) {
+    if (s[i] == ':' && s[i + 1] == '/' && s[i + 2] == '/')
+      return s + i;
+  }
+  return NULL;
+}
+
+int ce_url_split(const char *in, size_t len, ce_url_t *out) {
+  const char *sep = find_sep(in, len);
+
+  if (sep == NULL) {
+    out->is_url = false;
+    out->host = in;
+    out->host_len = len;
+    return 0;
+  }
+  out->is_url = true;
+  out->host = in;
+  out->host_len = 0;
+
+  size_t scheme_len = (size_t)(sep - in);
+  int known = 0;
+  for (size_t k = 0; k < sizeof(SCHEMES) / sizeof(SCHEMES[0]); k++) {
+    if (scheme_len == strlen(SCHEMES[k]) &&
+        strncasecmp(in, SCHEMES[k], scheme_len) == 0)
+      known = 1;
+  }
+  if (!known)
+    return CE_EINVAL;
+
+  const char *auth = sep + 3;
+  const char *end = in + len;
+  const char *auth_end = auth;
+  while (auth_end < end && *auth_end != '/' && *auth_end != '?' && *auth_end != '#')
+    auth_end++;
+
+  /* WHATWG URL parsers treat '\' like '/' in special schemes while RFC 3986
+   * parsers keep it in the userinfo, so "https://evil.net\@api.github.com"
+   * names a different host to each; refuse it outright. */
+  if (memchr(auth, '\\', (size_t)(auth_end - auth)) != NULL)
+    return CE_EINVAL;
+
+  /* RFC 3986 §3.2.1: userinfo ends at '@'; taking the last one means an
+   * unescaped '@' in a password cannot smuggle in another host. */
+  const char *host = auth;
+  for (const char *p = auth; p < auth_end; p++) {
+    if (*p == '@')
+      host = p + 1;
+  }
+  out->host = host;
+  out->host_len = (size_t)(auth_end - host);
+  return 0;
+}

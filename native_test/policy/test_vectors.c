@@ -1,0 +1,155 @@
+/* Runs the shared vector file native_test/vectors/policy_vectors.json,
+ * which ExUnit runs too: both evaluators must agree on every entry
+ * (docs/host-matching.md). Each mismatch is reported with its group and
+ * input through cr_expect, so one run shows all of them. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "policy/host.h"
+#include "policy/policy.h"
+
+#define VECTOR_FILE CE_SOURCE_ROOT "/native_test/vectors/policy_vectors.json"
+/* The file is meant to cover the spec broadly; fewer group cases than this
+ * means it was truncated or replaced by a stub. */
+#define MIN_GROUP_CASES 300
+
+static json_t *load_vectors(void) {
+  json_error_t jerr;
+  json_t *root = json_load_file(VECTOR_FILE, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+  cr_assert_not_null(root,
+                     "cannot load the shared vector file %s: %s (line %d). The "
+                     "vectors are required; this test does not skip.",
+                     VECTOR_FILE, jerr.text, jerr.line);
+  cr_assert(json_is_object(root), "%s: top level must be an object", VECTOR_FILE);
+  cr_assert_eq(json_integer_value(json_object_get(root, "version")), 1,
+               "%s: unknown vector file version", VECTOR_FILE);
+  return root;
+}
+
+/* A string member, or NULL when it is JSON null or absent. */
+static const char *str_or_null(const json_t *obj, const char *key) {
+  return json_string_value(json_object_get(obj, key));
+}
+
+static int same(const char *a, const char *b) {
+  if (a == NULL || b == NULL)
+    return a == b;
+  return strcmp(a, b) == 0;
+}
+
+static const char *show(const char *s) { return s != NULL ? s : "null"; }
+
+Test(vectors, patterns) {
+  json_t *root = load_vectors();
+  const json_t *list = json_object_get(root, "patterns");
+  cr_assert(json_is_array(list), "\"patterns\" must be an array");
+  size_t i;
+  const json_t *v;
+  json_array_foreach(list, i, v) {
+    const json_t *pj = json_object_get(v, "pattern");
+    cr_assert(json_is_string(pj), "patterns[%zu]: no \"pattern\" string", i);
+    const char *pat = json_string_value(pj);
+    const char *want = str_or_null(v, "normalized");
+    const char *want_err = str_or_null(v, "error");
+    ce_host_t h;
+    ce_pattern_err_t perr;
+    int rc = ce_pattern_normalize(pat, json_string_length(pj), &h, &perr);
+    const char *got = rc == 0 ? h.text : NULL;
+    const char *got_err = rc == CE_EINVAL ? ce_pattern_err_code(perr) : NULL;
+    cr_expect(rc == 0 || rc == CE_EINVAL, "patterns[%zu] \"%s\": %s", i, pat,
+              ce_err_name(rc));
+    cr_expect(same(got, want) && same(got_err, want_err),
+              "patterns[%zu] \"%s\": expected normalized=%s error=%s, got "
+              "normalized=%s error=%s",
+              i, pat, show(want), show(want_err), show(got), show(got_err));
+  }
+  json_decref(root);
+}
+
+Test(vectors, hosts) {
+  json_t *root = load_vectors();
+  const json_t *list = json_object_get(root, "hosts");
+  cr_assert(json_is_array(list), "\"hosts\" must be an array");
+  size_t i;
+  const json_t *v;
+  json_array_foreach(list, i, v) {
+    const json_t *hj = json_object_get(v, "host");
+    cr_assert(json_is_string(hj), "hosts[%zu]: no \"host\" string", i);
+    const char *host = json_string_value(hj);
+    const char *want = str_or_null(v, "normalized");
+    ce_host_t h;
+    int rc = ce_host_normalize(host, json_string_length(hj), &h);
+    const char *got = rc == 0 ? h.text : NULL;
+    cr_expect(same(got, want), "hosts[%zu] \"%s\": expected %s, got %s", i, host,
+              show(want), show(got));
+  }
+  json_decref(root);
+}
+
+Test(vectors, groups) {
+  json_t *root = load_vectors();
+  const json_t *groups = json_object_get(root, "groups");
+  cr_assert(json_is_array(groups), "\"groups\" must be an array");
+  size_t total = 0, gi;
+  const json_t *g;
+
+  json_array_foreach(groups, gi, g) {
+    const char *name = show(str_or_null(g, "name"));
+    const json_t *pol = json_object_get(g, "policy");
+    char *doc = json_dumps(pol, JSON_COMPACT);
+    cr_assert_not_null(doc, "group \"%s\": no policy object", name);
+    ce_policy_t *p = NULL;
+    ce_policy_error_t err;
+    int rc = ce_policy_load_buffer(doc, strlen(doc), &p, &err);
+    free(doc);
+    cr_expect_eq(rc, 0, "group \"%s\": policy refused: %s", name, err.message);
+    if (rc != 0)
+      continue;
+
+    const json_t *rules = json_object_get(pol, "rules");
+    const json_t *cases = json_object_get(g, "cases");
+    size_t ci;
+    const json_t *c;
+    json_array_foreach(cases, ci, c) {
+      const json_t *ij = json_object_get(c, "input");
+      cr_assert(json_is_string(ij), "group \"%s\" case %zu: no input", name, ci);
+      const char *input = json_string_value(ij);
+      total++;
+
+      ce_verdict_t v;
+      rc = ce_policy_eval_input(p, input, json_string_length(ij), &v);
+      cr_expect_eq(rc, 0, "group \"%s\" input \"%s\": %s", name, input, ce_err_name(rc));
+
+      const char *want_decision = str_or_null(c, "decision");
+      const char *want_reason = str_or_null(c, "reason");
+      const char *want_host = str_or_null(c, "host");
+      const json_t *mr = json_object_get(c, "matched_rule");
+      long long want_rule = json_is_integer(mr) ? (long long)json_integer_value(mr) : -1;
+      const char *want_kind =
+          want_rule >= 0
+              ? json_string_value(json_object_get(json_array_get(rules, (size_t)want_rule), "kind"))
+              : NULL;
+
+      const char *got_decision = ce_decision_name(v.decision);
+      const char *got_reason = ce_reason_name(v.reason);
+      const char *got_host = v.host_valid ? v.host.text : NULL;
+      const char *got_kind = v.rule_index >= 0 ? ce_rule_kind_name(v.rule_kind) : NULL;
+
+      cr_expect(same(got_decision, want_decision) && same(got_reason, want_reason) &&
+                    (long long)v.rule_index == want_rule && same(got_kind, want_kind) &&
+                    same(got_host, want_host),
+                "group \"%s\" input \"%s\": expected %s/%s rule %lld host %s, got "
+                "%s/%s rule %d host %s",
+                name, input, show(want_decision), show(want_reason), want_rule,
+                show(want_host), got_decision, show(got_reason), (int)v.rule_index,
+                show(got_host));
+    }
+    ce_policy_free(p);
+  }
+  cr_expect_geq(total, MIN_GROUP_CASES,
+                "%s has only %zu group cases; at least %d are expected", VECTOR_FILE,
+                total, MIN_GROUP_CASES);
+  json_decref(root);
+}
