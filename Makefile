@@ -36,12 +36,19 @@ SAN_OBJS := $(LIB_SRCS:%.c=build/san/%.o) $(TEST_SRCS:%.c=build/san/%.o)
 BIN := priv/condukt-egress
 TEST_BIN := build/san/native_tests
 
+# Link rules only see timestamps, so a source file that disappears would
+# leave its object linked in. These stamps change whenever the object list
+# does, and the links depend on them.
+stamp = $(shell mkdir -p $(dir $(1)) && (echo '$(2)' | cmp -s - $(1) || echo '$(2)' > $(1)))$(1)
+REL_STAMP := $(call stamp,build/rel/objects.list,$(REL_OBJS))
+SAN_STAMP := $(call stamp,build/san/objects.list,$(SAN_OBJS))
+
 .PHONY: all setup test c-test elixir-test demo mozilla-pem clean
 all: $(BIN)
 
-$(BIN): $(REL_OBJS)
+$(BIN): $(REL_OBJS) $(REL_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) -pie -Wl,-z,relro,-z,now -o $@ $^ $(PKG_LIBS)
+	$(CC) -pie -Wl,-z,relro,-z,now -o $@ $(REL_OBJS) $(PKG_LIBS)
 
 build/rel/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -51,17 +58,18 @@ build/san/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(TEST_CFLAGS) -c -o $@ $<
 
-$(TEST_BIN): $(SAN_OBJS)
-	$(CC) $(SAN_FLAGS) -o $@ $^ $(PKG_LIBS) -lcriterion
+$(TEST_BIN): $(SAN_OBJS) $(SAN_STAMP)
+	$(CC) $(SAN_FLAGS) -o $@ $(SAN_OBJS) $(PKG_LIBS) -lcriterion
 
-# A sanitizer report aborts the process, which Criterion counts as a
-# failed test, so ASan/UBSan/LSan findings fail the run.
+# ASan and UBSan abort the test process (a failed test); LSan reports after
+# the test was counted, so scripts/run-native-tests.sh also fails the run on
+# any sanitizer report in the output.
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
            LSAN_OPTIONS=exitcode=23
 
 c-test: $(TEST_BIN) $(BIN)
-	$(SAN_ENV) CONDUKT_EGRESS_BIN=$(ROOT)/$(BIN) $(TEST_BIN) --jobs 2
+	$(SAN_ENV) CONDUKT_EGRESS_BIN=$(ROOT)/$(BIN) sh scripts/run-native-tests.sh $(TEST_BIN) --jobs 2
 
 elixir-test: $(BIN)
 	MIX_ENV=test mix compile --warnings-as-errors --force
