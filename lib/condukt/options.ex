@@ -30,17 +30,30 @@ defmodule Condukt.Options do
     known = Keyword.keys(schema)
 
     with :ok <- check_unknown(opts, known) do
-      Enum.reduce_while(schema, {:ok, []}, fn {key, spec}, {:ok, acc} ->
-        case fetch(opts, key, spec) do
-          {:ok, value} -> {:cont, {:ok, [{key, value} | acc]}}
-          :skip -> {:cont, {:ok, acc}}
-          {:error, _} = error -> {:halt, error}
-        end
+      map_ok(schema, fn {key, spec} ->
+        with {:ok, value} <- fetch(opts, key, spec), do: {:ok, {key, value}}
       end)
-      |> case do
-        {:ok, acc} -> {:ok, Enum.reverse(acc)}
-        error -> error
+    end
+  end
+
+  @doc """
+  Maps `fun` over `enum`, stopping at the first `{:error, _}`. `fun` returns
+  `{:ok, value}` (kept), `:skip` (dropped) or `{:error, reason}`.
+  """
+  @spec map_ok(Enumerable.t(), (term() -> {:ok, term()} | :skip | {:error, term()})) ::
+          {:ok, list()} | {:error, term()}
+  def map_ok(enum, fun) do
+    enum
+    |> Enum.reduce_while({:ok, []}, fn item, {:ok, acc} ->
+      case fun.(item) do
+        {:ok, value} -> {:cont, {:ok, [value | acc]}}
+        :skip -> {:cont, {:ok, acc}}
+        {:error, _} = error -> {:halt, error}
       end
+    end)
+    |> case do
+      {:ok, acc} -> {:ok, Enum.reverse(acc)}
+      error -> error
     end
   end
 

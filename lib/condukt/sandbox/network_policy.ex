@@ -98,7 +98,7 @@ defmodule Condukt.Sandbox.NetworkPolicy do
     with {:ok, fields} <- fields(policy),
          {:ok, default} <- validate_default(Map.get(fields, :default, :deny)),
          {:ok, rules} <- validate_rules(Map.get(fields, :rules, [])) do
-      {:ok, %__MODULE__{rules: Enum.map(rules, &elem(&1, 0)), default: default}}
+      {:ok, %__MODULE__{rules: rules, default: default}}
     end
   end
 
@@ -247,16 +247,7 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   defp validate_rules(rules) when is_list(rules) do
     rules
     |> Enum.with_index()
-    |> Enum.reduce_while({:ok, []}, fn {rule, index}, {:ok, acc} ->
-      case validate_rule(rule, index) do
-        {:ok, valid} -> {:cont, {:ok, [{valid, index} | acc]}}
-        {:error, _} = error -> {:halt, error}
-      end
-    end)
-    |> case do
-      {:ok, acc} -> {:ok, Enum.reverse(acc)}
-      error -> error
-    end
+    |> Condukt.Options.map_ok(fn {rule, index} -> validate_rule(rule, index) end)
   end
 
   defp validate_rules(rules), do: {:error, %Error{reason: :invalid_rules, key: :rules, value: rules}}
