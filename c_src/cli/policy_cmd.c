@@ -17,6 +17,7 @@
 
 #include "cli/cli.h"
 #include "common/error.h"
+#include "common/text.h"
 #include "policy/policy.h"
 
 #define PROG "condukt-egress"
@@ -32,10 +33,13 @@ static void usage(FILE *out) {
 
 /* Prints "condukt-egress: WHAT 'WORD'" (WORD may be NULL) and the usage. */
 static int usage_error(const char *what, const char *word) {
-  if (word != NULL)
-    fprintf(stderr, PROG ": %s '%s'\n", what, word);
-  else
+  if (word != NULL) {
+    char shown[4 * CE_TEXT_QUOTE_MAX + 8];
+    ce_text_sanitize(shown, sizeof(shown), word, strlen(word), 0);
+    fprintf(stderr, PROG ": %s '%s'\n", what, shown);
+  } else {
     fprintf(stderr, PROG ": %s\n", what);
+  }
   usage(stderr);
   return CE_EXIT_USAGE;
 }

@@ -25,7 +25,6 @@ typedef enum {
   CE__ERR_FIRST_PLACEHOLDER = -1000,
   CE_ERRNO_MAP(XX)
 #undef XX
-  CE__ERR_LAST
 } ce_err_t;
 
 /* Returns a static, never-NULL message for a code from the table (or a

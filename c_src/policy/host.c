@@ -277,6 +277,23 @@ static int ipv4_like_label(const char *s, size_t n) {
   return n > 0;
 }
 
+/* §2 step 11: a glob made only of digits, '*' and dots ("10.*.*.*",
+ * "169.254.169.*") reads as an address range, but globs never match IP
+ * literals (§3), so such a rule would silently match nothing. Refusing it
+ * keeps a deny rule from failing open. */
+static int ipv4_shaped_glob(const char *s, size_t n) {
+  int star = 0, digit = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] == '*')
+      star = 1;
+    else if (s[i] >= '0' && s[i] <= '9')
+      digit = 1;
+    else if (s[i] != '.')
+      return 0;
+  }
+  return star && digit;
+}
+
 /* Steps 7-9 of §1 (host mode) or 9-11 of §2 (pattern mode) on a name whose
  * trailing dot is already gone. In pattern mode every label is checked even
  * after the name has outgrown CE_HOST_NAME_MAX, because a label error
@@ -317,7 +334,8 @@ static int normalize_name(const char *s, size_t n, norm_mode_t mode,
     *err = CE_PATTERN_NAME_TOO_LONG;
     return CE_EINVAL;
   }
-  if (ipv4_like_label(last, last_len)) {
+  if (ipv4_like_label(last, last_len) ||
+      (mode == MODE_PATTERN && ipv4_shaped_glob(out->text, total))) {
     *err = CE_PATTERN_BAD_IP;
     return CE_EINVAL;
   }

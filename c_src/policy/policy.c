@@ -26,15 +26,15 @@
 #include <unistr.h>
 
 #include "common/error.h"
+#include "common/text.h"
 #include "policy/glob.h"
 #include "policy/url.h"
 
-/* A JSON path in a message: "$.rules[4095].hosts[4095]" plus a member name
- * shortened to QUOTE_MAX bytes always fits. */
-#define PATH_MAX_LEN 192
-/* User text quoted in a message (a pattern, a member name) is cut to this
- * many bytes and marked with "..." so one line stays readable. */
-#define QUOTE_MAX 96
+/* A JSON path in a message: "$.rules[4095].hosts[4095]" (26 bytes) plus a
+ * member name as ce_text_sanitize() writes it (at most 4 bytes per input
+ * byte for CE_TEXT_QUOTE_MAX input bytes, then "...") inside [""] always
+ * fits. */
+#define PATH_MAX_LEN (32 + 4 * CE_TEXT_QUOTE_MAX + 8)
 /* The first read buffer for a policy file; it doubles up to the limit. */
 #define READ_CHUNK (64u * 1024u)
 
@@ -44,7 +44,7 @@ typedef struct {
   uint16_t len;      /* text length, at most CE_HOST_NAME_MAX */
   size_t text_off;   /* offset of the text in policy->arena (names only) */
   uint8_t addr[16];  /* IP literals only */
-} ce__pattern_t;
+} policy_pattern_t;
 
 typedef struct {
   ce_rule_kind_t kind;
@@ -52,13 +52,13 @@ typedef struct {
   bool cache;
   size_t first; /* index of the first pattern in policy->patterns */
   size_t count;
-} ce__rule_t;
+} policy_rule_t;
 
 struct ce_policy {
   ce_decision_t default_decision;
-  ce__rule_t *rules;
+  policy_rule_t *rules;
   size_t rule_count;
-  ce__pattern_t *patterns;
+  policy_pattern_t *patterns;
   size_t pattern_count, pattern_cap;
   char *arena;
   size_t arena_len, arena_cap;
@@ -96,45 +96,8 @@ static int fail(ce_policy_error_t *err, int code, const char *path,
   return code;
 }
 
-/* Writes s[0..n) into dst (cap bytes, NUL-terminated) so that it reads
- * safely on a terminal: control bytes and (when the text is not valid
- * UTF-8) non-ASCII bytes become \xNN, '"' and '\' are escaped when
- * in_quotes is set, and text past QUOTE_MAX bytes is replaced by "...". */
-static void sanitize(char *dst, size_t cap, const char *s, size_t n,
-                     int in_quotes) {
-  static const char hex[] = "0123456789abcdef";
-  int utf8 = u8_check((const uint8_t *)s, n) == NULL;
-  size_t o = 0, i = 0;
-  size_t limit = n > QUOTE_MAX ? QUOTE_MAX : n;
-
-  /* Never cut a UTF-8 sequence in half. */
-  if (utf8 && limit < n) {
-    while (limit > 0 && ((unsigned char)s[limit] & 0xC0) == 0x80)
-      limit--;
-  }
-  for (i = 0; i < limit && o + 5 < cap; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (in_quotes && (c == '"' || c == '\\')) {
-      dst[o++] = '\\';
-      dst[o++] = (char)c;
-    } else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !utf8)) {
-      dst[o++] = '\\';
-      dst[o++] = 'x';
-      dst[o++] = hex[c >> 4];
-      dst[o++] = hex[c & 0xf];
-    } else {
-      dst[o++] = (char)c;
-    }
-  }
-  if (i < n && o + 4 < cap) {
-    memcpy(dst + o, "...", 3);
-    o += 3;
-  }
-  dst[o] = '\0';
-}
-
 static void quote(char *dst, size_t cap, const char *s, size_t n) {
-  sanitize(dst, cap, s, n, 1);
+  ce_text_sanitize(dst, cap, s, n, 1);
 }
 
 /* path + ".name", or path + "[\"name\"]" when the name is not a plain
@@ -142,7 +105,7 @@ static void quote(char *dst, size_t cap, const char *s, size_t n) {
 static void member_path(char *dst, size_t cap, const char *base,
                         const char *key) {
   size_t n = strlen(key);
-  int plain = n > 0 && n <= QUOTE_MAX;
+  int plain = n > 0 && n <= CE_TEXT_QUOTE_MAX;
   for (size_t i = 0; i < n && plain; i++) {
     char c = key[i];
     plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
@@ -151,7 +114,7 @@ static void member_path(char *dst, size_t cap, const char *base,
   if (plain) {
     format_into(dst, cap, "%s.%s", base, key);
   } else {
-    char q[QUOTE_MAX * 4 + 8];
+    char q[CE_TEXT_QUOTE_MAX * 4 + 8];
     quote(q, sizeof(q), key, n);
     format_into(dst, cap, "%s[\"%s\"]", base, q);
   }
@@ -178,10 +141,10 @@ static int grow(void **buf, size_t *cap, size_t need, size_t elem) {
 
 static int add_pattern(ce_policy_t *p, const ce_host_t *h) {
   int rc = grow((void **)&p->patterns, &p->pattern_cap, p->pattern_count + 1,
-                sizeof(ce__pattern_t));
+                sizeof(policy_pattern_t));
   if (rc != 0)
     return rc;
-  ce__pattern_t *pat = &p->patterns[p->pattern_count];
+  policy_pattern_t *pat = &p->patterns[p->pattern_count];
   memset(pat, 0, sizeof(*pat));
   pat->kind = (uint8_t)h->kind;
   pat->len = (uint16_t)h->len;
@@ -225,7 +188,7 @@ static int missing(ce_policy_error_t *err, const char *path, const char *name) {
 }
 
 static int load_hosts(ce_policy_t *p, const json_t *hosts, const char *path,
-                      ce__rule_t *rule, ce_policy_error_t *err) {
+                      policy_rule_t *rule, ce_policy_error_t *err) {
   char hpath[PATH_MAX_LEN];
   format_into(hpath, sizeof(hpath), "%s.hosts", path);
   if (!json_is_array(hosts) || json_array_size(hosts) == 0)
@@ -250,7 +213,7 @@ static int load_hosts(ce_policy_t *p, const json_t *hosts, const char *path,
     if (rc == CE_ENOMEM)
       return fail(err, CE_ENOMEM, epath, "%s", ce_strerror(CE_ENOMEM));
     if (rc != 0) {
-      char q[QUOTE_MAX * 4 + 8];
+      char q[CE_TEXT_QUOTE_MAX * 4 + 8];
       quote(q, sizeof(q), text, len);
       err->pattern_err = perr;
       return fail(err, CE_EINVAL, epath, "bad pattern \"%s\" (%s): %s", q,
@@ -269,7 +232,7 @@ static int load_rule(ce_policy_t *p, const json_t *obj, size_t i,
   static const char *const members[] = {"index", "kind", "hosts",
                                         "timeout_ms", "cache"};
   char path[PATH_MAX_LEN], mpath[PATH_MAX_LEN];
-  ce__rule_t *rule = &p->rules[i];
+  policy_rule_t *rule = &p->rules[i];
   int rc;
 
   format_into(path, sizeof(path), "$.rules[%zu]", i);
@@ -394,7 +357,7 @@ static int load_document(ce_policy_t *p, const json_t *root,
     return fail(err, CE_EINVAL, "$.rules", "more than %d rules",
                 CE_POLICY_MAX_RULES);
   if (n > 0) {
-    p->rules = calloc(n, sizeof(ce__rule_t));
+    p->rules = calloc(n, sizeof(policy_rule_t));
     if (p->rules == NULL)
       return fail(err, CE_ENOMEM, "$.rules", "%s", ce_strerror(CE_ENOMEM));
   }
@@ -428,8 +391,8 @@ int ce_policy_load_buffer(const char *buf, size_t len, ce_policy_t **out,
   if (root == NULL) {
     /* jansson quotes the offending token raw, which may hold control
      * bytes or broken UTF-8; the message must stay one clean line. */
-    char text[QUOTE_MAX * 4 + 8];
-    sanitize(text, sizeof(text), jerr.text, strlen(jerr.text), 0);
+    char text[CE_TEXT_QUOTE_MAX * 4 + 8];
+    ce_text_sanitize(text, sizeof(text), jerr.text, strlen(jerr.text), 0);
     return fail(e, CE_EPARSE, NULL, "invalid JSON at line %d, column %d: %s",
                 jerr.line, jerr.column, text);
   }
@@ -536,7 +499,7 @@ void ce_policy_free(ce_policy_t *policy) {
 
 /* ---- public: evaluation --------------------------------------------------- */
 
-static bool pattern_matches(const ce_policy_t *p, const ce__pattern_t *pat,
+static bool pattern_matches(const ce_policy_t *p, const policy_pattern_t *pat,
                             const ce_host_t *h) {
   if (pat->kind != (uint8_t)h->kind)
     return false; /* IP literals match IP patterns of their family only */
@@ -569,7 +532,7 @@ static void set_invalid(ce_verdict_t *out, ce_reason_t reason) {
 /* docs/host-matching.md §5 steps 2 and 3 on an already valid host. */
 static void decide(const ce_policy_t *p, ce_verdict_t *out) {
   for (size_t i = 0; i < p->rule_count; i++) {
-    const ce__rule_t *r = &p->rules[i];
+    const policy_rule_t *r = &p->rules[i];
     bool hit = r->kind == CE_RULE_DECIDE;
     for (size_t j = 0; j < r->count && !hit; j++)
       hit = pattern_matches(p, &p->patterns[r->first + j], &out->host);
@@ -637,7 +600,7 @@ int ce_policy_rule(const ce_policy_t *policy, size_t index,
                    ce_rule_info_t *out) {
   if (index >= policy->rule_count)
     return CE_EINVAL;
-  const ce__rule_t *r = &policy->rules[index];
+  const policy_rule_t *r = &policy->rules[index];
   out->kind = r->kind;
   out->host_count = r->count;
   out->timeout_ms = r->timeout_ms;

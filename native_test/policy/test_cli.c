@@ -274,3 +274,11 @@ Test(cli, double_dash_ends_options) {
   cr_assert_eq(r.status, 0, "%s", r.err);
   cr_assert_not_null(strstr(r.out, "\"host\":\"--\""), "%s", r.out);
 }
+
+Test(cli, usage_error_escapes_control_bytes) {
+  result_t r;
+  run(&r, (const char *[]){"policy", "\x1b[2Jwipe", NULL});
+  cr_assert_eq(r.status, 2);
+  cr_assert_null(strchr(r.err, '\x1b'), "%s", r.err);
+  cr_assert_not_null(strstr(r.err, "unknown subcommand '\\x1b[2Jwipe'"), "%s", r.err);
+}

@@ -84,6 +84,11 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   @type matched_rule :: %{index: non_neg_integer(), kind: :allow | :deny | :decide} | nil
 
   @sidecar_version 1
+  # The sidecar's limits (docs/policy-json.md); new/1 enforces them so a
+  # policy the sidecar would refuse never leaves the BEAM.
+  @max_rules 4096
+  @max_patterns 4096
+  @max_document_bytes 4 * 1024 * 1024
 
   defstruct rules: [], default: :deny
 
@@ -97,8 +102,10 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   def new(policy) do
     with {:ok, fields} <- fields(policy),
          {:ok, default} <- validate_default(Map.get(fields, :default, :deny)),
-         {:ok, rules} <- validate_rules(Map.get(fields, :rules, [])) do
-      {:ok, %__MODULE__{rules: rules, default: default}}
+         {:ok, rules} <- validate_rules(Map.get(fields, :rules, [])),
+         policy = %__MODULE__{rules: rules, default: default},
+         :ok <- check_document_size(policy) do
+      {:ok, policy}
     end
   end
 
@@ -143,8 +150,11 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   `Condukt.Sandbox.NetworkPolicy.Error` if the policy is invalid.
   """
   @spec to_sidecar_json(t() | keyword() | map()) :: String.t()
-  def to_sidecar_json(policy) do
-    {rules, default} = compile!(policy)
+  def to_sidecar_json(policy), do: policy |> new!() |> sidecar_document()
+
+  # Expects a validated policy.
+  defp sidecar_document(policy) do
+    {rules, default} = compile(policy)
 
     json_rules =
       rules
@@ -162,9 +172,9 @@ defmodule Condukt.Sandbox.NetworkPolicy do
 
   ## Evaluation ---------------------------------------------------------------
 
-  defp compile!(policy) do
-    policy = new!(policy)
+  defp compile!(policy), do: policy |> new!() |> compile()
 
+  defp compile(policy) do
     rules =
       Enum.map(policy.rules, fn
         {:decide, opts} ->
@@ -241,8 +251,20 @@ defmodule Condukt.Sandbox.NetworkPolicy do
     end
   end
 
+  defp check_document_size(policy) do
+    size = policy |> sidecar_document() |> byte_size()
+
+    if size > @max_document_bytes,
+      do: {:error, %Error{reason: :document_too_large, key: :rules, value: size, detail: @max_document_bytes}},
+      else: :ok
+  end
+
   defp validate_default(default) when default in [:allow, :deny], do: {:ok, default}
   defp validate_default(default), do: {:error, %Error{reason: :invalid_default, key: :default, value: default}}
+
+  defp validate_rules(rules) when is_list(rules) and length(rules) > @max_rules do
+    {:error, %Error{reason: :too_many_rules, key: :rules, value: length(rules), detail: @max_rules}}
+  end
 
   defp validate_rules(rules) when is_list(rules) do
     rules
@@ -259,6 +281,16 @@ defmodule Condukt.Sandbox.NetworkPolicy do
 
       not is_list(patterns) or not Enum.all?(patterns, &is_binary/1) ->
         {:error, %Error{reason: :invalid_host_list, rule_index: index, key: kind, value: patterns}}
+
+      length(patterns) > @max_patterns ->
+        {:error,
+         %Error{
+           reason: :too_many_patterns,
+           rule_index: index,
+           key: kind,
+           value: length(patterns),
+           detail: @max_patterns
+         }}
 
       true ->
         Enum.find_value(patterns, {:ok, {kind, patterns}}, fn pattern ->

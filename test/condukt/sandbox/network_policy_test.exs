@@ -196,6 +196,21 @@ defmodule Condukt.Sandbox.NetworkPolicyTest do
       end
     end
 
+    test "policies over the sidecar's limits (docs/policy-json.md)" do
+      assert %Error{reason: :too_many_rules, value: 4097} = error!(rules: List.duplicate({:allow, ["a.com"]}, 4097))
+
+      assert {:ok, _} = NetworkPolicy.new(rules: List.duplicate({:allow, ["a.com"]}, 4096))
+
+      error = error!(rules: [allow: ["a.com"], deny: List.duplicate("b.com", 4097)])
+      assert %Error{reason: :too_many_patterns, rule_index: 1, key: :deny, value: 4097} = error
+
+      # 20 rules of 4096 patterns fit the counts but not the 4 MiB document.
+      long = String.duplicate("a", 60) <> ".example.com"
+      rules = List.duplicate({:allow, List.duplicate(long, 4096)}, 20)
+      assert %Error{reason: :document_too_large} = error = error!(rules: rules)
+      assert Exception.message(error) =~ "4194304-byte limit"
+    end
+
     test "unknown policy keys and inputs that are not policies" do
       assert %Error{reason: :unknown_key, value: :rule, detail: :rules} = error!(rule: [])
       assert %Error{reason: :invalid_policy} = error!("allow everything")

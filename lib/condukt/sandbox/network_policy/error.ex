@@ -22,6 +22,9 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
   | `:unknown_decide_option` | a decide option other than the five documented ones |
   | `:invalid_decide_option` | a decide option with a value of the wrong type or range |
   | `:invalid_default`       | `:default` other than `:allow` or `:deny` |
+  | `:too_many_rules`        | more rules than the sidecar loads (4096) |
+  | `:too_many_patterns`     | more patterns in one rule than the sidecar loads (4096) |
+  | `:document_too_large`    | the sidecar document would exceed 4 MiB |
   """
 
   @type reason ::
@@ -38,6 +41,9 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
           | :unknown_decide_option
           | :invalid_decide_option
           | :invalid_default
+          | :too_many_rules
+          | :too_many_patterns
+          | :document_too_large
 
   @type t :: %__MODULE__{
           reason: reason(),
@@ -96,6 +102,15 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
 
   defp what(%{reason: :invalid_default, value: v}),
     do: "expected :allow or :deny, got: #{inspect(v)}"
+
+  defp what(%{reason: :too_many_rules, value: n, detail: max}),
+    do: "#{n} rules, but the sidecar loads at most #{max}"
+
+  defp what(%{reason: :too_many_patterns, value: n, detail: max}),
+    do: "#{n} host patterns in one rule, but the sidecar loads at most #{max}"
+
+  defp what(%{reason: :document_too_large, value: n, detail: max}),
+    do: "the sidecar document would be #{n} bytes, over the #{max}-byte limit"
 
   defp hint(nil), do: ""
   defp hint(suggestion), do: " (did you mean #{inspect(suggestion)}?)"

@@ -21,6 +21,8 @@ defmodule Condukt.Sandbox.NetworkPolicy.Host do
 
   @max_label 63
   @max_name 253
+  # docs/host-matching.md and c_src/policy/host.c (LABEL_INPUT_MAX).
+  @max_idn_label_input 1024
 
   @typedoc "A normalised request host."
   @type t :: {:name, binary()} | {:ipv4, <<_::32>>} | {:ipv6, <<_::128>>}
@@ -100,7 +102,8 @@ defmodule Condukt.Sandbox.NetworkPolicy.Host do
         with {:ok, labels} <- convert_labels(:binary.split(name, ".", [:global]), mode, []),
              ascii = Enum.join(labels, "."),
              :ok <- check_name_length(ascii, mode),
-             :ok <- check_last_label(List.last(labels), mode) do
+             :ok <- check_last_label(List.last(labels), mode),
+             :ok <- check_ip_shaped_glob(ascii, mode) do
           cond do
             mode == :host -> {:ok, {:name, ascii}}
             String.contains?(ascii, "*") -> {:ok, {:glob, ascii}}
@@ -143,17 +146,45 @@ defmodule Condukt.Sandbox.NetworkPolicy.Host do
       mode == :pattern and String.contains?(label, "*") ->
         fail(mode, :wildcard_idn)
 
+      # No label of more input bytes than this can convert to 63 bytes or
+      # fewer; refusing it before conversion bounds the work (Punycode is
+      # quadratic). The C engine draws the same line (LABEL_INPUT_MAX).
+      byte_size(label) > @max_idn_label_input ->
+        ascii_ok = Enum.all?(:binary.bin_to_list(label), &(&1 >= 0x80 or ldh?(&1) or &1 in ?A..?Z))
+        if ascii_ok, do: fail(mode, :label_too_long), else: fail(mode, :bad_char)
+
       true ->
-        mapped = label |> String.downcase() |> :unicode.characters_to_nfc_binary()
-        codepoints = String.to_charlist(mapped)
+        codepoints = label |> String.downcase() |> nfc()
 
         cond do
           not Enum.all?(codepoints, &(&1 >= 0x80 or ldh?(&1))) -> fail(mode, :bad_char)
-          ascii?(mapped) -> {:ok, mapped}
+          Enum.all?(codepoints, &(&1 < 0x80)) -> {:ok, List.to_string(codepoints)}
+          # An A-label holds "xn--" plus at least one byte per code point.
+          length(codepoints) > @max_label -> fail(mode, :label_too_long)
           true -> {:ok, "xn--" <> punycode_encode(codepoints)}
         end
     end
   end
+
+  # NFC as a list of code points. OTP 25's :unicode NFC does not compose two
+  # starters (both canonical combining class 0) when another character
+  # precedes them — Bengali U+0995 U+09C7 U+09BE stays decomposed where NFC
+  # gives U+0995 U+09CB — while libunistring, which the sidecar uses, does.
+  # An adjacent pair that composes on its own is not blocked in context (it
+  # is adjacent, and its first member is a starter, so the last starter), so
+  # composing such pairs left to right completes the job.
+  defp nfc(string) do
+    string |> :unicode.characters_to_nfc_list() |> compose_adjacent()
+  end
+
+  defp compose_adjacent([a, b | rest]) do
+    case :unicode.characters_to_nfc_list([a, b]) do
+      [c] -> compose_adjacent([c | rest])
+      _ -> [a | compose_adjacent([b | rest])]
+    end
+  end
+
+  defp compose_adjacent(short), do: short
 
   defp check_name_length(ascii, mode) do
     if byte_size(ascii) > @max_name, do: fail(mode, :name_too_long), else: :ok
@@ -173,6 +204,19 @@ defmodule Condukt.Sandbox.NetworkPolicy.Host do
 
     if numeric or hex, do: fail(mode, :bad_ip), else: :ok
   end
+
+  # A glob of only digits, "*" and dots ("10.*.*.*") reads as an address
+  # range, but globs never match IP literals, so such a rule would silently
+  # match nothing; refuse it (docs/host-matching.md §2 step 11).
+  defp check_ip_shaped_glob(ascii, :pattern) do
+    bytes = :binary.bin_to_list(ascii)
+
+    if ?* in bytes and Enum.any?(bytes, &(&1 in ?0..?9)) and Enum.all?(bytes, &(&1 in ?0..?9 or &1 in [?*, ?.])),
+      do: {:error, :bad_ip},
+      else: :ok
+  end
+
+  defp check_ip_shaped_glob(_ascii, :host), do: :ok
 
   defp fail(:host, _code), do: :error
   defp fail(:pattern, code), do: {:error, code}

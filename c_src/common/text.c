@@ -1,0 +1,41 @@
+#include "common/text.h"
+
+#include <string.h>
+
+#include <unistr.h>
+
+void ce_text_sanitize(char *dst, size_t cap, const char *s, size_t n,
+                      int in_quotes) {
+  static const char hex[] = "0123456789abcdef";
+  if (cap == 0)
+    return;
+  int utf8 = u8_check((const uint8_t *)s, n) == NULL;
+  size_t o = 0, i = 0;
+  size_t limit = n > CE_TEXT_QUOTE_MAX ? CE_TEXT_QUOTE_MAX : n;
+
+  /* Never cut a UTF-8 sequence in half. */
+  if (utf8 && limit < n) {
+    while (limit > 0 && ((unsigned char)s[limit] & 0xC0) == 0x80)
+      limit--;
+  }
+  for (i = 0; i < limit && o + 5 < cap; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (in_quotes && (c == '"' || c == '\\')) {
+      dst[o++] = '\\';
+      dst[o++] = (char)c;
+    } else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !utf8)) {
+      dst[o++] = '\\';
+      dst[o++] = 'x';
+      dst[o++] = hex[c >> 4];
+      dst[o++] = hex[c & 0xf];
+    } else {
+      dst[o++] = (char)c;
+    }
+  }
+  if (i < n && o + 4 < cap) {
+    memcpy(dst + o, "...", 3);
+    o += 3;
+  }
+  dst[o] = '\0';
+}
+
