@@ -154,4 +154,17 @@ defmodule Condukt.Sandbox.NetworkPolicy.HostTest do
     {:ok, h} = Host.normalize(Enum.map_join(1..30, ".", fn _ -> "aaaaaa" end) <> "c")
     refute Host.match?(p, h)
   end
+
+  test "over-long IDN labels are refused before conversion, as the C engine does" do
+    long = String.duplicate("ü", 600)
+    assert Host.normalize_pattern(long <> ".com") == {:error, :label_too_long}
+    assert Host.normalize_pattern(long <> "@x.com") == {:error, :bad_char}
+    assert Host.normalize(String.duplicate(long, 40) <> ".com") == :error
+  end
+
+  test "NFC composes starter pairs that OTP leaves apart (Bengali o-sign)" do
+    decomposed = "\u0995\u09C7\u09BE\u09A1.com"
+    assert Host.normalize(decomposed) == {:ok, {:name, "xn--p5by0j.com"}}
+    assert Host.normalize("\u0995\u09CB\u09A1.com") == {:ok, {:name, "xn--p5by0j.com"}}
+  end
 end
