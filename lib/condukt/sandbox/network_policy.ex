@@ -100,13 +100,7 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   """
   @spec new(t() | keyword() | map()) :: {:ok, t()} | {:error, Error.t()}
   def new(policy) do
-    with {:ok, fields} <- fields(policy),
-         {:ok, default} <- validate_default(Map.get(fields, :default, :deny)),
-         {:ok, rules} <- validate_rules(Map.get(fields, :rules, [])),
-         policy = %__MODULE__{rules: rules, default: default},
-         :ok <- check_document_size(policy) do
-      {:ok, policy}
-    end
+    with {:ok, policy, _compiled} <- validate(policy), do: {:ok, policy}
   end
 
   @doc "Like `new/1`, but raises `Condukt.Sandbox.NetworkPolicy.Error`."
@@ -150,12 +144,10 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   `Condukt.Sandbox.NetworkPolicy.Error` if the policy is invalid.
   """
   @spec to_sidecar_json(t() | keyword() | map()) :: String.t()
-  def to_sidecar_json(policy), do: policy |> new!() |> sidecar_document()
+  def to_sidecar_json(policy), do: policy |> compile!() |> sidecar_document()
 
-  # Expects a validated policy.
-  defp sidecar_document(policy) do
-    {rules, default} = compile(policy)
-
+  # From compiled rules (patterns already normalised).
+  defp sidecar_document({rules, default}) do
     json_rules =
       rules
       |> Enum.with_index()
@@ -172,19 +164,13 @@ defmodule Condukt.Sandbox.NetworkPolicy do
 
   ## Evaluation ---------------------------------------------------------------
 
-  defp compile!(policy), do: policy |> new!() |> compile()
-
-  defp compile(policy) do
-    rules =
-      Enum.map(policy.rules, fn
-        {:decide, opts} ->
-          {:decide, opts}
-
-        {kind, patterns} ->
-          {kind, Enum.map(patterns, fn pattern -> pattern |> Host.normalize_pattern() |> elem(1) end)}
-      end)
-
-    {rules, policy.default}
+  # Validates once and returns {compiled_rules, default}: decide rules in
+  # their configured form, allow/deny patterns normalised.
+  defp compile!(policy) do
+    case validate(policy) do
+      {:ok, _policy, compiled} -> compiled
+      {:error, error} -> raise error
+    end
   end
 
   defp target_host(%Request{host: host}) when is_binary(host) do
@@ -251,8 +237,21 @@ defmodule Condukt.Sandbox.NetworkPolicy do
     end
   end
 
-  defp check_document_size(policy) do
-    size = policy |> sidecar_document() |> byte_size()
+  # Returns the validated struct (patterns as written, decide rules filled
+  # in) and its compiled form, so callers never normalise twice.
+  defp validate(policy) do
+    with {:ok, fields} <- fields(policy),
+         {:ok, default} <- validate_default(Map.get(fields, :default, :deny)),
+         {:ok, validated} <- validate_rules(Map.get(fields, :rules, [])),
+         {rules, compiled_rules} = Enum.unzip(validated),
+         compiled = {compiled_rules, default},
+         :ok <- check_document_size(compiled) do
+      {:ok, %__MODULE__{rules: rules, default: default}, compiled}
+    end
+  end
+
+  defp check_document_size(compiled) do
+    size = compiled |> sidecar_document() |> byte_size()
 
     if size > @max_document_bytes,
       do: {:error, %Error{reason: :document_too_large, key: :rules, value: size, detail: @max_document_bytes}},
@@ -293,15 +292,16 @@ defmodule Condukt.Sandbox.NetworkPolicy do
          }}
 
       true ->
-        Enum.find_value(patterns, {:ok, {kind, patterns}}, fn pattern ->
-          case Host.normalize_pattern(pattern) do
-            {:ok, _} ->
-              nil
-
-            {:error, code} ->
-              {:error, %Error{reason: :invalid_pattern, rule_index: index, key: kind, value: pattern, detail: code}}
+        patterns
+        |> Condukt.Options.map_ok(fn pattern ->
+          with {:error, code} <- Host.normalize_pattern(pattern) do
+            {:error, %Error{reason: :invalid_pattern, rule_index: index, key: kind, value: pattern, detail: code}}
           end
         end)
+        |> case do
+          {:ok, normalized} -> {:ok, {{kind, patterns}, {kind, normalized}}}
+          error -> error
+        end
     end
   end
 
@@ -335,7 +335,7 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   defp validate_decide_options(options, index) do
     case Condukt.Options.validate(options, Schema.decide()) do
       {:ok, valid} ->
-        with :ok <- check_callable(valid[:call], index), do: {:ok, {:decide, valid}}
+        with :ok <- check_callable(valid[:call], index), do: {:ok, {{:decide, valid}, {:decide, valid}}}
 
       {:error, {:unknown, key, suggestion}} ->
         {:error, %Error{reason: :unknown_decide_option, rule_index: index, key: key, value: key, detail: suggestion}}
