@@ -12,7 +12,7 @@ VERSION := $(shell sed -n 's/^ *@version "\(.*\)"/\1/p' mix.exs)
 ROOT := $(abspath .)
 
 CC ?= cc
-PKGS := jansson
+PKGS := jansson libuv openssl
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lunistring
 
@@ -30,31 +30,48 @@ SRCS := $(shell find c_src -name '*.c' | sort)
 LIB_SRCS := $(filter-out c_src/main.c,$(SRCS))
 TEST_SRCS := $(shell find native_test -name '*.c' -not -path 'native_test/fuzz/*' | sort)
 
-REL_OBJS := $(SRCS:%.c=build/rel/%.o)
-SAN_OBJS := $(LIB_SRCS:%.c=build/san/%.o) $(TEST_SRCS:%.c=build/san/%.o)
+# BUILD can be moved (make BUILD=/tmp/b ...) so that two checkouts or two
+# concurrent builds never write the same objects.
+BUILD ?= build
+REL_OBJS := $(SRCS:%.c=$(BUILD)/rel/%.o)
+SAN_OBJS := $(LIB_SRCS:%.c=$(BUILD)/san/%.o) $(TEST_SRCS:%.c=$(BUILD)/san/%.o)
 
 BIN := priv/condukt-egress
-TEST_BIN := build/san/native_tests
+TEST_BIN := $(BUILD)/san/native_tests
+
+# libFuzzer targets: native_test/fuzz/fuzz_NAME.c, each linked with the
+# library sources, built with clang. `make fuzz-smoke` (part of `make test`)
+# runs each for FUZZ_SMOKE_SECONDS from its seed corpus; `make fuzz` runs
+# them for FUZZ_SECONDS each (docs/fuzzing.md).
+FUZZ_CC ?= clang
+FUZZ_SRCS := $(sort $(wildcard native_test/fuzz/fuzz_*.c))
+FUZZ_BINS := $(FUZZ_SRCS:native_test/fuzz/%.c=$(BUILD)/fuzz/%)
+FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/fuzz/obj/%.o)
+FUZZ_CFLAGS := $(filter-out -MMD -MP,$(BASE_CFLAGS)) -O1 -Inative_test \
+        -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
+        -fno-omit-frame-pointer -DCE_FUZZING
+FUZZ_SMOKE_SECONDS ?= 15
+FUZZ_SECONDS ?= 600
 
 # Link rules only see timestamps, so a source file that disappears would
 # leave its object linked in. These stamps change whenever the object list
 # does, and the links depend on them.
 stamp = $(shell mkdir -p $(dir $(1)) && (echo '$(2)' | cmp -s - $(1) || echo '$(2)' > $(1)))$(1)
-REL_STAMP := $(call stamp,build/rel/objects.list,$(REL_OBJS))
-SAN_STAMP := $(call stamp,build/san/objects.list,$(SAN_OBJS))
+REL_STAMP := $(call stamp,$(BUILD)/rel/objects.list,$(REL_OBJS))
+SAN_STAMP := $(call stamp,$(BUILD)/san/objects.list,$(SAN_OBJS))
 
-.PHONY: all setup test c-test elixir-test demo mozilla-pem clean
+.PHONY: all setup test c-test elixir-test fuzz-smoke fuzz demo mozilla-pem clean
 all: $(BIN)
 
 $(BIN): $(REL_OBJS) $(REL_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) -pie -Wl,-z,relro,-z,now -o $@ $(REL_OBJS) $(PKG_LIBS)
 
-build/rel/%.o: %.c
+$(BUILD)/rel/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(REL_CFLAGS) -c -o $@ $<
 
-build/san/%.o: %.c
+$(BUILD)/san/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(TEST_CFLAGS) -c -o $@ $<
 
@@ -71,12 +88,28 @@ SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
 c-test: $(TEST_BIN) $(BIN)
 	$(SAN_ENV) CONDUKT_EGRESS_BIN=$(ROOT)/$(BIN) sh scripts/run-native-tests.sh $(TEST_BIN) --jobs 2
 
+$(BUILD)/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c -o $@ $<
+
+$(BUILD)/fuzz/%: native_test/fuzz/%.c $(FUZZ_LIB_OBJS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJS) $(PKG_LIBS)
+
+# Each target starts from its committed seeds (native_test/fuzz/corpus/NAME)
+# and writes new inputs to a scratch copy, so the tree stays clean.
+fuzz-smoke: $(FUZZ_BINS)
+	sh scripts/run-fuzzers.sh $(FUZZ_SMOKE_SECONDS) $(FUZZ_BINS)
+
+fuzz: $(FUZZ_BINS)
+	sh scripts/run-fuzzers.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
+
 elixir-test: $(BIN)
 	MIX_ENV=test mix compile --warnings-as-errors --force
 	mix format --check-formatted
 	MIX_ENV=test mix test
 
-test: c-test elixir-test
+test: c-test fuzz-smoke elixir-test
 
 setup:
 	sh scripts/setup-debian.sh

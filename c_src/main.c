@@ -21,6 +21,10 @@ typedef struct {
 
 static const ce_command_t commands[] = {
     {"policy", ce_cmd_policy, "check or dry-run a sidecar policy document"},
+    {"proxy", ce_cmd_proxy, "run the sidecar data plane"},
+    {"netfilter-setup", ce_cmd_netfilter_setup,
+     "install the iptables/ip6tables interception rules"},
+    {"ca", ce_cmd_ca, "create a per-session certificate authority"},
 };
 
 static void usage(FILE *out) {

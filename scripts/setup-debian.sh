@@ -10,6 +10,8 @@ PACKAGES="
   libjansson-dev libunistring-dev libssl-dev libuv1-dev libnghttp2-dev
   libwebsockets-dev libyaml-dev
   libcriterion-dev clang libclang-rt-14-dev
+  iptables iproute2 util-linux openssl nginx-light nodejs
+  python3 python3-requests python3-websockets
 "
 
 missing=""
@@ -39,3 +41,10 @@ echo "setup: installing$missing"
 $SUDO apt-get update -qq
 # shellcheck disable=SC2086
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+
+# Debian starts nginx as a service on install; the end-to-end tier runs its
+# own nginx inside a network namespace and needs port 80/443 of the host
+# left alone.
+if command -v service >/dev/null 2>&1; then
+  $SUDO service nginx stop >/dev/null 2>&1 || true
+fi

@@ -13,4 +13,14 @@
 /* `condukt-egress policy check FILE` and `policy eval FILE URL`. */
 int ce_cmd_policy(int argc, char **argv);
 
+/* `condukt-egress proxy [options]`: the sidecar data plane (docs/proxy.md). */
+int ce_cmd_proxy(int argc, char **argv);
+
+/* `condukt-egress netfilter-setup [options]`: the init container's
+ * iptables/ip6tables rules (docs/netfilter.md). */
+int ce_cmd_netfilter_setup(int argc, char **argv);
+
+/* `condukt-egress ca new ...`: a per-session CA (docs/tls.md). */
+int ce_cmd_ca(int argc, char **argv);
+
 #endif

@@ -17,7 +17,16 @@
   XX(PARSE, "malformed input")                                              \
   XX(VERSION, "unsupported version")                                        \
   XX(NOENT, "no such file")                                                 \
-  XX(USAGE, "bad command line")
+  XX(USAGE, "bad command line")                                             \
+  XX(AGAIN, "more input is needed")                                         \
+  XX(PROTO, "protocol violation")                                           \
+  XX(NOTSUP, "not supported")                                               \
+  XX(TIMEDOUT, "timed out")                                                 \
+  XX(CLOSED, "connection closed")                                           \
+  XX(PERM, "permission denied")                                             \
+  XX(UNAVAIL, "not available")                                              \
+  XX(TLS, "TLS failure")                                                    \
+  XX(DENIED, "refused by policy")
 
 typedef enum {
   CE_OK = 0,

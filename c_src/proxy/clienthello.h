@@ -1,0 +1,67 @@
+/*
+ * TLS ClientHello parser (RFC 8446 §4.1.2, RFC 5246 §7.4.1.2).
+ *
+ * The proxy reads the first bytes of every intercepted port-443 connection
+ * before any TLS library sees them: it needs the SNI to evaluate the policy
+ * and mint a leaf, and the ALPN list to choose the upstream protocol. The
+ * ClientHello may span several TCP reads and several TLS records (records
+ * carry at most 16 KiB; post-quantum key shares make hellos larger than one
+ * record), so the proxy buffers what it reads and calls
+ * ce_clienthello_parse() on the whole buffer after each read.
+ *
+ * Repeated calls are cheap while the hello is incomplete: the parser walks
+ * record headers only (O(number of records)) until the declared handshake
+ * message is fully buffered, then parses it once.
+ */
+#ifndef CE_PROXY_CLIENTHELLO_H
+#define CE_PROXY_CLIENTHELLO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The most bytes the proxy buffers for a ClientHello (records included).
+ * Real hellos are under 2 KiB, ML-KEM hybrids about 1.8 KiB more; 64 KiB
+ * leaves room for any legitimate client and bounds a hostile one. */
+#define CE_CLIENTHELLO_MAX_BYTES (64u * 1024u)
+
+/* RFC 6066 §3: a host_name is at most 255 bytes (DNS limit). */
+#define CE_CLIENTHELLO_MAX_SNI 255u
+
+/* ALPN: how many protocol names are kept (more are counted, not kept). */
+#define CE_CLIENTHELLO_MAX_ALPN 16u
+
+typedef struct {
+  uint16_t legacy_version;  /* client_version field (0x0303 for TLS 1.2/1.3) */
+  bool has_sni;             /* a server_name extension with a host_name entry */
+  char sni[CE_CLIENTHELLO_MAX_SNI + 1]; /* NUL-terminated, bytes as sent */
+  size_t sni_len;
+  size_t alpn_count;        /* names kept in alpn[] */
+  struct {
+    uint8_t len;
+    char name[256];         /* NUL-terminated */
+  } alpn[CE_CLIENTHELLO_MAX_ALPN];
+  bool offers_h2;           /* "h2" among the ALPN names */
+  bool offers_http11;       /* "http/1.1" among the ALPN names */
+  bool has_alpn;            /* the extension was present */
+  size_t record_bytes;      /* bytes of the buffer taken by the hello's records */
+} ce_clienthello_t;
+
+/*
+ * Parses the ClientHello at the start of buf[0..len).
+ *
+ * Returns:
+ *   CE_OK       a complete ClientHello; *out is filled.
+ *   CE_EAGAIN   the bytes so far are a valid prefix; read more and call again.
+ *   CE_ENOTSUP  the bytes are not a TLS handshake record (first byte is not
+ *               22, or an SSLv2-style hello): not TLS, the proxy resets.
+ *   CE_EPARSE   malformed (bad lengths, duplicate extensions, an SNI with a
+ *               NUL byte or an empty name, a second host_name, trailing bytes
+ *               inside the handshake message, a non-handshake record in the
+ *               middle, ...).
+ *   CE_ETOOBIG  the hello needs more than CE_CLIENTHELLO_MAX_BYTES.
+ * On any return but CE_OK, *out is unspecified. buf is never written.
+ */
+int ce_clienthello_parse(const uint8_t *buf, size_t len, ce_clienthello_t *out);
+
+#endif
