@@ -1,10 +1,339 @@
-/* Placeholder until this command is implemented (issue 3). */
+/*
+ * `condukt-egress proxy`: sets up the sidecar (policy, CA, TLS contexts,
+ * control channel, listeners, signals) and runs the loop until SIGTERM has
+ * drained every connection (docs/proxy.md).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
+#include "common/error.h"
+#include "proxy/conn.h"
+#include "proxy/netaddr.h"
+#include "proxy/proxy.h"
+#include "tls/context.h"
+
+#define PROG "condukt-egress proxy"
+
+/* How long SIGTERM waits for busy exchanges before cutting them. */
+#define CE_PROXY_DRAIN_MS 10000u
+/* A token file is small: hex digits and a newline. */
+#define CE_TOKEN_FILE_MAX 1024u
+
+static uv_timer_t drain_timer;
+static bool drain_timer_started;
+
+/* ---- decision cache ------------------------------------------------------ */
+
+static size_t slot_of(int32_t rule, const char *host) {
+  uint64_t h = 1469598103934665603ull ^ (uint64_t)(uint32_t)rule;
+  for (const char *p = host; *p != '\0'; p++)
+    h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  return (size_t)(h % CE_DECISION_CACHE_SIZE);
+}
+
+bool ce_decision_cache_get(ce_proxy_t *p, int32_t rule, const char *host, bool *allow, const char **reason) {
+  size_t i = slot_of(rule, host);
+  for (size_t n = 0; n < CE_DECISION_CACHE_SIZE; n++, i = (i + 1) % CE_DECISION_CACHE_SIZE) {
+    ce_decision_entry_t *e = &p->decisions[i];
+    if (!e->used)
+      return false;
+    if (e->rule_index == rule && strcmp(e->host, host) == 0) {
+      *allow = e->allow;
+      *reason = e->reason;
+      return true;
+    }
+  }
+  return false;
+}
+
+void ce_decision_cache_put(ce_proxy_t *p, int32_t rule, const char *host, bool allow, const char *reason) {
+  if (strlen(host) > CE_HOST_TEXT_MAX)
+    return;
+  /* Open addressing stays fast below three quarters full; past that the
+   * cache starts over, which only costs a few repeated decider calls. */
+  if (p->decision_count >= CE_DECISION_CACHE_SIZE * 3 / 4) {
+    memset(p->decisions, 0, CE_DECISION_CACHE_SIZE * sizeof(*p->decisions));
+    p->decision_count = 0;
+  }
+  size_t i = slot_of(rule, host);
+  for (;; i = (i + 1) % CE_DECISION_CACHE_SIZE) {
+    ce_decision_entry_t *e = &p->decisions[i];
+    if (!e->used || (e->rule_index == rule && strcmp(e->host, host) == 0)) {
+      if (!e->used)
+        p->decision_count++;
+      e->used = true;
+      e->rule_index = rule;
+      e->allow = allow;
+      snprintf(e->host, sizeof(e->host), "%s", host);
+      snprintf(e->reason, sizeof(e->reason), "%s", reason);
+      return;
+    }
+  }
+}
+
+/* ---- lifecycle ----------------------------------------------------------- */
+
+static void on_control_closed(void *data) {
+  ce_proxy_t *p = data;
+  p->control = NULL;
+  uv_stop(p->loop);
+}
+
+static void finish_drain(ce_proxy_t *p) {
+  if (p->conn_count > 0 || p->control == NULL)
+    return;
+  if (drain_timer_started && !uv_is_closing((uv_handle_t *)&drain_timer))
+    uv_close((uv_handle_t *)&drain_timer, NULL);
+  ce_control_t *ctl = p->control;
+  ce_control_close(ctl, on_control_closed, p);
+}
+
+void ce_proxy_conn_gone(ce_proxy_t *p) {
+  p->conn_count--;
+  if (p->draining)
+    finish_drain(p);
+}
+
+static void on_drain_deadline(uv_timer_t *t) {
+  ce_proxy_t *p = t->data;
+  fprintf(stderr, "condukt-egress: drain deadline passed with %zu connection(s) busy; closing them\n",
+          p->conn_count);
+  ce_conn_abort_all(p);
+}
+
+static void begin_drain(ce_proxy_t *p, const char *why) {
+  if (p->draining)
+    return;
+  p->draining = true;
+  fprintf(stderr, "condukt-egress: %s: draining %zu connection(s)\n", why, p->conn_count);
+  for (size_t i = 0; i < p->listener_count; i++)
+    uv_close((uv_handle_t *)&p->listeners[i], NULL);
+  uv_close((uv_handle_t *)&p->sigterm, NULL);
+  uv_close((uv_handle_t *)&p->sigint, NULL);
+  uv_close((uv_handle_t *)&p->sigpipe, NULL);
+  ce_conn_drain_all(p);
+  uv_timer_init(p->loop, &drain_timer);
+  drain_timer.data = p;
+  drain_timer_started = true;
+  uv_timer_start(&drain_timer, on_drain_deadline, CE_PROXY_DRAIN_MS, 1000);
+  finish_drain(p);
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  ce_proxy_t *p = s->data;
+  if (signum == SIGPIPE)
+    return;
+  begin_drain(p, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void on_connection(uv_stream_t *listener, int status) {
+  ce_proxy_t *p = listener->data;
+  if (status < 0) {
+    fprintf(stderr, "condukt-egress: accept failed: %s\n", uv_strerror(status));
+    return;
+  }
+  ce_conn_accept(p, listener);
+}
+
+/* ---- setup --------------------------------------------------------------- */
+
+static int read_token(const char *path, uint8_t *out, size_t cap, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) {
+    fprintf(stderr, PROG ": cannot open the token file %s: %s\n", path, strerror(errno));
+    return CE_EXIT_FAIL;
+  }
+  char buf[CE_TOKEN_FILE_MAX + 1];
+  size_t n = fread(buf, 1, sizeof(buf), f);
+  fclose(f);
+  if (n > CE_TOKEN_FILE_MAX) {
+    fprintf(stderr, PROG ": the token file %s is larger than %u bytes\n", path, CE_TOKEN_FILE_MAX);
+    return CE_EXIT_FAIL;
+  }
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
+    n--;
+  if (n < 32 || n % 2 != 0 || n / 2 > cap) {
+    fprintf(stderr, PROG ": the token file %s must hold an even number (32 to %zu) of hex digits\n", path, cap * 2);
+    return CE_EXIT_FAIL;
+  }
+  for (size_t i = 0; i < n; i += 2) {
+    int v = 0;
+    for (size_t k = 0; k < 2; k++) {
+      char ch = buf[i + k];
+      int d = (ch >= '0' && ch <= '9') ? ch - '0' : (ch >= 'a' && ch <= 'f') ? ch - 'a' + 10 : -1;
+      if (d < 0) {
+        fprintf(stderr, PROG ": the token file %s holds a character that is not a lowercase hex digit\n", path);
+        return CE_EXIT_FAIL;
+      }
+      v = v * 16 + d;
+    }
+    out[i / 2] = (uint8_t)v;
+  }
+  *len = n / 2;
+  return CE_EXIT_OK;
+}
+
+/* The Mozilla snapshot ships next to the binary: priv/condukt-egress and
+ * priv/ca-certificates/mozilla.pem. */
+static const char *default_bundle(char *buf, size_t cap) {
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0)
+    return NULL;
+  exe[n] = '\0';
+  char *slash = strrchr(exe, '/');
+  if (slash == NULL)
+    return NULL;
+  *slash = '\0';
+  int n2 = snprintf(buf, cap, "%s/ca-certificates/mozilla.pem", exe);
+  return n2 > 0 && (size_t)n2 < cap ? buf : NULL;
+}
+
+static int start_listeners(ce_proxy_t *p) {
+  for (size_t i = 0; i < p->opts->listen_count; i++) {
+    const char *text = p->opts->listen[i];
+    struct sockaddr_storage *sa = &p->listen_addrs[i];
+    if (ce_addr_parse(text, sa) != CE_OK) {
+      fprintf(stderr, PROG ": --listen expects ADDRESS:PORT (IPv6 in brackets), got '%s'\n", text);
+      return CE_EXIT_USAGE;
+    }
+    uv_tcp_t *t = &p->listeners[i];
+    uv_tcp_init(p->loop, t);
+    t->data = p;
+    p->listener_count++;
+    int rc = uv_tcp_bind(t, (struct sockaddr *)sa, sa->ss_family == AF_INET6 ? UV_TCP_IPV6ONLY : 0);
+    if (rc == 0)
+      rc = uv_listen((uv_stream_t *)t, 511, on_connection);
+    if (rc != 0) {
+      fprintf(stderr, PROG ": cannot listen on %s: %s\n", text, uv_strerror(rc));
+      return CE_EXIT_FAIL;
+    }
+  }
+  return CE_EXIT_OK;
+}
+
+static void close_walk(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (!uv_is_closing(h))
+    uv_close(h, NULL);
+}
 
 int ce_cmd_proxy(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "condukt-egress: %s is not implemented yet\n", argv[0]);
-  return CE_EXIT_FAIL;
+  ce_proxy_options_t opts;
+  int rc = ce_proxy_options_parse(argc, argv, &opts);
+  if (rc == -1) {
+    ce_proxy_options_free(&opts);
+    return CE_EXIT_OK;
+  }
+  if (rc != CE_EXIT_OK) {
+    ce_proxy_options_free(&opts);
+    return rc;
+  }
+  signal(SIGPIPE, SIG_IGN);
+
+  ce_proxy_t proxy;
+  memset(&proxy, 0, sizeof(proxy));
+  ce_proxy_t *p = &proxy;
+  p->opts = &opts;
+  int exit_code = CE_EXIT_FAIL;
+  char err[512] = "";
+  uv_loop_t loop;
+  bool loop_ready = false;
+
+  ce_policy_error_t perr;
+  if (ce_policy_load_file(opts.policy_path, &p->policy, &perr) != 0) {
+    fprintf(stderr, PROG ": %s: %s\n", opts.policy_path, perr.message);
+    goto fail;
+  }
+  if (ce_ca_load(opts.ca_cert_path, opts.ca_key_path, &p->ca, err, sizeof(err)) != CE_OK) {
+    fprintf(stderr, PROG ": %s\n", err);
+    goto fail;
+  }
+  if (ce_leaf_cache_new(p->ca, 0, &p->leaves) != CE_OK) {
+    fprintf(stderr, PROG ": out of memory\n");
+    goto fail;
+  }
+  if (ce_tls_server_ctx_new(&p->server_ctx, err, sizeof(err)) != CE_OK) {
+    fprintf(stderr, PROG ": %s\n", err);
+    goto fail;
+  }
+  char bundle_buf[PATH_MAX + 64];
+  const char *bundle = opts.trust_bundle_path;
+  if (bundle == NULL)
+    bundle = default_bundle(bundle_buf, sizeof(bundle_buf));
+  if (bundle == NULL) {
+    fprintf(stderr, PROG ": cannot locate the trust bundle; pass --trust-bundle\n");
+    goto fail;
+  }
+  if (ce_tls_client_ctx_new(bundle, opts.upstream_extra_ca_path, &p->client_ctx, err, sizeof(err)) != CE_OK) {
+    fprintf(stderr, PROG ": %s\n", err);
+    goto fail;
+  }
+  uint8_t token[128];
+  size_t token_len = 0;
+  if (read_token(opts.token_path, token, sizeof(token), &token_len) != CE_EXIT_OK)
+    goto fail;
+  p->decisions = calloc(CE_DECISION_CACHE_SIZE, sizeof(*p->decisions));
+  if (p->decisions == NULL) {
+    fprintf(stderr, PROG ": out of memory\n");
+    goto fail;
+  }
+
+  uv_loop_init(&loop);
+  loop_ready = true;
+  p->loop = &loop;
+  ce_control_opts_t copts = {
+      .listen = opts.control,
+      .token = token,
+      .token_len = token_len,
+      .session_id = opts.session_id,
+      .stdout_fd = STDOUT_FILENO,
+  };
+  if (ce_control_start(p->loop, &copts, &p->control, err, sizeof(err)) != CE_OK) {
+    fprintf(stderr, PROG ": control channel: %s\n", err);
+    goto fail;
+  }
+  rc = start_listeners(p);
+  if (rc != CE_EXIT_OK) {
+    exit_code = rc;
+    goto fail;
+  }
+  uv_signal_init(p->loop, &p->sigterm);
+  uv_signal_init(p->loop, &p->sigint);
+  uv_signal_init(p->loop, &p->sigpipe);
+  p->sigterm.data = p->sigint.data = p->sigpipe.data = p;
+  uv_signal_start(&p->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&p->sigint, on_signal, SIGINT);
+  uv_signal_start(&p->sigpipe, on_signal, SIGPIPE);
+
+  fprintf(stderr, "condukt-egress: proxy ready (session %s, %zu listener(s), control %s)\n", opts.session_id,
+          p->listener_count, opts.control);
+  uv_run(p->loop, UV_RUN_DEFAULT);
+  exit_code = CE_EXIT_OK;
+  fprintf(stderr, "condukt-egress: drained, exiting\n");
+
+fail:
+  if (loop_ready) {
+    if (p->control != NULL) {
+      ce_control_close(p->control, on_control_closed, p);
+      uv_run(p->loop, UV_RUN_DEFAULT);
+    }
+    uv_walk(p->loop, close_walk, NULL);
+    uv_run(p->loop, UV_RUN_DEFAULT);
+    uv_loop_close(p->loop);
+  }
+  free(p->decisions);
+  SSL_CTX_free(p->client_ctx);
+  SSL_CTX_free(p->server_ctx);
+  ce_leaf_cache_free(p->leaves);
+  ce_ca_free(p->ca);
+  ce_policy_free(p->policy);
+  ce_proxy_options_free(&opts);
+  return exit_code;
 }

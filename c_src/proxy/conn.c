@@ -1,0 +1,1861 @@
+/*
+ * A proxied connection: see conn.h for the state machine and ownership.
+ *
+ * Re-entrancy: libuv callbacks (read, write, timer, resolver, connect) and
+ * the control channel's decision callback all end in conn_process(), which
+ * runs the state machine until it stops making progress. A flag on the
+ * connection makes a nested call only ask the running one for another
+ * round, so the state machine never runs inside itself (the h2o habit).
+ * Closing is deferred the same way: conn_abort() only marks the connection
+ * and closes its handles; memory goes in the last close callback.
+ */
+#include "proxy/conn.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "http1/parser.h"
+#include "proxy/clienthello.h"
+#include "proxy/event.h"
+#include "proxy/netaddr.h"
+#include "tls/context.h"
+#include "tls/tlsconn.h"
+
+typedef enum {
+  ST_HELLO = 0,
+  ST_HANDSHAKE,
+  ST_HEAD,
+  ST_DECIDING,
+  ST_CONNECTING,
+  ST_EXCHANGE,
+  ST_TUNNEL,
+  ST_CLOSING,
+} conn_state_t;
+
+static const char *const state_names[] = {"hello",      "handshake", "head",   "deciding",
+                                          "connecting", "exchange",  "tunnel", "closing"};
+
+typedef struct side {
+  uv_tcp_t tcp;
+  struct ce_conn *conn;
+  const char *name;        /* "client" or "upstream", for traces */
+  bool open;               /* tcp initialised and not yet closing */
+  bool connected;
+  bool reading;
+  bool eof;                /* the peer finished sending */
+  bool close_after_flush;
+  ce_tlsconn_t *tls;
+  bool handshaken;
+  size_t queued;           /* bytes given to uv_write and not yet written */
+  char *in;                /* CE_CONN_INPUT_MAX bytes of plaintext input */
+  size_t in_len;
+  char *rbuf;              /* CE_CONN_READ_CHUNK bytes for TLS reads */
+} side_t;
+
+typedef struct {
+  uv_write_t req;
+  side_t *side;
+  size_t len;
+  char data[];
+} write_req_t;
+
+struct ce_conn {
+  ce_proxy_t *proxy;
+  ce_conn_t *next;
+  ce_conn_t *prev;
+  uint64_t id;
+  conn_state_t state;
+  side_t c;                /* the workspace */
+  side_t u;                /* the upstream */
+  uv_timer_t timer;
+  int handles;             /* open handles still to be closed */
+  bool resolving;          /* a uv_getaddrinfo is in flight */
+  uv_getaddrinfo_t gai;
+  bool dead;               /* aborting: handles closing */
+  bool processing;         /* conn_process is on the stack */
+  bool again;
+
+  /* What the workspace dialled. */
+  struct sockaddr_storage orig_dst;
+  uint16_t port;
+  bool tls;                /* the workspace speaks TLS */
+  bool has_sni;
+  char sni_raw[CE_CLIENTHELLO_MAX_SNI + 1];
+  ce_host_t sni;           /* normalised SNI, or the destination IP when none */
+
+  /* The upstream currently connected (or being connected). */
+  char up_host[256];
+  uint16_t up_port;
+  struct addrinfo *addrs;  /* from the resolver, owned */
+  struct addrinfo *next_addr;
+  uv_connect_t connect_req;
+
+  /* The current request. */
+  bool have_req;
+  ce_reqinfo_t req;
+  ce_h1_head_t head;       /* scratch for the last parsed head */
+  char *up_head;           /* the request head as forwarded upstream */
+  size_t up_head_len;
+  char method[32];
+  ce_h1_framing_t req_framing;
+  ce_h1_body_t req_body;
+  bool req_keep_alive;
+  bool req_upgrade;
+  bool req_done;
+  bool resp_head_done;
+  bool resp_done;
+  bool resp_keep_alive;
+  bool resp_chunked_out;   /* re-encoding the response body as chunks */
+  bool resp_close_out;     /* the client's response ends at close */
+  ce_h1_body_t resp_body;
+  bool denied_discard;     /* reading and dropping a denied request's body */
+  uint64_t ask_id;         /* pending decision, 0 = none */
+  int32_t decide_rule;
+  bool decide_cache;
+  bool failed_reported;
+  uint64_t requests;       /* requests seen on this connection */
+};
+
+/* ---- tracing ------------------------------------------------------------ */
+
+static void trace(const ce_conn_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void trace(const ce_conn_t *c, const char *fmt, ...) {
+  if (!c->proxy->opts->verbose)
+    return;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "condukt-egress: conn %llu [%s] %s\n", (unsigned long long)c->id, state_names[c->state], msg);
+}
+
+static void set_state(ce_conn_t *c, conn_state_t s) {
+  if (c->state != s)
+    trace(c, "-> %s", state_names[s]);
+  c->state = s;
+}
+
+/* ---- forward declarations ---------------------------------------------- */
+
+static void conn_process(ce_conn_t *c);
+static void conn_abort(ce_conn_t *c);
+static void side_write(side_t *s, const char *data, size_t len);
+static void start_exchange(ce_conn_t *c);
+static void connect_next(ce_conn_t *c);
+static void answer(ce_conn_t *c, int status, const char *body, bool keep);
+
+/* ---- events -------------------------------------------------------------- */
+
+static void emit(ce_conn_t *c, const char *name, const char *reason) {
+  json_t *ev = ce_event_new(name, &c->req, reason);
+  if (ev == NULL) {
+    fprintf(stderr, "condukt-egress: out of memory building a %s event\n", name);
+    return;
+  }
+  ce_control_emit(c->proxy->control, ev);
+}
+
+/* A request record for a failure that happens before any request head
+ * (TLS with the workspace, a missing ClientHello): what is known is the
+ * destination and the SNI. */
+static void begin_connection_record(ce_conn_t *c) {
+  if (c->have_req)
+    return;
+  ce_reqinfo_init(&c->req, ++c->proxy->next_request_id, c->id);
+  c->have_req = true;
+  c->req.scheme = c->tls ? "https" : "http";
+  c->req.port = c->port;
+  snprintf(c->req.sni, sizeof(c->req.sni), "%s", c->sni_raw);
+  snprintf(c->req.host, sizeof(c->req.host), "%s", c->sni.text);
+}
+
+static void end_request(ce_conn_t *c) {
+  if (!c->have_req)
+    return;
+  ce_reqinfo_clear(&c->req);
+  c->have_req = false;
+  free(c->up_head);
+  c->up_head = NULL;
+  c->up_head_len = 0;
+  c->failed_reported = false;
+}
+
+/* request_failed once per request; the record ends with it. */
+static void report_failed(ce_conn_t *c, const char *reason) {
+  begin_connection_record(c);
+  if (c->failed_reported)
+    return;
+  c->failed_reported = true;
+  c->req.closed_at_us = ce_now_us();
+  emit(c, "request_failed", reason);
+}
+
+/* ---- buffers ------------------------------------------------------------- */
+
+static void consume(side_t *s, size_t n) {
+  if (n >= s->in_len) {
+    s->in_len = 0;
+    return;
+  }
+  memmove(s->in, s->in + n, s->in_len - n);
+  s->in_len -= n;
+}
+
+/* ---- closing ------------------------------------------------------------- */
+
+static void maybe_free(ce_conn_t *c) {
+  if (c->handles > 0 || c->resolving)
+    return;
+  ce_proxy_t *p = c->proxy;
+  if (c->prev != NULL)
+    c->prev->next = c->next;
+  else
+    p->conns = c->next;
+  if (c->next != NULL)
+    c->next->prev = c->prev;
+  end_request(c);
+  ce_tlsconn_free(c->c.tls);
+  ce_tlsconn_free(c->u.tls);
+  free(c->c.in);
+  free(c->u.in);
+  free(c->c.rbuf);
+  free(c->u.rbuf);
+  if (c->addrs != NULL)
+    uv_freeaddrinfo(c->addrs);
+  free(c);
+  ce_proxy_conn_gone(p);
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+  ce_conn_t *c = h->data;
+  c->handles--;
+  maybe_free(c);
+}
+
+static void side_close(side_t *s) {
+  if (!s->open)
+    return;
+  s->open = false;
+  s->reading = false;
+  uv_close((uv_handle_t *)&s->tcp, on_handle_closed);
+}
+
+/* Drops the upstream connection (a new host on a plain connection, or a
+ * broken one); the connection itself lives on. */
+static void upstream_reset(ce_conn_t *c) {
+  side_close(&c->u);
+  ce_tlsconn_free(c->u.tls);
+  c->u.tls = NULL;
+  c->u.handshaken = false;
+  c->u.connected = false;
+  c->u.eof = false;
+  c->u.in_len = 0;
+  c->u.queued = 0;
+  c->u.close_after_flush = false;
+  c->up_host[0] = '\0';
+}
+
+static void conn_abort(ce_conn_t *c) {
+  if (c->dead)
+    return;
+  c->dead = true;
+  trace(c, "abort");
+  if (c->ask_id != 0) {
+    ce_control_cancel(c->proxy->control, c->ask_id);
+    c->ask_id = 0;
+  }
+  if (c->resolving)
+    uv_cancel((uv_req_t *)&c->gai);
+  side_close(&c->c);
+  side_close(&c->u);
+  if (!uv_is_closing((uv_handle_t *)&c->timer))
+    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+}
+
+/* Closes once everything queued to the workspace has been written. */
+static void close_after_flush(ce_conn_t *c) {
+  set_state(c, ST_CLOSING);
+  if (c->c.tls != NULL && c->c.handshaken && c->c.open) {
+    ce_tlsconn_shutdown(c->c.tls);
+    side_write(&c->c, NULL, 0);
+  }
+  c->c.close_after_flush = true;
+  if (c->c.queued == 0)
+    conn_abort(c);
+}
+
+/* ---- timers -------------------------------------------------------------- */
+
+static void on_timer(uv_timer_t *t) {
+  ce_conn_t *c = t->data;
+  trace(c, "timeout");
+  switch (c->state) {
+  case ST_HELLO:
+    report_failed(c, "client_hello_timeout");
+    break;
+  case ST_HANDSHAKE:
+    report_failed(c, "tls_client_handshake_timeout");
+    break;
+  case ST_HEAD:
+    if (c->c.in_len > 0) {
+      begin_connection_record(c);
+      report_failed(c, "request_header_timeout");
+    }
+    /* An idle keep-alive connection simply ends: that is not a failure. */
+    break;
+  case ST_CONNECTING:
+    report_failed(c, "upstream_unreachable: connect timed out");
+    answer(c, 504, "condukt: upstream_unreachable: connect timed out\n", false);
+    close_after_flush(c);
+    return;
+  case ST_DECIDING:
+    /* The control channel owns the decide timeout; this cannot fire. */
+    return;
+  default:
+    report_failed(c, c->resp_head_done ? "upstream_timeout: response body stalled"
+                                       : "upstream_timeout: no response");
+    break;
+  }
+  conn_abort(c);
+}
+
+static void arm(ce_conn_t *c, uint32_t ms) {
+  if (!c->dead)
+    uv_timer_start(&c->timer, on_timer, ms, 0);
+}
+
+/* ---- writing ------------------------------------------------------------- */
+
+static void update_reading(ce_conn_t *c);
+
+static void on_write(uv_write_t *req, int status) {
+  write_req_t *w = (write_req_t *)req;
+  side_t *s = w->side;
+  ce_conn_t *c = s->conn;
+  s->queued -= w->len;
+  free(w);
+  if (c->dead)
+    return;
+  if (status < 0) {
+    trace(c, "%s write failed: %s", s->name, uv_strerror(status));
+    if (s == &c->c)
+      report_failed(c, "client_reset");
+    else
+      report_failed(c, "upstream_reset");
+    conn_abort(c);
+    return;
+  }
+  if (s->queued == 0 && s->close_after_flush) {
+    if (s == &c->c)
+      conn_abort(c);
+    else
+      side_close(s);
+    return;
+  }
+  conn_process(c);
+}
+
+static void raw_write(side_t *s, const char *data, size_t len) {
+  ce_conn_t *c = s->conn;
+  if (len == 0 || !s->open)
+    return;
+  write_req_t *w = malloc(sizeof(*w) + len);
+  if (w == NULL) {
+    report_failed(c, "out_of_memory");
+    conn_abort(c);
+    return;
+  }
+  memcpy(w->data, data, len);
+  w->side = s;
+  w->len = len;
+  uv_buf_t b = uv_buf_init(w->data, (unsigned)len);
+  int rc = uv_write(&w->req, (uv_stream_t *)&s->tcp, &b, 1, on_write);
+  if (rc < 0) {
+    free(w);
+    report_failed(c, s == &c->c ? "client_reset" : "upstream_reset");
+    conn_abort(c);
+    return;
+  }
+  s->queued += len;
+}
+
+/* Sends plaintext on a side (through TLS when the side has it) and any
+ * TLS output that is pending (data NULL: only flush). */
+static void side_write(side_t *s, const char *data, size_t len) {
+  ce_conn_t *c = s->conn;
+  if (c->dead || !s->open)
+    return;
+  if (s->tls == NULL) {
+    raw_write(s, data, len);
+    return;
+  }
+  if (len > 0 && ce_tlsconn_write(s->tls, (const uint8_t *)data, len) != CE_OK) {
+    report_failed(c, s == &c->c ? "tls_client_error" : "upstream_tls: write failed");
+    conn_abort(c);
+    return;
+  }
+  size_t pending;
+  while ((pending = ce_tlsconn_pending_out(s->tls)) > 0 && !c->dead) {
+    write_req_t *w = malloc(sizeof(*w) + pending);
+    if (w == NULL) {
+      report_failed(c, "out_of_memory");
+      conn_abort(c);
+      return;
+    }
+    size_t n = ce_tlsconn_take_out(s->tls, (uint8_t *)w->data, pending);
+    w->side = s;
+    w->len = n;
+    uv_buf_t b = uv_buf_init(w->data, (unsigned)n);
+    if (uv_write(&w->req, (uv_stream_t *)&s->tcp, &b, 1, on_write) < 0) {
+      free(w);
+      report_failed(c, s == &c->c ? "client_reset" : "upstream_reset");
+      conn_abort(c);
+      return;
+    }
+    s->queued += n;
+  }
+}
+
+static void side_printf(side_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void side_printf(side_t *s, const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  if (n < 0)
+    return;
+  side_write(s, buf, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf) - 1);
+}
+
+/* ---- answers the proxy writes itself ------------------------------------ */
+
+static const char *status_phrase(int status) {
+  switch (status) {
+  case 400: return "Bad Request";
+  case 403: return "Forbidden";
+  case 421: return "Misdirected Request";
+  case 431: return "Request Header Fields Too Large";
+  case 502: return "Bad Gateway";
+  case 504: return "Gateway Timeout";
+  default: return "Error";
+  }
+}
+
+/*
+ * Writes a complete response with a short text body. keep is whether the
+ * connection may carry another request afterwards (the request had no
+ * unread body and the client did not ask to close).
+ */
+static void answer(ce_conn_t *c, int status, const char *body, bool keep) {
+  size_t blen = strlen(body);
+  side_printf(&c->c,
+              "HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %zu\r\n"
+              "cache-control: no-store\r\nx-condukt-egress: refused\r\n%s\r\n",
+              status, status_phrase(status), blen, keep ? "" : "connection: close\r\n");
+  side_write(&c->c, body, blen);
+  if (c->have_req) {
+    c->req.status = status;
+    c->req.bytes_in += blen;
+    if (c->req.responded_at_us == 0)
+      c->req.responded_at_us = ce_now_us();
+  }
+}
+
+/* Sanitised copy of text for a response body: printable ASCII only. */
+static void plain(char *dst, size_t cap, const char *src) {
+  size_t w = 0;
+  for (size_t i = 0; src[i] != '\0' && w + 1 < cap; i++) {
+    unsigned char ch = (unsigned char)src[i];
+    dst[w++] = (ch >= 0x20 && ch < 0x7f) ? (char)ch : '?';
+  }
+  dst[w] = '\0';
+}
+
+/* Refuses the current request: event, then 403/4xx in words. */
+static void refuse(ce_conn_t *c, int status, const char *event_reason, const char *text) {
+  c->req.closed_at_us = ce_now_us();
+  c->req.status = status;
+  emit(c, "request_denied", event_reason);
+  /* A request whose body has not been read cannot be followed by another
+   * on this connection unless the body is small enough to skip. */
+  bool keep = c->req_keep_alive && !c->req_upgrade &&
+              (c->req_framing == CE_H1_BODY_NONE ||
+               (c->req_framing == CE_H1_BODY_LENGTH && c->req_body.remaining <= CE_CONN_DISCARD_MAX));
+  answer(c, status, text, keep);
+  if (keep && c->req_framing != CE_H1_BODY_NONE) {
+    c->denied_discard = true;
+    return;
+  }
+  end_request(c);
+  if (keep) {
+    set_state(c, ST_HEAD);
+    arm(c, c->proxy->opts->idle_ms);
+  } else {
+    close_after_flush(c);
+  }
+}
+
+static void deny_text(ce_conn_t *c, char *out, size_t cap, const char *who, const char *reason) {
+  char host[300], why[600];
+  plain(host, sizeof(host), c->req.host);
+  plain(why, sizeof(why), reason);
+  snprintf(out, cap,
+           "condukt: the network policy of this sandbox refused the request to %s\n"
+           "refused by: %s\nreason: %s\n",
+           host, who, why);
+}
+
+static void refuse_policy(ce_conn_t *c, int32_t rule, const char *kind, const char *reason) {
+  char who[64], text[1200];
+  if (rule >= 0)
+    snprintf(who, sizeof(who), "rule %d (%s)", (int)rule, kind);
+  else
+    snprintf(who, sizeof(who), "the policy default");
+  c->req.matched_rule = rule;
+  c->req.matched_kind = kind;
+  deny_text(c, text, sizeof(text), who, reason);
+  refuse(c, 403, reason, text);
+}
+
+/* Refuses a request that never became a policy question (malformed,
+ * misdirected). The event is request_denied with the reason given. */
+static void refuse_request(ce_conn_t *c, int status, const char *reason, const char *detail) {
+  char text[900], d[700];
+  plain(d, sizeof(d), detail);
+  snprintf(text, sizeof(text), "condukt: %s\n", d);
+  refuse(c, status, reason, text);
+}
+
+/* An error before the head could be read fully: 400/431 and close. */
+static void reject_head(ce_conn_t *c, int status, const char *why) {
+  begin_connection_record(c);
+  char reason[160];
+  snprintf(reason, sizeof(reason), "%s: %s", status == 431 ? "request_header_too_large" : "bad_request", why);
+  c->req.closed_at_us = ce_now_us();
+  c->req.status = status;
+  emit(c, "request_denied", reason);
+  char text[300];
+  snprintf(text, sizeof(text), "condukt: malformed request: %s\n", why);
+  answer(c, status, text, false);
+  close_after_flush(c);
+}
+
+/* ---- heads --------------------------------------------------------------- */
+
+typedef struct {
+  char *data;
+  size_t len;
+  size_t cap;
+  bool overflow;
+} hbuf_t;
+
+static void hb_put(hbuf_t *b, const char *s, size_t n) {
+  if (b->overflow || b->len + n > b->cap) {
+    b->overflow = true;
+    return;
+  }
+  memcpy(b->data + b->len, s, n);
+  b->len += n;
+}
+
+static void hb_str(hbuf_t *b, const char *s) { hb_put(b, s, strlen(s)); }
+
+static bool token_in_list(const char *v, size_t n, const char *token) {
+  size_t tl = strlen(token);
+  size_t i = 0;
+  while (i < n) {
+    while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+      i++;
+    size_t start = i;
+    while (i < n && v[i] != ',')
+      i++;
+    size_t end = i;
+    while (end > start && (v[end - 1] == ' ' || v[end - 1] == '\t'))
+      end--;
+    if (end - start == tl && strncasecmp(v + start, token, tl) == 0)
+      return true;
+  }
+  return false;
+}
+
+/* RFC 9110 §7.6.1: Connection and the fields it names are hop-by-hop, as
+ * are the legacy Keep-Alive and Proxy-Connection, TE and Trailer; framing
+ * (Content-Length, Transfer-Encoding) is rewritten by the proxy. */
+static bool hop_by_hop(const ce_h1_head_t *h, const ce_h1_field_t *f) {
+  static const char *const fixed[] = {"connection", "keep-alive",     "proxy-connection", "te",
+                                      "trailer",    "transfer-encoding", "content-length", "upgrade"};
+  for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+    if (strlen(fixed[i]) == f->name_len && strncasecmp(fixed[i], f->name, f->name_len) == 0)
+      return true;
+  for (int i = ce_h1_find(h, "connection", 0); i >= 0; i = ce_h1_find(h, "connection", i + 1)) {
+    char name[128];
+    if (f->name_len >= sizeof(name))
+      continue;
+    memcpy(name, f->name, f->name_len);
+    name[f->name_len] = '\0';
+    if (token_in_list(h->fields[i].value, h->fields[i].value_len, name))
+      return true;
+  }
+  return false;
+}
+
+static void hb_fields(hbuf_t *b, const ce_h1_head_t *h) {
+  for (size_t i = 0; i < h->field_count; i++) {
+    const ce_h1_field_t *f = &h->fields[i];
+    if (hop_by_hop(h, f))
+      continue;
+    hb_put(b, f->name, f->name_len);
+    hb_str(b, ": ");
+    hb_put(b, f->value, f->value_len);
+    hb_str(b, "\r\n");
+  }
+}
+
+static void hb_upgrade(hbuf_t *b, const ce_h1_head_t *h) {
+  int i = ce_h1_find(h, "upgrade", 0);
+  if (i < 0)
+    return;
+  hb_str(b, "Connection: Upgrade\r\nUpgrade: ");
+  hb_put(b, h->fields[i].value, h->fields[i].value_len);
+  hb_str(b, "\r\n");
+}
+
+/* The request head as sent upstream: origin-form target (RFC 9112 §3.2.1),
+ * hop-by-hop fields dropped, framing written by the proxy. */
+static int build_upstream_head(ce_conn_t *c, const ce_h1_head_t *h) {
+  hbuf_t b = {.cap = CE_H1_MAX_HEAD_BYTES + 256};
+  b.data = malloc(b.cap);
+  if (b.data == NULL)
+    return CE_ENOMEM;
+  hb_put(&b, h->method, h->method_len);
+  hb_str(&b, " ");
+  const char *t = h->target;
+  size_t tn = h->target_len;
+  if (tn > 0 && t[0] != '/' && !(tn == 1 && t[0] == '*')) {
+    const char *sep = memmem(t, tn, "://", 3);
+    const char *slash = sep != NULL ? memchr(sep + 3, '/', (size_t)(t + tn - sep - 3)) : NULL;
+    if (slash != NULL) {
+      tn = (size_t)(t + tn - slash);
+      t = slash;
+    } else {
+      t = "/";
+      tn = 1;
+    }
+  }
+  hb_put(&b, t, tn);
+  hb_str(&b, " HTTP/1.1\r\n");
+  if (h->host == NULL) {
+    /* HTTP/1.0 in absolute-form: RFC 9112 §3.2.2 lets the target name the
+     * host; upstream still needs a Host field. */
+    hb_str(&b, "Host: ");
+    hb_str(&b, c->req.host);
+    hb_str(&b, "\r\n");
+  }
+  hb_fields(&b, h);
+  if (h->framing == CE_H1_BODY_LENGTH) {
+    char cl[48];
+    snprintf(cl, sizeof(cl), "Content-Length: %llu\r\n", (unsigned long long)h->content_length);
+    hb_str(&b, cl);
+  } else if (h->framing == CE_H1_BODY_CHUNKED) {
+    hb_str(&b, "Transfer-Encoding: chunked\r\n");
+  }
+  if (h->upgrade)
+    hb_upgrade(&b, h);
+  hb_str(&b, "\r\n");
+  if (b.overflow) {
+    free(b.data);
+    return CE_ETOOBIG;
+  }
+  free(c->up_head);
+  c->up_head = b.data;
+  c->up_head_len = b.len;
+  return CE_OK;
+}
+
+/* ---- the upstream: resolve, check, connect, TLS ------------------------- */
+
+/* Is addr usable as an upstream? Public addresses are; private, loopback
+ * and link-local ones only when the policy allows their IP literal by an
+ * allow rule or an --allow-private range covers them (DESIGN §4). */
+static bool upstream_addr_ok(ce_conn_t *c, const struct sockaddr *sa, char *why, size_t cap) {
+  if (!ce_addr_is_private(sa))
+    return true;
+  const ce_proxy_options_t *o = c->proxy->opts;
+  const uint8_t *bytes;
+  int family;
+  if (sa->sa_family == AF_INET) {
+    bytes = (const uint8_t *)&((const struct sockaddr_in *)sa)->sin_addr;
+    family = 4;
+  } else {
+    bytes = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+    family = 6;
+  }
+  for (size_t i = 0; i < o->allow_private_count; i++)
+    if (ce_cidr_contains(&o->allow_private[i], family, bytes))
+      return true;
+  char text[CE_ADDR_TEXT_MAX];
+  size_t n = ce_addr_text(sa, text);
+  ce_verdict_t v;
+  if (ce_policy_eval_host(c->proxy->policy, text, n, &v) == 0 && v.decision == CE_DECISION_ALLOW &&
+      v.rule_index >= 0 && v.rule_kind == CE_RULE_ALLOW)
+    return true;
+  snprintf(why, cap, "upstream_private_address: %s", text);
+  return false;
+}
+
+static void on_upstream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+
+static void upstream_ready(ce_conn_t *c) {
+  trace(c, "upstream %s:%u ready", c->up_host, (unsigned)c->up_port);
+  start_exchange(c);
+}
+
+static void upstream_handshake(ce_conn_t *c) {
+  int rc = ce_tlsconn_handshake(c->u.tls);
+  side_write(&c->u, NULL, 0);
+  if (c->dead)
+    return;
+  if (rc == CE_OK) {
+    c->u.handshaken = true;
+    upstream_ready(c);
+  } else if (rc != CE_EAGAIN) {
+    char reason[400];
+    snprintf(reason, sizeof(reason), "upstream_tls: %s", ce_tlsconn_error(c->u.tls));
+    report_failed(c, reason);
+    char text[500];
+    plain(text, sizeof(text), reason);
+    char body[600];
+    snprintf(body, sizeof(body), "condukt: %s\n", text);
+    answer(c, 502, body, false);
+    close_after_flush(c);
+  }
+}
+
+static void on_connected(uv_connect_t *req, int status) {
+  ce_conn_t *c = req->data;
+  if (c->dead)
+    return;
+  if (status < 0) {
+    trace(c, "connect failed: %s", uv_strerror(status));
+    side_close(&c->u);
+    if (c->next_addr != NULL) {
+      connect_next(c);
+      return;
+    }
+    char reason[200], body[300];
+    snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(status));
+    report_failed(c, reason);
+    snprintf(body, sizeof(body), "condukt: %s\n", reason);
+    answer(c, 502, body, false);
+    close_after_flush(c);
+    return;
+  }
+  c->u.connected = true;
+  uv_tcp_nodelay(&c->u.tcp, 1);
+  c->u.reading = true;
+  uv_read_start((uv_stream_t *)&c->u.tcp, on_alloc, on_upstream_read);
+  if (!c->tls) {
+    upstream_ready(c);
+    conn_process(c);
+    return;
+  }
+  SSL *ssl;
+  static const unsigned char alpn[] = "\x08http/1.1";
+  if (ce_tls_client_ssl_new(c->proxy->client_ctx, c->up_host, alpn, sizeof(alpn) - 1, &ssl) != CE_OK ||
+      ce_tlsconn_new(ssl, false, &c->u.tls) != CE_OK) {
+    report_failed(c, "upstream_tls: cannot create a TLS session");
+    conn_abort(c);
+    return;
+  }
+  arm(c, c->proxy->opts->handshake_ms);
+  upstream_handshake(c);
+}
+
+static void connect_next(ce_conn_t *c) {
+  struct addrinfo *ai = c->next_addr;
+  c->next_addr = ai != NULL ? ai->ai_next : NULL;
+  if (ai == NULL)
+    return;
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    report_failed(c, "upstream_unreachable: cannot create a socket");
+    conn_abort(c);
+    return;
+  }
+  /* The mark exempts this socket from the REDIRECT (docs/netfilter.md). A
+   * sidecar that cannot set it would loop into itself: fail closed. */
+  if (ce_set_mark(fd, c->proxy->opts->mark) != CE_OK) {
+    close(fd);
+    report_failed(c, "upstream_unreachable: cannot set SO_MARK (the sidecar needs CAP_NET_ADMIN)");
+    answer(c, 502, "condukt: the egress sidecar cannot mark its sockets (CAP_NET_ADMIN missing)\n", false);
+    close_after_flush(c);
+    return;
+  }
+  uv_tcp_init(c->proxy->loop, &c->u.tcp);
+  c->u.tcp.data = c;
+  c->handles++;
+  c->u.open = true;
+  if (uv_tcp_open(&c->u.tcp, fd) < 0) {
+    close(fd);
+    side_close(&c->u);
+    report_failed(c, "upstream_unreachable: cannot use the socket");
+    conn_abort(c);
+    return;
+  }
+  c->connect_req.data = c;
+  char text[CE_ADDR_TEXT_MAX];
+  ce_addr_text(ai->ai_addr, text);
+  trace(c, "connecting to %s port %u", text, (unsigned)c->up_port);
+  int rc = uv_tcp_connect(&c->connect_req, &c->u.tcp, ai->ai_addr, on_connected);
+  if (rc < 0) {
+    side_close(&c->u);
+    char reason[200];
+    snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(rc));
+    report_failed(c, reason);
+    conn_abort(c);
+  }
+}
+
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
+  ce_conn_t *c = req->data;
+  c->resolving = false;
+  if (c->dead) {
+    if (res != NULL)
+      uv_freeaddrinfo(res);
+    maybe_free(c);
+    return;
+  }
+  if (status < 0) {
+    char reason[300], body[400];
+    snprintf(reason, sizeof(reason), "upstream_unreachable: cannot resolve %s: %s", c->up_host,
+             uv_strerror(status));
+    report_failed(c, reason);
+    snprintf(body, sizeof(body), "condukt: %s\n", reason);
+    answer(c, 502, body, false);
+    close_after_flush(c);
+    return;
+  }
+  /* Keep only the addresses the proxy may use, in resolver order. */
+  struct addrinfo *keep = NULL, **tail = &keep;
+  char why[200] = "";
+  for (struct addrinfo *ai = res; ai != NULL;) {
+    struct addrinfo *next = ai->ai_next;
+    ai->ai_next = NULL;
+    if ((ai->ai_family == AF_INET || ai->ai_family == AF_INET6) && upstream_addr_ok(c, ai->ai_addr, why, sizeof(why))) {
+      *tail = ai;
+      tail = &ai->ai_next;
+    } else {
+      uv_freeaddrinfo(ai);
+    }
+    ai = next;
+  }
+  if (keep == NULL) {
+    /* Every address is private and nothing names it: a policy refusal. */
+    refuse_request(c, 403, why[0] != '\0' ? why : "upstream_unreachable: no address",
+                   "the network policy of this sandbox refused the request: the host resolves to a private, "
+                   "loopback or link-local address that the policy does not name");
+    return;
+  }
+  c->addrs = keep;
+  c->next_addr = keep;
+  emit(c, "request_allowed", NULL);
+  connect_next(c);
+}
+
+/* Connects to the request's host (reusing a live upstream to the same
+ * host and port), then starts the exchange. The allowed event is sent
+ * once the resolved addresses passed the private-address check. */
+static void connect_upstream(ce_conn_t *c) {
+  if (c->u.open && c->u.connected && !c->u.eof && strcmp(c->up_host, c->req.host) == 0 &&
+      c->up_port == c->port && (!c->tls || c->u.handshaken)) {
+    emit(c, "request_allowed", NULL);
+    start_exchange(c);
+    return;
+  }
+  if (c->u.open)
+    upstream_reset(c);
+  if (c->addrs != NULL) {
+    uv_freeaddrinfo(c->addrs);
+    c->addrs = NULL;
+  }
+  snprintf(c->up_host, sizeof(c->up_host), "%s", c->req.host);
+  c->up_port = c->port;
+  set_state(c, ST_CONNECTING);
+  arm(c, c->proxy->opts->connect_ms);
+  char port[8];
+  snprintf(port, sizeof(port), "%u", (unsigned)c->port);
+  struct addrinfo hints;
+  memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  c->gai.data = c;
+  int rc = uv_getaddrinfo(c->proxy->loop, &c->gai, on_resolved, c->up_host, port, &hints);
+  if (rc < 0) {
+    char reason[200];
+    snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(rc));
+    report_failed(c, reason);
+    conn_abort(c);
+    return;
+  }
+  c->resolving = true;
+}
+
+/* ---- decisions ----------------------------------------------------------- */
+
+static void decided(ce_conn_t *c, bool allow, const char *reason) {
+  c->req.matched_rule = c->decide_rule;
+  c->req.matched_kind = "decide";
+  if (allow) {
+    connect_upstream(c);
+  } else {
+    char text[1200], who[64];
+    snprintf(who, sizeof(who), "the decider of rule %d", (int)c->decide_rule);
+    deny_text(c, text, sizeof(text), who, reason);
+    refuse(c, 403, reason, text);
+  }
+}
+
+static void on_decision(void *data, int status, bool allow, const char *reason, bool cacheable) {
+  ce_conn_t *c = data;
+  c->ask_id = 0;
+  if (c->dead)
+    return;
+  if (status == CE_OK) {
+    const char *r = allow ? NULL : (reason != NULL && reason[0] != '\0' ? reason : "denied_by_decider");
+    if (c->decide_cache && cacheable)
+      ce_decision_cache_put(c->proxy, c->decide_rule, c->req.host, allow, r != NULL ? r : "");
+    decided(c, allow, r);
+  } else if (status == CE_ETIMEDOUT) {
+    decided(c, false, "decider_timeout");
+  } else {
+    decided(c, false, "control_channel_unavailable");
+  }
+  conn_process(c);
+}
+
+static void ask_decider(ce_conn_t *c, int32_t rule) {
+  ce_rule_info_t info;
+  if (ce_policy_rule(c->proxy->policy, (size_t)rule, &info) != 0) {
+    refuse_policy(c, rule, "decide", "decider_error");
+    return;
+  }
+  c->decide_rule = rule;
+  c->decide_cache = info.cache;
+  bool allow;
+  const char *reason;
+  if (info.cache && ce_decision_cache_get(c->proxy, rule, c->req.host, &allow, &reason)) {
+    trace(c, "decision cache hit for %s", c->req.host);
+    decided(c, allow, allow ? NULL : reason);
+    return;
+  }
+  json_t *request = ce_event_new("decision_request", &c->req, NULL);
+  json_t *frame = request != NULL ? json_pack("{s:o s:{s:i s:s}}", "request", request, "rule", "index",
+                                              (json_int_t)rule, "kind", "decide")
+                                  : NULL;
+  if (frame == NULL) {
+    refuse_policy(c, rule, "decide", "decider_error");
+    return;
+  }
+  set_state(c, ST_DECIDING);
+  uv_timer_stop(&c->timer);
+  c->ask_id = ce_control_ask(c->proxy->control, frame, info.timeout_ms, on_decision, c);
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+/* Splits "host", "host:port", "[v6]" or "[v6]:port". Returns false when the
+ * port is malformed. */
+static bool split_authority(const char *a, size_t n, size_t *host_len, long *port) {
+  *port = -1;
+  size_t hl = n;
+  if (n > 0 && a[0] == '[') {
+    const char *close = memchr(a, ']', n);
+    if (close == NULL)
+      return false;
+    hl = (size_t)(close - a) + 1;
+  } else {
+    const char *colon = memchr(a, ':', n);
+    if (colon != NULL)
+      hl = (size_t)(colon - a);
+  }
+  if (hl < n) {
+    if (a[hl] != ':' || hl + 1 == n || n - hl - 1 > 5)
+      return false;
+    long p = 0;
+    for (size_t i = hl + 1; i < n; i++) {
+      if (a[i] < '0' || a[i] > '9')
+        return false;
+      p = p * 10 + (a[i] - '0');
+    }
+    if (p == 0 || p > 65535)
+      return false;
+    *port = p;
+  }
+  *host_len = hl;
+  return true;
+}
+
+static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
+  c->requests++;
+  ce_reqinfo_init(&c->req, ++c->proxy->next_request_id, c->id);
+  c->have_req = true;
+  c->req.scheme = c->tls ? "https" : "http";
+  c->req.port = c->port;
+  snprintf(c->req.sni, sizeof(c->req.sni), "%s", c->sni_raw);
+  if (ce_reqinfo_set_request(&c->req, h, c->proxy->opts) != CE_OK) {
+    report_failed(c, "out_of_memory");
+    conn_abort(c);
+    return;
+  }
+  c->req.bytes_out = h->head_len;
+  size_t mlen = h->method_len < sizeof(c->method) - 1 ? h->method_len : sizeof(c->method) - 1;
+  memcpy(c->method, h->method, mlen);
+  c->method[mlen] = '\0';
+  c->req_framing = h->framing;
+  ce_h1_body_init(&c->req_body, h->framing, h->content_length);
+  c->req_keep_alive = h->keep_alive;
+  c->req_upgrade = h->upgrade && h->upgrade_websocket;
+  c->req_done = h->framing == CE_H1_BODY_NONE;
+  c->resp_head_done = c->resp_done = false;
+  c->denied_discard = false;
+
+  /* RFC 9112 §3.2.2: in absolute-form the target's authority names the
+   * host and Host must then be ignored; a proxy that let Host win could be
+   * steered by a client that sends both. */
+  const char *auth = h->host;
+  size_t auth_len = h->host_len;
+  if (h->target_len > 0 && h->target[0] != '/' && h->target[0] != '*') {
+    const char *sep = memmem(h->target, h->target_len, "://", 3);
+    if (sep != NULL) {
+      auth = sep + 3;
+      const char *end = h->target + h->target_len;
+      const char *slash = memchr(auth, '/', (size_t)(end - auth));
+      const char *q = memchr(auth, '?', (size_t)(end - auth));
+      if (q != NULL && (slash == NULL || q < slash))
+        slash = q;
+      auth_len = (size_t)((slash != NULL ? slash : end) - auth);
+    } else if (memchr(h->target, ':', h->target_len) != NULL) {
+      /* authority-form: only CONNECT uses it, and a transparent proxy has
+       * nothing to tunnel to. */
+      snprintf(c->req.host, sizeof(c->req.host), "%s", c->sni.text);
+      emit(c, "request_opened", NULL);
+      refuse_request(c, 400, "bad_request: connect_not_supported",
+                     "CONNECT is not supported: this connection already goes where it was dialled");
+      return;
+    }
+  }
+  if (auth == NULL || auth_len == 0) {
+    snprintf(c->req.host, sizeof(c->req.host), "%s", c->sni.text);
+    emit(c, "request_opened", NULL);
+    refuse_request(c, 400, "bad_request: missing host", "malformed request: the request names no host");
+    return;
+  }
+  size_t host_len;
+  long port;
+  bool port_ok = split_authority(auth, auth_len, &host_len, &port);
+  ce_verdict_t v;
+  ce_policy_eval_host(c->proxy->policy, auth, port_ok ? host_len : auth_len, &v);
+  if (!port_ok || !v.host_valid) {
+    size_t n = auth_len < sizeof(c->req.host) - 1 ? auth_len : sizeof(c->req.host) - 1;
+    memcpy(c->req.host, auth, n);
+    c->req.host[n] = '\0';
+    emit(c, "request_opened", NULL);
+    refuse_request(c, 400, "invalid_host", "malformed request: the Host is not a valid host name or address");
+    return;
+  }
+  snprintf(c->req.host, sizeof(c->req.host), "%s", v.host.text);
+  emit(c, "request_opened", NULL);
+
+  /* DESIGN §4: the request must name the host the connection was opened
+   * for (TLS: the SNI, or the IP dialled when there was none) and its port;
+   * anything else is domain fronting or coalescing: 421 (RFC 9110 §15.5.20). */
+  if (c->tls && strcmp(v.host.text, c->sni.text) != 0) {
+    char detail[700];
+    snprintf(detail, sizeof(detail),
+             "misdirected request: the Host %s is not the TLS server name %s of this connection", v.host.text,
+             c->sni.text);
+    refuse_request(c, 421, "misdirected_request", detail);
+    return;
+  }
+  if (port >= 0 && port != c->port) {
+    char detail[300];
+    snprintf(detail, sizeof(detail), "misdirected request: the Host names port %ld but this connection is to port %u",
+             port, (unsigned)c->port);
+    refuse_request(c, 421, "misdirected_request", detail);
+    return;
+  }
+  if (build_upstream_head(c, h) != CE_OK) {
+    refuse_request(c, 431, "request_header_too_large", "the request head is too large to forward");
+    return;
+  }
+  switch (v.decision) {
+  case CE_DECISION_ALLOW:
+    c->req.matched_rule = v.rule_index;
+    c->req.matched_kind = v.rule_index >= 0 ? ce_rule_kind_name(v.rule_kind) : NULL;
+    connect_upstream(c);
+    break;
+  case CE_DECISION_DENY:
+    refuse_policy(c, v.rule_index, v.rule_index >= 0 ? ce_rule_kind_name(v.rule_kind) : NULL,
+                  ce_reason_name(v.reason));
+    break;
+  case CE_DECISION_DECIDE:
+    ask_decider(c, v.rule_index);
+    break;
+  }
+}
+
+static void process_head(ce_conn_t *c) {
+  if (c->c.in_len == 0) {
+    if (c->c.eof)
+      close_after_flush(c);
+    return;
+  }
+  const char *why = NULL;
+  int rc = ce_h1_parse_request(c->c.in, c->c.in_len, &c->head, &why);
+  if (rc == CE_EAGAIN) {
+    if (c->c.eof) {
+      begin_connection_record(c);
+      report_failed(c, "client_reset: closed inside a request head");
+      conn_abort(c);
+      return;
+    }
+    /* The head started: from now on the header timeout applies. */
+    if (uv_timer_get_due_in(&c->timer) > c->proxy->opts->header_ms)
+      arm(c, c->proxy->opts->header_ms);
+    return;
+  }
+  if (rc == CE_ETOOBIG) {
+    reject_head(c, 431, why != NULL ? why : "request head too large");
+    return;
+  }
+  if (rc != CE_OK) {
+    reject_head(c, 400, why != NULL ? why : "malformed request head");
+    return;
+  }
+  uv_timer_stop(&c->timer);
+  size_t head_len = c->head.head_len;
+  handle_request(c, &c->head);
+  /* Everything the proxy keeps from the head was copied: drop it. */
+  consume(&c->c, head_len);
+}
+
+/* ---- the exchange -------------------------------------------------------- */
+
+static void start_exchange(ce_conn_t *c) {
+  set_state(c, ST_EXCHANGE);
+  arm(c, c->proxy->opts->idle_ms);
+  side_write(&c->u, c->up_head, c->up_head_len);
+  trace(c, "forwarded %s %s", c->method, c->req.path != NULL ? c->req.path : "");
+}
+
+static void write_chunk(side_t *s, const char *data, size_t len) {
+  char hdr[24];
+  int n = snprintf(hdr, sizeof(hdr), "%zx\r\n", len);
+  side_write(s, hdr, (size_t)n);
+  side_write(s, data, len);
+  side_write(s, "\r\n", 2);
+}
+
+/* Moves request body bytes from the workspace to upstream. */
+static void pump_request_body(ce_conn_t *c) {
+  while (!c->req_done && c->c.in_len > 0 && c->u.queued < CE_CONN_HIGH_WATER && !c->dead) {
+    size_t used = 0, dlen = 0;
+    const char *data = NULL, *why = NULL;
+    int rc = ce_h1_body_next(&c->req_body, c->c.in, c->c.in_len, &used, &data, &dlen, &why);
+    if (rc < 0) {
+      char reason[160];
+      snprintf(reason, sizeof(reason), "bad_request: %s", why != NULL ? why : "malformed body");
+      report_failed(c, reason);
+      if (!c->resp_head_done) {
+        char text[200];
+        snprintf(text, sizeof(text), "condukt: malformed request body: %s\n", why != NULL ? why : "?");
+        answer(c, 400, text, false);
+        close_after_flush(c);
+      } else {
+        conn_abort(c);
+      }
+      return;
+    }
+    if (dlen > 0) {
+      ce_reqinfo_add_preview(&c->req, data, dlen, c->proxy->opts->body_preview);
+      if (c->req_framing == CE_H1_BODY_CHUNKED)
+        write_chunk(&c->u, data, dlen);
+      else
+        side_write(&c->u, data, dlen);
+      c->req.bytes_out += dlen;
+    }
+    consume(&c->c, used);
+    if (rc == 1) {
+      if (c->req_framing == CE_H1_BODY_CHUNKED)
+        side_write(&c->u, "0\r\n\r\n", 5);
+      c->req_done = true;
+    }
+    if (used == 0 && dlen == 0 && rc == 0)
+      break;
+  }
+}
+
+/* Discards the body of a refused request so the connection can go on. */
+static void discard_request_body(ce_conn_t *c) {
+  while (c->c.in_len > 0) {
+    size_t used = 0, dlen = 0;
+    const char *data = NULL, *why = NULL;
+    int rc = ce_h1_body_next(&c->req_body, c->c.in, c->c.in_len, &used, &data, &dlen, &why);
+    if (rc < 0) {
+      close_after_flush(c);
+      return;
+    }
+    consume(&c->c, used);
+    if (rc == 1) {
+      c->denied_discard = false;
+      end_request(c);
+      set_state(c, ST_HEAD);
+      arm(c, c->proxy->opts->idle_ms);
+      return;
+    }
+    if (used == 0)
+      return;
+  }
+}
+
+/* The response head as written to the workspace. */
+static int forward_response_head(ce_conn_t *c, const ce_h1_head_t *h) {
+  hbuf_t b = {.cap = CE_H1_MAX_HEAD_BYTES + 256};
+  b.data = malloc(b.cap);
+  if (b.data == NULL)
+    return CE_ENOMEM;
+  char line[64];
+  snprintf(line, sizeof(line), "HTTP/1.1 %03d ", h->status);
+  hb_str(&b, line);
+  hb_put(&b, h->reason, h->reason_len);
+  hb_str(&b, "\r\n");
+  hb_fields(&b, h);
+  bool interim = h->status >= 100 && h->status < 200;
+  if (h->status == 101) {
+    hb_upgrade(&b, h);
+  } else if (!interim) {
+    c->resp_chunked_out = false;
+    c->resp_close_out = false;
+    switch (h->framing) {
+    case CE_H1_BODY_NONE: {
+      /* HEAD and 304 answers keep the Content-Length upstream sent: it
+       * describes the representation, not this message (RFC 9110 §8.6). */
+      int i = ce_h1_find(h, "content-length", 0);
+      if (i >= 0) {
+        hb_str(&b, "Content-Length: ");
+        hb_put(&b, h->fields[i].value, h->fields[i].value_len);
+        hb_str(&b, "\r\n");
+      }
+      break;
+    }
+    case CE_H1_BODY_LENGTH: {
+      char cl[48];
+      snprintf(cl, sizeof(cl), "Content-Length: %llu\r\n", (unsigned long long)h->content_length);
+      hb_str(&b, cl);
+      break;
+    }
+    case CE_H1_BODY_CHUNKED:
+    case CE_H1_BODY_CLOSE:
+      /* A body of unknown length goes to an HTTP/1.1 client chunked, which
+       * keeps the connection usable; an HTTP/1.0 client reads to close. */
+      if (strcmp(c->req.http_version, "HTTP/1.1") == 0) {
+        hb_str(&b, "Transfer-Encoding: chunked\r\n");
+        c->resp_chunked_out = true;
+      } else {
+        c->resp_close_out = true;
+      }
+      break;
+    }
+    c->resp_keep_alive = h->keep_alive && c->req_keep_alive && !c->resp_close_out && c->req_done;
+    if (!c->resp_keep_alive)
+      hb_str(&b, "Connection: close\r\n");
+  }
+  hb_str(&b, "\r\n");
+  if (b.overflow) {
+    free(b.data);
+    return CE_ETOOBIG;
+  }
+  side_write(&c->c, b.data, b.len);
+  free(b.data);
+  return CE_OK;
+}
+
+static void finish_exchange(ce_conn_t *c) {
+  c->resp_done = true;
+  c->req.closed_at_us = ce_now_us();
+  emit(c, "request_closed", NULL);
+  bool keep = c->resp_keep_alive && c->req_done && !c->c.eof && !c->proxy->draining;
+  end_request(c);
+  if (!c->u.eof && c->u.open && !keep)
+    upstream_reset(c);
+  if (!keep) {
+    close_after_flush(c);
+    return;
+  }
+  set_state(c, ST_HEAD);
+  arm(c, c->proxy->opts->idle_ms);
+}
+
+static void upstream_failed_mid_response(ce_conn_t *c, const char *reason) {
+  report_failed(c, reason);
+  if (!c->resp_head_done) {
+    char text[300];
+    snprintf(text, sizeof(text), "condukt: %s\n", reason);
+    answer(c, 502, text, false);
+    close_after_flush(c);
+  } else {
+    /* The workspace already has part of the response: only a reset tells
+     * it the body is incomplete. */
+    conn_abort(c);
+  }
+}
+
+static void pump_response(ce_conn_t *c) {
+  while (!c->dead && c->state == ST_EXCHANGE && !c->resp_done) {
+    if (!c->resp_head_done) {
+      if (c->u.in_len == 0) {
+        if (c->u.eof)
+          upstream_failed_mid_response(c, "upstream_reset: closed before a response");
+        return;
+      }
+      const char *why = NULL;
+      int rc = ce_h1_parse_response(c->u.in, c->u.in_len, c->method, strlen(c->method), &c->head, &why);
+      if (rc == CE_EAGAIN) {
+        if (c->u.eof)
+          upstream_failed_mid_response(c, "upstream_reset: closed inside the response head");
+        return;
+      }
+      if (rc != CE_OK) {
+        char reason[200];
+        snprintf(reason, sizeof(reason), "upstream_bad_response: %s", why != NULL ? why : "malformed");
+        upstream_failed_mid_response(c, reason);
+        return;
+      }
+      const ce_h1_head_t *h = &c->head;
+      ce_reqinfo_set_response(&c->req, h, c->proxy->opts);
+      c->req.bytes_in += h->head_len;
+      if (forward_response_head(c, h) != CE_OK) {
+        upstream_failed_mid_response(c, "upstream_bad_response: head too large");
+        return;
+      }
+      consume(&c->u, h->head_len);
+      if (h->status >= 100 && h->status < 200 && h->status != 101)
+        continue; /* interim (100 Continue, 103): the final one follows */
+      if (h->status == 101) {
+        if (!c->req_upgrade) {
+          upstream_failed_mid_response(c, "upstream_bad_response: 101 without an upgrade request");
+          return;
+        }
+        set_state(c, ST_TUNNEL);
+        c->req_done = true;
+        trace(c, "websocket tunnel");
+        return;
+      }
+      c->resp_head_done = true;
+      ce_h1_body_init(&c->resp_body, h->framing, h->content_length);
+      if (h->framing == CE_H1_BODY_NONE) {
+        finish_exchange(c);
+        return;
+      }
+    }
+    if (c->u.in_len == 0) {
+      if (c->u.eof) {
+        if (c->resp_body.framing == CE_H1_BODY_CLOSE) {
+          if (c->resp_chunked_out)
+            side_write(&c->c, "0\r\n\r\n", 5);
+          c->resp_keep_alive = c->resp_keep_alive && c->resp_chunked_out;
+          finish_exchange(c);
+        } else {
+          upstream_failed_mid_response(c, "upstream_reset: closed inside the response body");
+        }
+      }
+      return;
+    }
+    if (c->c.queued >= CE_CONN_HIGH_WATER)
+      return;
+    size_t used = 0, dlen = 0;
+    const char *data = NULL, *why = NULL;
+    int rc = ce_h1_body_next(&c->resp_body, c->u.in, c->u.in_len, &used, &data, &dlen, &why);
+    if (rc < 0) {
+      char reason[200];
+      snprintf(reason, sizeof(reason), "upstream_bad_response: %s", why != NULL ? why : "malformed body");
+      upstream_failed_mid_response(c, reason);
+      return;
+    }
+    if (dlen > 0) {
+      if (c->resp_chunked_out)
+        write_chunk(&c->c, data, dlen);
+      else
+        side_write(&c->c, data, dlen);
+      c->req.bytes_in += dlen;
+    }
+    consume(&c->u, used);
+    if (rc == 1) {
+      if (c->resp_chunked_out)
+        side_write(&c->c, "0\r\n\r\n", 5);
+      finish_exchange(c);
+      return;
+    }
+    if (used == 0)
+      return;
+  }
+}
+
+static void pump_tunnel(ce_conn_t *c) {
+  if (c->c.in_len > 0 && c->u.queued < CE_CONN_HIGH_WATER) {
+    side_write(&c->u, c->c.in, c->c.in_len);
+    c->req.bytes_out += c->c.in_len;
+    c->c.in_len = 0;
+  }
+  if (c->u.in_len > 0 && c->c.queued < CE_CONN_HIGH_WATER) {
+    side_write(&c->c, c->u.in, c->u.in_len);
+    c->req.bytes_in += c->u.in_len;
+    c->u.in_len = 0;
+  }
+  if ((c->c.eof && c->c.in_len == 0) || (c->u.eof && c->u.in_len == 0)) {
+    c->req.closed_at_us = ce_now_us();
+    emit(c, "request_closed", NULL);
+    end_request(c);
+    close_after_flush(c);
+  }
+}
+
+/* ---- TLS with the workspace --------------------------------------------- */
+
+static void client_handshake(ce_conn_t *c) {
+  int rc = ce_tlsconn_handshake(c->c.tls);
+  side_write(&c->c, NULL, 0);
+  if (c->dead)
+    return;
+  if (rc == CE_OK) {
+    c->c.handshaken = true;
+    trace(c, "TLS with the workspace established for %s", c->sni.text);
+    set_state(c, ST_HEAD);
+    arm(c, c->proxy->opts->idle_ms);
+    return;
+  }
+  if (rc == CE_EAGAIN)
+    return;
+  /* The seeds' reason for a workspace that does not trust the session CA:
+   * it answered our certificate with a fatal alert. */
+  if (ce_tlsconn_peer_rejected_cert(c->c.tls)) {
+    report_failed(c, "tls_client_rejected_ca");
+  } else {
+    char reason[300];
+    snprintf(reason, sizeof(reason), "tls_client_error: %s", ce_tlsconn_error(c->c.tls));
+    report_failed(c, reason);
+  }
+  conn_abort(c);
+}
+
+/* The ClientHello is complete: decide what certificate to show. */
+static void start_client_tls(ce_conn_t *c, const ce_clienthello_t *hello) {
+  c->tls = true;
+  if (hello->has_sni) {
+    snprintf(c->sni_raw, sizeof(c->sni_raw), "%s", hello->sni);
+    c->has_sni = true;
+    if (ce_host_normalize(hello->sni, hello->sni_len, &c->sni) != 0) {
+      /* Not a name the policy could ever allow; nothing HTTP-framed can be
+       * answered before TLS, so the connection is reset (DESIGN §4). */
+      snprintf(c->sni.text, sizeof(c->sni.text), "%s", "");
+      begin_connection_record(c);
+      snprintf(c->req.host, sizeof(c->req.host), "%.*s", (int)(hello->sni_len < 200 ? hello->sni_len : 200),
+               hello->sni);
+      c->req.closed_at_us = ce_now_us();
+      emit(c, "request_denied", "invalid_host");
+      conn_abort(c);
+      return;
+    }
+  } else {
+    /* No SNI: the only name this connection has is the address dialled;
+     * a request is allowed only when a rule names that IP literal. */
+    ce_verdict_t v;
+    ce_policy_eval_host(c->proxy->policy, c->sni.text, c->sni.len, &v);
+    if (v.decision != CE_DECISION_ALLOW || v.rule_index < 0) {
+      begin_connection_record(c);
+      c->req.closed_at_us = ce_now_us();
+      c->req.matched_rule = v.rule_index;
+      c->req.matched_kind = v.rule_index >= 0 ? ce_rule_kind_name(v.rule_kind) : NULL;
+      emit(c, "request_denied", "no_sni");
+      conn_abort(c);
+      return;
+    }
+  }
+  X509 *cert = NULL;
+  EVP_PKEY *key = NULL;
+  SSL *ssl = NULL;
+  static const unsigned char alpn[] = "\x08http/1.1";
+  if (ce_leaf_get(c->proxy->leaves, c->sni.text, &cert, &key) != CE_OK ||
+      ce_tls_server_ssl_new(c->proxy->server_ctx, cert, key, alpn, sizeof(alpn) - 1, &ssl) != CE_OK ||
+      ce_tlsconn_new(ssl, true, &c->c.tls) != CE_OK) {
+    X509_free(cert);
+    EVP_PKEY_free(key);
+    report_failed(c, "tls_client_error: cannot mint a certificate");
+    conn_abort(c);
+    return;
+  }
+  X509_free(cert);
+  EVP_PKEY_free(key);
+  /* The hello bytes (and anything after them) go to OpenSSL now. */
+  if (ce_tlsconn_feed(c->c.tls, (const uint8_t *)c->c.in, c->c.in_len) != CE_OK) {
+    report_failed(c, "out_of_memory");
+    conn_abort(c);
+    return;
+  }
+  c->c.in_len = 0;
+  set_state(c, ST_HANDSHAKE);
+  arm(c, c->proxy->opts->handshake_ms);
+  client_handshake(c);
+}
+
+static void process_hello(ce_conn_t *c) {
+  if (c->c.in_len == 0) {
+    if (c->c.eof)
+      conn_abort(c);
+    return;
+  }
+  if ((unsigned char)c->c.in[0] != 22) {
+    /* Plain HTTP (any other first byte): the Host header names the target. */
+    c->tls = false;
+    set_state(c, ST_HEAD);
+    return;
+  }
+  ce_clienthello_t hello;
+  int rc = ce_clienthello_parse((const uint8_t *)c->c.in, c->c.in_len, &hello);
+  if (rc == CE_EAGAIN) {
+    if (c->c.eof)
+      conn_abort(c);
+    return;
+  }
+  if (rc != CE_OK) {
+    c->tls = true;
+    begin_connection_record(c);
+    c->req.closed_at_us = ce_now_us();
+    emit(c, "request_denied", rc == CE_ETOOBIG ? "client_hello_too_large" : "bad_client_hello");
+    conn_abort(c);
+    return;
+  }
+  start_client_tls(c, &hello);
+}
+
+/* ---- reading ------------------------------------------------------------- */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  ce_conn_t *c = h->data;
+  side_t *s = (h == (uv_handle_t *)&c->c.tcp) ? &c->c : &c->u;
+  if (s->tls != NULL) {
+    *buf = uv_buf_init(s->rbuf, CE_CONN_READ_CHUNK);
+    return;
+  }
+  size_t room = CE_CONN_INPUT_MAX - s->in_len;
+  if (room > CE_CONN_READ_CHUNK)
+    room = CE_CONN_READ_CHUNK;
+  *buf = uv_buf_init(s->in + s->in_len, (unsigned)room);
+}
+
+/* Moves decrypted bytes into the input buffer while there is room. */
+static void pump_tls_input(side_t *s) {
+  ce_conn_t *c = s->conn;
+  if (s->tls == NULL || !s->handshaken || c->dead)
+    return;
+  while (s->in_len < CE_CONN_INPUT_MAX && !s->eof) {
+    size_t n = 0;
+    int rc = ce_tlsconn_read(s->tls, (uint8_t *)s->in + s->in_len, CE_CONN_INPUT_MAX - s->in_len, &n);
+    if (rc == CE_OK) {
+      s->in_len += n;
+      continue;
+    }
+    if (rc == CE_EAGAIN)
+      break;
+    if (rc == CE_ECLOSED) {
+      s->eof = true;
+      break;
+    }
+    char reason[300];
+    if (s == &c->c)
+      snprintf(reason, sizeof(reason), "tls_client_error: %s", ce_tlsconn_error(s->tls));
+    else
+      snprintf(reason, sizeof(reason), "upstream_tls: %s", ce_tlsconn_error(s->tls));
+    report_failed(c, reason);
+    conn_abort(c);
+    return;
+  }
+  /* Reading may have produced output (TLS 1.3 key updates, alerts). */
+  side_write(s, NULL, 0);
+}
+
+static void on_read_common(side_t *s, ssize_t nread, const uv_buf_t *buf) {
+  ce_conn_t *c = s->conn;
+  if (c->dead)
+    return;
+  if (nread == 0)
+    return;
+  if (nread < 0) {
+    if (nread != UV_EOF) {
+      trace(c, "%s read error: %s", s->name, uv_strerror((int)nread));
+      if (s == &c->u && c->state == ST_EXCHANGE) {
+        upstream_failed_mid_response(c, "upstream_reset: connection reset");
+        return;
+      }
+      if (s == &c->c && c->have_req && c->state != ST_HEAD) {
+        report_failed(c, "client_reset");
+        conn_abort(c);
+        return;
+      }
+    }
+    s->eof = true;
+    uv_read_stop((uv_stream_t *)&s->tcp);
+    s->reading = false;
+    if (s == &c->c && c->state == ST_HANDSHAKE) {
+      /* A client that hangs up in the middle of our handshake most often
+       * did so because it did not trust the certificate we showed. */
+      if (ce_tlsconn_peer_rejected_cert(c->c.tls))
+        report_failed(c, "tls_client_rejected_ca");
+      else
+        report_failed(c, "tls_client_closed_during_handshake");
+      conn_abort(c);
+      return;
+    }
+    if (s == &c->u && c->state == ST_CONNECTING && c->u.tls != NULL && !c->u.handshaken) {
+      report_failed(c, "upstream_tls: the server closed during the handshake");
+      answer(c, 502, "condukt: upstream_tls: the server closed during the handshake\n", false);
+      close_after_flush(c);
+      return;
+    }
+    if (s == &c->u && c->state == ST_HEAD) {
+      /* An idle upstream keep-alive connection went away: fine. */
+      upstream_reset(c);
+      return;
+    }
+    conn_process(c);
+    return;
+  }
+  if (c->state == ST_EXCHANGE || c->state == ST_TUNNEL)
+    arm(c, c->proxy->opts->idle_ms);
+  if (s->tls == NULL) {
+    s->in_len += (size_t)nread; /* read straight into the input buffer */
+  } else {
+    if (ce_tlsconn_feed(s->tls, (const uint8_t *)buf->base, (size_t)nread) != CE_OK) {
+      report_failed(c, "out_of_memory");
+      conn_abort(c);
+      return;
+    }
+    if (!s->handshaken) {
+      if (s == &c->c)
+        client_handshake(c);
+      else
+        upstream_handshake(c);
+      if (c->dead)
+        return;
+    }
+  }
+  conn_process(c);
+}
+
+static void on_client_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  ce_conn_t *c = st->data;
+  on_read_common(&c->c, nread, buf);
+}
+
+static void on_upstream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  ce_conn_t *c = st->data;
+  on_read_common(&c->u, nread, buf);
+}
+
+/* Reads from a side only while its input has room and the other side is
+ * not backed up: this is all the flow control HTTP/1.1 needs. */
+static void update_reading(ce_conn_t *c) {
+  if (c->dead)
+    return;
+  side_t *sides[2] = {&c->c, &c->u};
+  for (int i = 0; i < 2; i++) {
+    side_t *s = sides[i], *other = sides[1 - i];
+    if (!s->open || (s == &c->u && !c->u.connected))
+      continue;
+    bool want = !s->eof && s->in_len < CE_CONN_INPUT_MAX && other->queued < CE_CONN_HIGH_WATER &&
+                c->state != ST_CLOSING;
+    /* With TLS, bytes can wait inside OpenSSL: stop reading the socket
+     * while the plaintext buffer is full. */
+    if (s->tls != NULL && s->in_len >= CE_CONN_INPUT_MAX - 1)
+      want = false;
+    if (want && !s->reading) {
+      uv_read_start((uv_stream_t *)&s->tcp, on_alloc, s == &c->c ? on_client_read : on_upstream_read);
+      s->reading = true;
+    } else if (!want && s->reading) {
+      uv_read_stop((uv_stream_t *)&s->tcp);
+      s->reading = false;
+    }
+  }
+}
+
+/* ---- the driver ---------------------------------------------------------- */
+
+static void conn_process(ce_conn_t *c) {
+  if (c->processing) {
+    c->again = true;
+    return;
+  }
+  c->processing = true;
+  do {
+    c->again = false;
+    if (c->dead)
+      break;
+    pump_tls_input(&c->c);
+    pump_tls_input(&c->u);
+    if (c->dead)
+      break;
+    conn_state_t before = c->state;
+    size_t cin = c->c.in_len, uin = c->u.in_len;
+    switch (c->state) {
+    case ST_HELLO:
+      process_hello(c);
+      break;
+    case ST_HANDSHAKE:
+      break;
+    case ST_HEAD:
+      if (c->denied_discard)
+        discard_request_body(c);
+      else
+        process_head(c);
+      break;
+    case ST_DECIDING:
+    case ST_CONNECTING:
+      break;
+    case ST_EXCHANGE:
+      pump_request_body(c);
+      pump_response(c);
+      if (c->state == ST_EXCHANGE && c->c.eof && !c->req_done) {
+        report_failed(c, "client_reset: closed inside the request body");
+        conn_abort(c);
+      }
+      break;
+    case ST_TUNNEL:
+      pump_tunnel(c);
+      break;
+    case ST_CLOSING:
+      break;
+    }
+    if (c->state != before || c->c.in_len != cin || c->u.in_len != uin)
+      c->again = true;
+  } while (c->again && !c->dead);
+  c->processing = false;
+  update_reading(c);
+}
+
+/* ---- accepting ----------------------------------------------------------- */
+
+void ce_conn_accept(ce_proxy_t *p, uv_stream_t *listener) {
+  ce_conn_t *c = calloc(1, sizeof(*c));
+  char *cin = malloc(CE_CONN_INPUT_MAX), *uin = malloc(CE_CONN_INPUT_MAX);
+  char *cr = malloc(CE_CONN_READ_CHUNK), *ur = malloc(CE_CONN_READ_CHUNK);
+  if (c == NULL || cin == NULL || uin == NULL || cr == NULL || ur == NULL) {
+    free(c);
+    free(cin);
+    free(uin);
+    free(cr);
+    free(ur);
+    /* Accept and drop so the listener does not spin on a pending socket. */
+    uv_tcp_t tmp;
+    uv_tcp_init(p->loop, &tmp);
+    if (uv_accept(listener, (uv_stream_t *)&tmp) == 0)
+      uv_close((uv_handle_t *)&tmp, NULL);
+    uv_run(p->loop, UV_RUN_NOWAIT);
+    fprintf(stderr, "condukt-egress: out of memory accepting a connection\n");
+    return;
+  }
+  c->proxy = p;
+  c->id = ++p->next_conn_id;
+  c->c.conn = c->u.conn = c;
+  c->c.name = "client";
+  c->u.name = "upstream";
+  c->c.in = cin;
+  c->u.in = uin;
+  c->c.rbuf = cr;
+  c->u.rbuf = ur;
+  c->decide_rule = -1;
+  uv_tcp_init(p->loop, &c->c.tcp);
+  c->c.tcp.data = c;
+  c->c.open = true;
+  c->handles++;
+  uv_timer_init(p->loop, &c->timer);
+  c->timer.data = c;
+  c->handles++;
+  c->next = p->conns;
+  if (p->conns != NULL)
+    p->conns->prev = c;
+  p->conns = c;
+  p->conn_count++;
+
+  if (uv_accept(listener, (uv_stream_t *)&c->c.tcp) != 0) {
+    conn_abort(c);
+    return;
+  }
+  if (p->conn_count > p->opts->max_connections || p->draining) {
+    fprintf(stderr, "condukt-egress: connection limit (%u) reached; resetting a new connection\n",
+            (unsigned)p->opts->max_connections);
+    uv_tcp_close_reset(&c->c.tcp, on_handle_closed);
+    c->c.open = false;
+    conn_abort(c);
+    return;
+  }
+  uv_os_fd_t fd;
+  uv_fileno((uv_handle_t *)&c->c.tcp, &fd);
+  int rc = ce_original_dst(fd, &c->orig_dst);
+  struct sockaddr_storage local;
+  int llen = sizeof(local);
+  uv_tcp_getsockname(&c->c.tcp, (struct sockaddr *)&local, &llen);
+  if (rc != CE_OK || ce_addr_equal((struct sockaddr *)&c->orig_dst, (struct sockaddr *)&local)) {
+    /* Not redirected: someone dialled the proxy port itself. There is no
+     * destination to go to, and looping into ourselves must not happen. */
+    fprintf(stderr, "condukt-egress: connection %llu was not redirected (no original destination); closing\n",
+            (unsigned long long)c->id);
+    conn_abort(c);
+    return;
+  }
+  c->port = ce_addr_port((struct sockaddr *)&c->orig_dst);
+  /* Until a name is known, the connection is named by the address dialled. */
+  char text[CE_ADDR_TEXT_MAX];
+  size_t n = ce_addr_text((struct sockaddr *)&c->orig_dst, text);
+  if (ce_host_normalize(text, n, &c->sni) != 0)
+    snprintf(c->sni.text, sizeof(c->sni.text), "%s", text);
+  uv_tcp_nodelay(&c->c.tcp, 1);
+  trace(c, "accepted, original destination %s port %u", text, (unsigned)c->port);
+  c->state = ST_HELLO;
+  arm(c, p->opts->clienthello_ms);
+  c->c.reading = true;
+  uv_read_start((uv_stream_t *)&c->c.tcp, on_alloc, on_client_read);
+}
+
+void ce_conn_drain_all(ce_proxy_t *p) {
+  for (ce_conn_t *c = p->conns; c != NULL; c = c->next) {
+    if (c->dead)
+      continue;
+    if (c->state == ST_HEAD && c->c.in_len == 0 && !c->have_req)
+      conn_abort(c);
+    else if (c->state == ST_HELLO)
+      conn_abort(c);
+  }
+}
+
+void ce_conn_abort_all(ce_proxy_t *p) {
+  for (ce_conn_t *c = p->conns; c != NULL; c = c->next) {
+    if (c->dead)
+      continue;
+    if (c->have_req)
+      report_failed(c, "proxy_shutdown");
+    conn_abort(c);
+  }
+}

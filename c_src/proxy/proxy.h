@@ -1,0 +1,87 @@
+/*
+ * The sidecar data plane (docs/proxy.md): one libuv loop that accepts the
+ * workspace's redirected connections, terminates TLS with the session CA,
+ * evaluates every HTTP/1.1 request against the policy (asking the control
+ * channel for decide rules), forwards or refuses it, and reports each step
+ * as an event.
+ *
+ * Ownership: ce_proxy_t owns the policy, the CA and its leaf cache, both
+ * SSL_CTXs, the control channel and every connection. A connection
+ * (conn.c) owns its two sockets, their TLS engines and its buffers, and is
+ * freed from the close callback of the last of its handles.
+ */
+#ifndef CE_PROXY_PROXY_H
+#define CE_PROXY_PROXY_H
+
+#include <openssl/ssl.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "control/control.h"
+#include "policy/policy.h"
+#include "proxy/options.h"
+#include "tls/ca.h"
+
+/* Definitive decider answers cached per (decide rule, host). */
+#define CE_DECISION_CACHE_SIZE 4096u
+#define CE_DECISION_REASON_MAX 512u
+
+typedef struct ce_conn ce_conn_t;
+
+typedef struct {
+  bool used;
+  int32_t rule_index;
+  bool allow;
+  char host[CE_HOST_TEXT_MAX + 1];
+  char reason[CE_DECISION_REASON_MAX + 1];
+} ce_decision_entry_t;
+
+typedef struct ce_proxy {
+  uv_loop_t *loop;
+  const ce_proxy_options_t *opts;
+  ce_policy_t *policy;
+  ce_ca_t *ca;
+  ce_leaf_cache_t *leaves;
+  SSL_CTX *server_ctx;
+  SSL_CTX *client_ctx;
+  ce_control_t *control;
+
+  uv_tcp_t listeners[CE_PROXY_MAX_LISTEN];
+  struct sockaddr_storage listen_addrs[CE_PROXY_MAX_LISTEN];
+  size_t listener_count;
+  uv_signal_t sigterm;
+  uv_signal_t sigint;
+  uv_signal_t sigpipe;
+
+  ce_conn_t *conns;          /* intrusive list of live connections */
+  size_t conn_count;
+  uint64_t next_conn_id;
+  uint64_t next_request_id;
+  bool draining;
+
+  ce_decision_entry_t *decisions;   /* CE_DECISION_CACHE_SIZE slots */
+  size_t decision_count;
+} ce_proxy_t;
+
+/* conn.c: takes an accepted connection from a listener. */
+void ce_conn_accept(ce_proxy_t *proxy, uv_stream_t *listener);
+
+/* conn.c: asks every idle connection to close (drain); busy ones finish
+ * their exchange first. */
+void ce_conn_drain_all(ce_proxy_t *proxy);
+
+/* conn.c: aborts every connection (the drain deadline); each busy request
+ * ends with request_failed "proxy_shutdown". */
+void ce_conn_abort_all(ce_proxy_t *proxy);
+
+/* proxy.c: called by conn.c after a connection is freed. */
+void ce_proxy_conn_gone(ce_proxy_t *proxy);
+
+/* Decision cache (proxy.c). Returns true and fills allow/reason on a hit. */
+bool ce_decision_cache_get(ce_proxy_t *proxy, int32_t rule_index, const char *host,
+                           bool *allow, const char **reason);
+void ce_decision_cache_put(ce_proxy_t *proxy, int32_t rule_index, const char *host,
+                           bool allow, const char *reason);
+
+#endif
