@@ -1,0 +1,94 @@
+/* Tests for c_src/proxy/netaddr.c and the CIDR helpers of options.c: the
+ * address classes the proxy refuses as upstreams (DESIGN §4). */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "proxy/netaddr.h"
+#include "proxy/options.h"
+
+static bool private_text(const char *text) {
+  struct sockaddr_storage ss;
+  char buf[80];
+  snprintf(buf, sizeof(buf), strchr(text, ':') != NULL ? "[%s]:1" : "%s:1", text);
+  cr_assert_eq(ce_addr_parse(buf, &ss), CE_OK, "%s", buf);
+  return ce_addr_is_private((struct sockaddr *)&ss);
+}
+
+Test(netaddr, private_ranges_are_refused) {
+  static const char *const priv[] = {
+      "0.0.0.0",     "10.0.0.1",        "10.255.255.255", "127.0.0.1",   "127.9.9.9",    "100.64.0.1",
+      "100.127.255.254", "169.254.169.254", "172.16.0.1", "172.31.255.255", "192.168.1.1", "192.0.0.8",
+      "224.0.0.1",   "255.255.255.255", "::",             "::1",         "fe80::1",      "febf::1",
+      "fc00::1",     "fd00:ce::2",      "ff02::1",        "::ffff:10.0.0.1", "::ffff:169.254.169.254",
+      "64:ff9b::a00:1", "fec0::1"};
+  for (size_t i = 0; i < sizeof(priv) / sizeof(priv[0]); i++)
+    cr_expect(private_text(priv[i]), "%s should be private", priv[i]);
+}
+
+Test(netaddr, public_addresses_are_not_private) {
+  static const char *const pub[] = {"1.1.1.1",     "8.8.8.8",   "100.63.255.255", "100.128.0.1",
+                                    "172.15.255.255", "172.32.0.1", "192.169.0.1", "169.253.0.1",
+                                    "2001:db8::1", "2606:4700::1111", "::ffff:8.8.8.8", "64:ff9b::808:808"};
+  for (size_t i = 0; i < sizeof(pub) / sizeof(pub[0]); i++)
+    cr_expect(!private_text(pub[i]), "%s should be public", pub[i]);
+}
+
+Test(netaddr, parse_and_format) {
+  struct sockaddr_storage ss;
+  char text[CE_ADDR_TEXT_MAX];
+  cr_assert_eq(ce_addr_parse("127.0.0.1:15001", &ss), CE_OK);
+  cr_expect_eq(ce_addr_port((struct sockaddr *)&ss), 15001);
+  ce_addr_text((struct sockaddr *)&ss, text);
+  cr_expect_str_eq(text, "127.0.0.1");
+  cr_assert_eq(ce_addr_parse("[::1]:443", &ss), CE_OK);
+  cr_expect_eq(ss.ss_family, AF_INET6);
+  ce_addr_text((struct sockaddr *)&ss, text);
+  cr_expect_str_eq(text, "::1");
+  static const char *const bad[] = {"", "127.0.0.1", "::1:80", "[::1]80", "[::1]:", "host:80", "1.2.3.4:65536",
+                                    "1.2.3.4:-1", "1.2.3.4:8x", "[::1]:123456", "01.2.3.4:80"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+    cr_expect_eq(ce_addr_parse(bad[i], &ss), CE_EINVAL, "'%s'", bad[i]);
+}
+
+Test(netaddr, equality) {
+  struct sockaddr_storage a, b;
+  ce_addr_parse("10.0.0.1:80", &a);
+  ce_addr_parse("10.0.0.1:80", &b);
+  cr_expect(ce_addr_equal((struct sockaddr *)&a, (struct sockaddr *)&b));
+  ce_addr_parse("10.0.0.1:81", &b);
+  cr_expect(!ce_addr_equal((struct sockaddr *)&a, (struct sockaddr *)&b));
+  ce_addr_parse("[::1]:80", &b);
+  cr_expect(!ce_addr_equal((struct sockaddr *)&a, (struct sockaddr *)&b));
+}
+
+Test(cidr, parse_and_contains) {
+  ce_cidr_t c;
+  uint8_t a[16];
+  cr_assert_eq(ce_cidr_parse("10.233.0.0/16", &c), CE_OK);
+  inet_pton(AF_INET, "10.233.7.9", a);
+  cr_expect(ce_cidr_contains(&c, 4, a));
+  inet_pton(AF_INET, "10.234.0.1", a);
+  cr_expect(!ce_cidr_contains(&c, 4, a));
+  inet_pton(AF_INET6, "::ffff:10.233.0.1", a);
+  cr_expect(!ce_cidr_contains(&c, 6, a), "families never mix");
+
+  cr_assert_eq(ce_cidr_parse("fd00:ce::/33", &c), CE_OK);
+  inet_pton(AF_INET6, "fd00:ce:7fff::1", a);
+  cr_expect(ce_cidr_contains(&c, 6, a));
+  inet_pton(AF_INET6, "fd00:ce:8000::1", a);
+  cr_expect(!ce_cidr_contains(&c, 6, a), "bit 33 differs");
+
+  cr_assert_eq(ce_cidr_parse("169.254.169.254", &c), CE_OK);
+  cr_expect_eq(c.prefix, 32);
+  cr_assert_eq(ce_cidr_parse("0.0.0.0/0", &c), CE_OK);
+  inet_pton(AF_INET, "8.8.8.8", a);
+  cr_expect(ce_cidr_contains(&c, 4, a));
+
+  static const char *const bad[] = {"", "10.0.0.0/33", "::/129", "10.0.0.0/", "10.0.0.0/-1", "10.0.0.0/8x",
+                                    "example.com", "10.0.0/8", "10.0.0.0/ 8"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+    cr_expect_eq(ce_cidr_parse(bad[i], &c), CE_EINVAL, "'%s'", bad[i]);
+}
