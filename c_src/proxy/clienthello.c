@@ -148,10 +148,6 @@ static int walk_records(const uint8_t *buf, size_t len, size_t *records_end,
 
     size_t rec_len = get16(buf + pos + 3);
     size_t rec_end = pos + RECORD_HEADER_LEN + rec_len;
-    /* Decidable from the header alone: the hello is not complete before
-     * this record (or we would have stopped), so it needs all of it. */
-    if (rec_end > CE_CLIENTHELLO_MAX_BYTES)
-      return CE_ETOOBIG;
     size_t present = len - pos - RECORD_HEADER_LEN;
     if (present > rec_len)
       present = rec_len;
@@ -168,16 +164,21 @@ static int walk_records(const uint8_t *buf, size_t len, size_t *records_end,
       total = HANDSHAKE_HEADER_LEN + get24(hs + 1);
 
     if (total != 0) {
-      /* The record that completes the hello must end with it. Nothing may
-       * follow the ClientHello in its records: the client waits for the
-       * ServerHello next, and in TLS 1.3 the hello "immediately precedes a
-       * key change" when early data follows, so it must "align with a
-       * record boundary" (RFC 8446 §5.1). */
+      /* The record that completes the hello must end with it. RFC 8446
+       * §5.1: "Because the ClientHello ... can immediately precede a key
+       * change, implementations MUST send these messages in alignment with
+       * a record boundary", and no other handshake message follows it
+       * before the server has answered. */
       if (rec_len > total - got)
         return CE_EPARSE;
+      /* The hello needs this whole record and the bytes still due in the
+       * fewest records that can carry them. This is known from headers
+       * alone, so an oversized or over-fragmented hello is refused as soon
+       * as that is certain, not after 64 KiB have been buffered. (Before
+       * the handshake header is complete, no record can end past the limit:
+       * at most three 1-byte records precede one of at most 2^14 bytes.) */
       size_t rest = total - got - rec_len;
-      if (rest > CE_CLIENTHELLO_MAX_BYTES ||
-          rec_end + min_framed(rest) > CE_CLIENTHELLO_MAX_BYTES)
+      if (rec_end + min_framed(rest) > CE_CLIENTHELLO_MAX_BYTES)
         return CE_ETOOBIG;
     }
     if (present < rec_len)
@@ -479,8 +480,8 @@ static int parse_hello(const uint8_t *buf, size_t msg_len, ce_clienthello_t *out
   if (!has_null)
     return CE_EPARSE;
 
-  /* RFC 5246 §7.4.1.2: a TLS 1.2 client may end the hello here, "to
-   * determine whether extensions are present ... after the
+  /* RFC 5246 §7.4.1.2: a hello may end here; "the presence of extensions
+   * can be detected by determining whether there are bytes following the
    * compression_methods at the end of the ClientHello". */
   if (c.left == 0)
     return 0;
