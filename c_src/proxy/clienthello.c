@@ -216,10 +216,8 @@ static void cur_next_record(hs_cursor_t *c) {
   }
 }
 
-/* Copies (dst != NULL) or skips n bytes. */
-static int cur_read(hs_cursor_t *c, uint8_t *dst, size_t n) {
-  if (n > c->left)
-    return CE_EPARSE;
+/* Copies (dst != NULL) or skips n bytes, n <= c->left. */
+static void cur_move(hs_cursor_t *c, uint8_t *dst, size_t n) {
   c->left -= n;
   while (n > 0) {
     cur_next_record(c);
@@ -232,8 +230,18 @@ static int cur_read(hs_cursor_t *c, uint8_t *dst, size_t n) {
     c->in_rec -= chunk;
     n -= chunk;
   }
+}
+
+/* Copies (dst != NULL) or skips n bytes, if the vector has that many. */
+static int cur_read(hs_cursor_t *c, uint8_t *dst, size_t n) {
+  if (n > c->left)
+    return CE_EPARSE;
+  cur_move(c, dst, n);
   return 0;
 }
+
+/* Copies the rest of the vector into dst, which holds c->left bytes. */
+static void cur_take_rest(hs_cursor_t *c, uint8_t *dst) { cur_move(c, dst, c->left); }
 
 /* Reads a big-endian integer of `width` (1 to 3) bytes. */
 static int cur_uint(hs_cursor_t *c, size_t width, size_t *v) {
@@ -284,15 +292,14 @@ static int parse_server_name(hs_cursor_t *ext, ce_clienthello_t *out) {
     return CE_EPARSE;
 
   while (list.left > 0) {
-    size_t type;
+    uint8_t type;
     hs_cursor_t name;
-    rc = cur_uint(&list, 1, &type);
-    if (rc == 0)
-      /* RFC 6066 §3: "all future data structures associated with new
-       * NameTypes MUST begin with a 16-bit length field", so every entry,
-       * known type or not, can be read as a 16-bit-prefixed vector and
-       * unknown ones skipped. */
-      rc = cur_vector(&list, 2, &name);
+    cur_move(&list, &type, 1); /* list.left > 0 */
+    /* RFC 6066 §3: "all future data structures associated with new
+     * NameTypes MUST begin with a 16-bit length field", so every entry,
+     * known type or not, can be read as a 16-bit-prefixed vector and
+     * unknown ones skipped. */
+    rc = cur_vector(&list, 2, &name);
     if (rc != 0)
       return rc;
     if (type != SNI_HOST_NAME)
@@ -307,9 +314,7 @@ static int parse_server_name(hs_cursor_t *ext, ce_clienthello_t *out) {
     if (name.left == 0 || name.left > CE_CLIENTHELLO_MAX_SNI)
       return CE_EPARSE;
     out->sni_len = name.left;
-    rc = cur_read(&name, (uint8_t *)out->sni, out->sni_len);
-    if (rc != 0)
-      return rc;
+    cur_take_rest(&name, (uint8_t *)out->sni);
     out->sni[out->sni_len] = '\0';
     /* A NUL would cut the name short for any C string consumer; it cannot
      * occur in a DNS name. Other bytes are kept as sent (IP literals and a
@@ -346,9 +351,7 @@ static int parse_alpn(hs_cursor_t *ext, ce_clienthello_t *out) {
     size_t n = name.left;
     if (n == 0)
       return CE_EPARSE;
-    rc = cur_read(&name, bytes, n);
-    if (rc != 0)
-      return rc;
+    cur_take_rest(&name, bytes);
     /* Names past the kept ones still count for the offers_* flags, so a
      * client listing many protocols is not mistaken for one without h2. */
     if (n == 2 && memcmp(bytes, "h2", 2) == 0)
@@ -431,10 +434,10 @@ static int parse_hello(const uint8_t *buf, size_t msg_len, ce_clienthello_t *out
   size_t version;
   int rc;
 
-  /* walk_records() checked the handshake header already. */
-  rc = cur_read(&c, NULL, HANDSHAKE_HEADER_LEN);
-  if (rc == 0)
-    rc = cur_uint(&c, 2, &version);
+  /* walk_records() checked the handshake header already, and msg_len
+   * includes it. */
+  cur_move(&c, NULL, HANDSHAKE_HEADER_LEN);
+  rc = cur_uint(&c, 2, &version);
   if (rc != 0)
     return rc;
   /* Only the {03,XX} family is TLS (RFC 5246 Appendix E.1). The minor
@@ -468,16 +471,10 @@ static int parse_hello(const uint8_t *buf, size_t msg_len, ce_clienthello_t *out
   /* RFC 5246 §7.4.1.2: the list "MUST contain ... CompressionMethod.null";
    * RFC 8446 §4.1.2 requires exactly that one byte from TLS 1.3 clients,
    * which the TLS library checks once the version is known. */
-  int has_null = 0;
-  while (v.left > 0) {
-    size_t method;
-    rc = cur_uint(&v, 1, &method);
-    if (rc != 0)
-      return rc;
-    if (method == COMPRESSION_NULL)
-      has_null = 1;
-  }
-  if (!has_null)
+  uint8_t methods[UINT8_MAX];
+  size_t nmethods = v.left;
+  cur_take_rest(&v, methods);
+  if (memchr(methods, COMPRESSION_NULL, nmethods) == NULL)
     return CE_EPARSE;
 
   /* RFC 5246 §7.4.1.2: a hello may end here; "the presence of extensions

@@ -621,7 +621,7 @@ Test(clienthello, alpn_names_are_opaque_bytes) {
   char big[256];
   memset(big, 'z', 255);
   big[255] = '\0';
-  const char *const names[] = {big, "H2", "h2c", "http/1.10", "h", NULL};
+  const char *const names[] = {big, "H2", "h2c", "http/1.10", "h", "http/1.0", NULL};
   builder_t *b = b_new();
   hello_opts_t o = defaults();
   hello_begin(b, &o);
@@ -629,7 +629,7 @@ Test(clienthello, alpn_names_are_opaque_bytes) {
   hello_end(b);
   ce_clienthello_t h;
   cr_assert_eq(parse_built(b, RECORD_MAX, &h, NULL), CE_OK);
-  cr_expect_eq(h.alpn_count, 5);
+  cr_expect_eq(h.alpn_count, 6);
   cr_expect_eq(h.alpn[0].len, 255);
   cr_expect_str_eq(h.alpn[0].name, big);
   cr_expect_str_eq(h.alpn[2].name, "h2c");
