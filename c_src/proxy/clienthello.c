@@ -262,7 +262,8 @@ static int cur_sub(hs_cursor_t *c, size_t n, hs_cursor_t *sub) {
     return CE_EPARSE;
   *sub = *c;
   sub->left = n;
-  return cur_read(c, NULL, n);
+  cur_move(c, NULL, n);
+  return 0;
 }
 
 /* Reads a vector with a `width`-byte length prefix into *sub. The TLS
