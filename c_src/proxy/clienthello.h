@@ -28,7 +28,8 @@
 /* RFC 6066 §3: a host_name is at most 255 bytes (DNS limit). */
 #define CE_CLIENTHELLO_MAX_SNI 255u
 
-/* ALPN: how many protocol names are kept (more are counted, not kept). */
+/* ALPN: how many protocol names are kept in alpn[]. Names past these are
+ * still validated and still set offers_h2 / offers_http11. */
 #define CE_CLIENTHELLO_MAX_ALPN 16u
 
 typedef struct {
@@ -48,19 +49,34 @@ typedef struct {
 } ce_clienthello_t;
 
 /*
- * Parses the ClientHello at the start of buf[0..len).
+ * Parses the ClientHello at the start of buf[0..len). buf may be NULL when
+ * len is 0; out must not be NULL. docs/clienthello.md lists every rule with
+ * the RFC section behind it.
  *
  * Returns:
- *   CE_OK       a complete ClientHello; *out is filled.
+ *   CE_OK       a complete ClientHello; *out is filled, and record_bytes
+ *               says where the bytes after the hello start (they are not
+ *               looked at).
  *   CE_EAGAIN   the bytes so far are a valid prefix; read more and call again.
- *   CE_ENOTSUP  the bytes are not a TLS handshake record (first byte is not
- *               22, or an SSLv2-style hello): not TLS, the proxy resets.
- *   CE_EPARSE   malformed (bad lengths, duplicate extensions, an SNI with a
- *               NUL byte or an empty name, a second host_name, trailing bytes
- *               inside the handshake message, a non-handshake record in the
- *               middle, ...).
- *   CE_ETOOBIG  the hello needs more than CE_CLIENTHELLO_MAX_BYTES.
+ *   CE_ENOTSUP  the bytes are not a TLS handshake record (the first byte is
+ *               not 22 or the second not 3, which includes an SSLv2-style
+ *               hello and cleartext protocols): not TLS, the proxy resets.
+ *   CE_EPARSE   malformed (bad lengths, a record over 2^14 bytes or empty,
+ *               a record version above {03,03}, a non-handshake record in
+ *               the middle, a handshake message other than client_hello,
+ *               bytes after the hello in its last record, trailing bytes
+ *               inside the handshake message, duplicate extensions,
+ *               pre_shared_key not last, an SNI with a NUL byte or an empty
+ *               or over-255-byte name, a second host_name, an empty ALPN
+ *               list or name, ...).
+ *   CE_ETOOBIG  the hello needs more than CE_CLIENTHELLO_MAX_BYTES; known as
+ *               soon as the headers prove it, before that much is buffered.
  * On any return but CE_OK, *out is unspecified. buf is never written.
+ *
+ * A prefix of any input gives CE_EAGAIN or the same result as the whole
+ * input. Each call costs O(records in buf) while the hello is incomplete
+ * and one pass over it when complete; it never allocates, keeps no state
+ * between calls and is safe to call from several threads at once.
  */
 int ce_clienthello_parse(const uint8_t *buf, size_t len, ce_clienthello_t *out);
 
