@@ -736,6 +736,8 @@ static int parse_head(const char *buf, size_t len, bool is_response,
                       ce_h1_head_t *out, const char **why) {
   size_t line0 = 0;
   size_t head_len = 0;
+  if (len == 0)
+    return CE_EAGAIN; /* buf may be NULL then, which memchr() must not see */
   int rc = scan_head(buf, len, is_response, &line0, &head_len, why);
   if (rc == CE_EAGAIN) {
     rc = early_check(buf + line0, len - line0, is_response, why);
