@@ -65,9 +65,8 @@ static bool value_ok(const char *v, size_t n) {
   return true;
 }
 
+/* Callers pass n > 0. */
 static bool target_ok(const char *t, size_t n) {
-  if (n == 0)
-    return false;
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)t[i];
     if (c <= 0x20 || c >= 0x7f)

@@ -406,6 +406,16 @@ Test(http1_request, expect_continue) {
                  "unsupported expectation");
 }
 
+Test(http1_request, underscores_are_fine_outside_framing_names) {
+  ce_h1_head_t h;
+  cr_assert_eq(parse_req("GET / HTTP/1.1\r\nHost: a\r\nX_Custom: 1\r\nContent_Type: x\r\n"
+                         "Content_Lengths: 1\r\nTransfer_Encodinf: chunked\r\n\r\n",
+                         &h, NULL),
+               CE_OK);
+  cr_expect_eq(h.framing, CE_H1_BODY_NONE);
+  cr_expect_eq(h.field_count, 5);
+}
+
 Test(http1_request, find_is_case_insensitive_and_resumable) {
   ce_h1_head_t h;
   cr_assert_eq(parse_req("GET / HTTP/1.1\r\nHost: a\r\nX-A: 1\r\nx-b: 2\r\nX-a: 3\r\n\r\n", &h,
@@ -565,6 +575,7 @@ Test(http1_request, host_refusals) {
       {"GET / HTTP/1.1\r\nHost: a?b\r\n\r\n", "invalid host"},
       {"GET / HTTP/1.1\r\nHost: a\\b\r\n\r\n", "invalid host"},
       {"GET / HTTP/1.1\r\nHost: [::1\r\n\r\n", "invalid host"},
+      {"GET / HTTP/1.1\r\nHost: [::1/8]\r\n\r\n", "invalid host"},
       {"GET / HTTP/1.1\r\nHost: caf\xc3\xa9\r\n\r\n", "invalid host"},
   };
   for (size_t i = 0; i < N_OF(cases); i++) {
