@@ -22,6 +22,12 @@
  * "HTTP/1.", while keeping the per-call work constant. */
 #define EARLY_CHECK_BYTES 32u
 
+/* Empty lines skipped before a request line (RFC 9112 §2.2 asks for at
+ * least one). Clients that send any send one, after a body; the bound keeps
+ * a stream of CRLFs from costing a memchr() pair per two bytes on every
+ * call. */
+#define MAX_LEADING_EMPTY_LINES 8u
+
 /* RFC 9112 §6.3 and §7.1: sizes must fit an int64 so that no peer and no
  * implementation downstream sees them wrap. */
 #define MAX_BODY_SIZE UINT64_C(0x7fffffffffffffff)
@@ -65,14 +71,20 @@ typedef struct {
  * Looks for the empty line that ends the head within the first
  * CE_H1_MAX_HEAD_BYTES bytes. Returns CE_OK with *head_len set, CE_EAGAIN
  * when the bytes so far are not yet a head (the caller decides between
- * EAGAIN and ETOOBIG), or CE_EPARSE. *line0 is the offset of the start line
- * (past any empty lines a request may start with).
+ * EAGAIN and ETOOBIG), CE_EPARSE, or CE_ETOOBIG for too many field lines.
+ * *line0 is the offset of the start line (past any empty lines a request
+ * may start with).
+ *
+ * Lines are counted as well as bytes, and refused as soon as there are
+ * more than a head may hold, so that one call costs at most a few hundred
+ * memchr() calls plus one pass over the bytes, however short the lines.
  */
 static int scan_head(const char *buf, size_t len, bool is_response,
                      size_t *line0, size_t *head_len, const char **why) {
   size_t limit = len < CE_H1_MAX_HEAD_BYTES ? len : CE_H1_MAX_HEAD_BYTES;
   size_t pos = 0;
-  bool have_start_line = false;
+  size_t lines = 0;       /* complete non-empty lines, start line included */
+  size_t empty_lines = 0; /* skipped before a request line */
 
   *line0 = 0;
   for (;;) {
@@ -92,23 +104,26 @@ static int scan_head(const char *buf, size_t len, bool is_response,
     if (end == pos || buf[end - 1] != '\r')
       return fail(why, "bare LF", CE_EPARSE);
     if (end - 1 == pos) {
-      if (have_start_line) {
+      if (lines > 0) {
         *head_len = end + 1;
         return CE_OK;
       }
       /* RFC 9112 §2.2: a server SHOULD ignore at least one empty line
        * before the request-line (old clients sent CRLF after a POST body).
-       * We ignore any number, all counted against CE_H1_MAX_HEAD_BYTES;
-       * they are never forwarded, so no one downstream has to agree. That
-       * leniency is granted to servers only, so a response may not start
-       * with an empty line. */
+       * We ignore up to MAX_LEADING_EMPTY_LINES, counted in head_len and
+       * against CE_H1_MAX_HEAD_BYTES; they are never forwarded, so no one
+       * downstream has to agree. That leniency is granted to servers only,
+       * so a response may not start with an empty line. */
       if (is_response)
         return fail(why, "empty line before the status line", CE_EPARSE);
+      if (++empty_lines > MAX_LEADING_EMPTY_LINES)
+        return fail(why, "too many empty lines before the request line", CE_EPARSE);
       pos = end + 1;
       *line0 = pos;
       continue;
     }
-    have_start_line = true;
+    if (++lines > 1 + CE_H1_MAX_FIELDS)
+      return fail(why, "too many fields", CE_ETOOBIG);
     pos = end + 1;
   }
 }
@@ -775,6 +790,8 @@ static int parse_head(const char *buf, size_t len, bool is_response,
   while (pos < end) {
     cr = memchr(buf + pos, '\r', end - pos);
     n = (size_t)(cr - (buf + pos));
+    /* scan_head() already refused more lines than this; the check stays
+     * because it guards the array. */
     if (h.field_count == CE_H1_MAX_FIELDS)
       return fail(why, "too many fields", CE_ETOOBIG);
     ce_h1_field_t *fld = &h.fields[h.field_count];

@@ -746,13 +746,18 @@ Test(http1_limits, head_bytes) {
   cr_expect_eq(ce_h1_parse_request(p, CE_H1_MAX_HEAD_BYTES - 1, &h, &why), CE_EAGAIN);
   free(p);
 
-  /* Leading empty lines count. */
+  /* Leading empty lines count, and there may be only a few. */
+  static const char eight[] = "\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n";
+  cr_expect_eq(ce_h1_parse_request(eight, sizeof(eight) - 1, &h, &why), CE_OK);
+  cr_expect_eq(h.head_len, sizeof(eight) - 1);
+  expect_refused("\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n", CE_EPARSE,
+                 "too many empty lines before the request line");
   size_t n = CE_H1_MAX_HEAD_BYTES;
   p = malloc(n);
   cr_assert_not_null(p);
   for (size_t i = 0; i + 1 < n; i += 2)
     memcpy(p + i, "\r\n", 2);
-  cr_expect_eq(ce_h1_parse_request(p, n, &h, &why), CE_ETOOBIG);
+  cr_expect_eq(ce_h1_parse_request(p, n, &h, &why), CE_EPARSE);
   free(p);
 }
 
@@ -777,6 +782,13 @@ Test(http1_limits, field_count) {
   cr_expect_str_eq(why, "too many fields");
   n = fields_msg(buf, sizeof(buf), CE_H1_MAX_FIELDS + 1, true);
   cr_expect_eq(ce_h1_parse_response(buf, n, "GET", 3, &h, &why), CE_ETOOBIG);
+  /* Refused as soon as the line after the last allowed one is complete,
+   * before the head ends, so tiny lines cannot make each call expensive. */
+  n = fields_msg(buf, sizeof(buf), CE_H1_MAX_FIELDS + 1, false);
+  cr_expect_eq(ce_h1_parse_request(buf, n - 2, &h, &why), CE_ETOOBIG);
+  cr_expect_str_eq(why, "too many fields");
+  size_t ok_len = fields_msg(buf, sizeof(buf), CE_H1_MAX_FIELDS, false);
+  cr_expect_eq(ce_h1_parse_request(buf, ok_len - 2, &h, &why), CE_EAGAIN);
 }
 
 /* ------------------------------------------------------------------------
