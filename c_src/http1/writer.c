@@ -1,0 +1,285 @@
+/*
+ * HTTP/1.1 head and chunk serialisation (see writer.h).
+ *
+ * Every public function validates its input with the byte classes the
+ * parser uses (http1/chars.h), so that whatever the proxy writes, its own
+ * parser would accept: a value from an untrusted place (an SNI name, a
+ * policy message) cannot end a line early and add fields.
+ */
+#include "http1/writer.h"
+
+#include <string.h>
+
+#include "common/error.h"
+#include "http1/chars.h"
+
+/* The largest chunk size strict readers accept (RFC 9112 §7.1 sets no
+ * bound; our own parser stops at 2^63-1 so that sizes fit an int64). */
+#define MAX_CHUNK_SIZE UINT64_C(0x7fffffffffffffff)
+
+void ce_h1_writer_init(ce_h1_writer_t *w, char *buf, size_t cap) {
+  w->buf = buf;
+  w->cap = cap;
+  w->len = 0;
+  w->err = 0;
+}
+
+/* Appends n bytes or records CE_ETOOBIG. Callers that write several pieces
+ * for one public call remember w->len and undo through fail_at(). */
+static void put(ce_h1_writer_t *w, const void *s, size_t n) {
+  if (w->err != 0)
+    return;
+  if (n > w->cap - w->len) {
+    w->err = CE_ETOOBIG;
+    return;
+  }
+  if (n > 0)
+    memcpy(w->buf + w->len, s, n);
+  w->len += n;
+}
+
+static void put_str(ce_h1_writer_t *w, const char *s) { put(w, s, strlen(s)); }
+
+/* Ends a public call: on failure, takes back what the call wrote so that a
+ * failed call leaves no partial line behind. */
+static int finish(ce_h1_writer_t *w, size_t start) {
+  if (w->err != 0)
+    w->len = start;
+  return w->err;
+}
+
+static int invalid(ce_h1_writer_t *w) {
+  if (w->err == 0)
+    w->err = CE_EINVAL;
+  return w->err;
+}
+
+static bool value_ok(const char *v, size_t n) {
+  if (n > 0 && (ce__h1_is_ows((unsigned char)v[0]) || ce__h1_is_ows((unsigned char)v[n - 1])))
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)v[i];
+    if (!ce__h1_is_field_vchar(c) && !ce__h1_is_ows(c))
+      return false;
+  }
+  return true;
+}
+
+/* Callers pass n > 0. */
+static bool target_ok(const char *t, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)t[i];
+    if (c <= 0x20 || c >= 0x7f)
+      return false;
+  }
+  return true;
+}
+
+/* The request line with the target in up to two pieces (a "/" the
+ * absolute-form lacked, then the path), checked as a whole. */
+static int request_line2(ce_h1_writer_t *w, const char *method, size_t method_len,
+                         const char *t1, size_t n1, const char *t2, size_t n2) {
+  if (w->err != 0)
+    return w->err;
+  if (!ce__h1_is_token(method, method_len) || n1 + n2 == 0 ||
+      (n1 > 0 && !target_ok(t1, n1)) || (n2 > 0 && !target_ok(t2, n2)))
+    return invalid(w);
+  size_t start = w->len;
+  put(w, method, method_len);
+  put(w, " ", 1);
+  put(w, t1, n1);
+  put(w, t2, n2);
+  put_str(w, " HTTP/1.1\r\n");
+  return finish(w, start);
+}
+
+int ce_h1_write_request_line(ce_h1_writer_t *w, const char *method, size_t method_len,
+                             const char *target, size_t target_len) {
+  return request_line2(w, method, method_len, target, target_len, NULL, 0);
+}
+
+int ce_h1_write_status_line(ce_h1_writer_t *w, int status, const char *reason,
+                            size_t reason_len) {
+  if (w->err != 0)
+    return w->err;
+  if (status < 100 || status > 999 || (reason == NULL && reason_len > 0))
+    return invalid(w);
+  /* reason-phrase may hold inner and outer whitespace (RFC 9112 §4). */
+  for (size_t i = 0; i < reason_len; i++) {
+    unsigned char c = (unsigned char)reason[i];
+    if (!ce__h1_is_field_vchar(c) && !ce__h1_is_ows(c))
+      return invalid(w);
+  }
+  char code[4] = {(char)('0' + status / 100), (char)('0' + status / 10 % 10),
+                  (char)('0' + status % 10), ' '};
+  size_t start = w->len;
+  put_str(w, "HTTP/1.1 ");
+  put(w, code, sizeof(code)); /* the SP is sent even with no reason, §4 */
+  put(w, reason, reason_len);
+  put_str(w, "\r\n");
+  return finish(w, start);
+}
+
+int ce_h1_write_field(ce_h1_writer_t *w, const char *name, size_t name_len,
+                      const char *value, size_t value_len) {
+  if (w->err != 0)
+    return w->err;
+  if (!ce__h1_is_token(name, name_len) || (value == NULL && value_len > 0) ||
+      !value_ok(value, value_len))
+    return invalid(w);
+  size_t start = w->len;
+  put(w, name, name_len);
+  put_str(w, ": ");
+  put(w, value, value_len);
+  put_str(w, "\r\n");
+  return finish(w, start);
+}
+
+/* True when a Connection field of head lists name as an option
+ * (RFC 9110 §7.6.1: those fields are meant for this hop only). */
+static bool named_by_connection(const ce_h1_head_t *head, const char *name, size_t n) {
+  for (int i = ce_h1_find(head, "connection", 0); i >= 0;
+       i = ce_h1_find(head, "connection", i + 1)) {
+    const ce_h1_field_t *c = &head->fields[i];
+    size_t pos = 0;
+    const char *el;
+    size_t el_len;
+    while (ce__h1_list_next(c->value, c->value_len, &pos, &el, &el_len)) {
+      if (el_len != n)
+        continue;
+      size_t k = 0;
+      while (k < n && ce__h1_lower((unsigned char)el[k]) == ce__h1_lower((unsigned char)name[k]))
+        k++;
+      if (k == n)
+        return true;
+    }
+  }
+  return false;
+}
+
+static bool is_hop_by_hop(const ce_h1_head_t *head, const ce_h1_field_t *f, unsigned flags) {
+  static const char *const always[] = {"connection", "keep-alive", "proxy-connection",
+                                       "te", "transfer-encoding", "trailer"};
+  const char *n = f->name;
+  size_t nl = f->name_len;
+  for (size_t i = 0; i < sizeof(always) / sizeof(always[0]); i++) {
+    if (ce__h1_ieq(n, nl, always[i]))
+      return true;
+  }
+  if (ce__h1_ieq(n, nl, "upgrade"))
+    return (flags & CE_H1_W_UPGRADE) == 0;
+  if (!head->is_response &&
+      (ce__h1_ieq(n, nl, "host") || ce__h1_ieq(n, nl, "proxy-authorization")))
+    return true;
+  if ((flags & CE_H1_W_CHUNKED) != 0 && ce__h1_ieq(n, nl, "content-length"))
+    return true;
+  return named_by_connection(head, n, nl);
+}
+
+int ce_h1_write_forwarded_fields(ce_h1_writer_t *w, const ce_h1_head_t *head,
+                                 unsigned flags) {
+  if (w->err != 0)
+    return w->err;
+  if (head->field_count > CE_H1_MAX_FIELDS)
+    return invalid(w);
+  size_t start = w->len;
+  for (size_t i = 0; i < head->field_count && w->err == 0; i++) {
+    const ce_h1_field_t *f = &head->fields[i];
+    if (!is_hop_by_hop(head, f, flags))
+      ce_h1_write_field(w, f->name, f->name_len, f->value, f->value_len);
+  }
+  if ((flags & CE_H1_W_CHUNKED) != 0)
+    put_str(w, "Transfer-Encoding: chunked\r\n");
+  if ((flags & (CE_H1_W_UPGRADE | CE_H1_W_CLOSE)) == (CE_H1_W_UPGRADE | CE_H1_W_CLOSE))
+    put_str(w, "Connection: upgrade, close\r\n");
+  else if ((flags & CE_H1_W_UPGRADE) != 0)
+    put_str(w, "Connection: upgrade\r\n");
+  else if ((flags & CE_H1_W_CLOSE) != 0)
+    put_str(w, "Connection: close\r\n");
+  return finish(w, start);
+}
+
+int ce_h1_write_head_end(ce_h1_writer_t *w) {
+  size_t start = w->len;
+  put_str(w, "\r\n");
+  return finish(w, start);
+}
+
+int ce_h1_write_request_head(ce_h1_writer_t *w, const ce_h1_head_t *req,
+                             const char *host, size_t host_len, unsigned flags) {
+  if (w->err != 0)
+    return w->err;
+  if (req->is_response)
+    return invalid(w);
+  if (host == NULL) {
+    host = req->host != NULL ? req->host : req->authority;
+    host_len = req->host != NULL ? req->host_len : req->authority_len;
+  }
+  if (host == NULL || host_len == 0)
+    return invalid(w);
+
+  size_t start = w->len;
+  switch (req->target_form) {
+  case CE_H1_TARGET_ORIGIN:
+  case CE_H1_TARGET_ASTERISK:
+    request_line2(w, req->method, req->method_len, req->path, req->path_len, NULL, 0);
+    break;
+  case CE_H1_TARGET_ABSOLUTE: {
+    /* RFC 9112 §3.2.1: an empty path is sent as "/", also before a query. */
+    bool slash = req->path_len == 0 || req->path[0] != '/';
+    request_line2(w, req->method, req->method_len, slash ? "/" : NULL, slash ? 1 : 0,
+                  req->path, req->path_len);
+    break;
+  }
+  default:
+    return invalid(w);
+  }
+  ce_h1_write_field(w, "Host", 4, host, host_len);
+  ce_h1_write_forwarded_fields(w, req, flags);
+  ce_h1_write_head_end(w);
+  return finish(w, start);
+}
+
+int ce_h1_write_response_head(ce_h1_writer_t *w, const ce_h1_head_t *resp,
+                              unsigned flags) {
+  if (w->err != 0)
+    return w->err;
+  if (!resp->is_response)
+    return invalid(w);
+  size_t start = w->len;
+  ce_h1_write_status_line(w, resp->status, resp->reason, resp->reason_len);
+  ce_h1_write_forwarded_fields(w, resp, flags);
+  ce_h1_write_head_end(w);
+  return finish(w, start);
+}
+
+int ce_h1_write_chunk_header(ce_h1_writer_t *w, uint64_t size) {
+  if (w->err != 0)
+    return w->err;
+  if (size == 0 || size > MAX_CHUNK_SIZE)
+    return invalid(w);
+  static const char hex[] = "0123456789abcdef";
+  char tmp[16 + 2];
+  size_t i = sizeof(tmp);
+  tmp[--i] = '\n';
+  tmp[--i] = '\r';
+  while (size > 0) {
+    tmp[--i] = hex[size & 0xf];
+    size >>= 4;
+  }
+  size_t start = w->len;
+  put(w, tmp + i, sizeof(tmp) - i);
+  return finish(w, start);
+}
+
+int ce_h1_write_chunk_end(ce_h1_writer_t *w) {
+  size_t start = w->len;
+  put_str(w, "\r\n");
+  return finish(w, start);
+}
+
+int ce_h1_write_last_chunk(ce_h1_writer_t *w) {
+  size_t start = w->len;
+  put_str(w, "0\r\n\r\n");
+  return finish(w, start);
+}

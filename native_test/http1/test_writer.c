@@ -1,0 +1,400 @@
+/* Tests for c_src/http1/writer.c: heads for the upstream and the client
+ * (RFC 9110 §7.6.1 hop-by-hop removal, RFC 9112 §3.2.1 origin-form),
+ * chunk framing, bounded buffers, and refusal of anything that would let
+ * a caller inject a line. What the writer produces must parse again. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "http1/parser.h"
+#include "http1/writer.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static ce_h1_head_t parse_req(const char *msg) {
+  ce_h1_head_t h;
+  const char *why = NULL;
+  int rc = ce_h1_parse_request(msg, strlen(msg), &h, &why);
+  cr_assert_eq(rc, CE_OK, "%s: %s", msg, why ? why : "");
+  return h;
+}
+
+static ce_h1_head_t parse_resp(const char *msg) {
+  ce_h1_head_t h;
+  const char *why = NULL;
+  int rc = ce_h1_parse_response(msg, strlen(msg), "GET", 3, &h, &why);
+  cr_assert_eq(rc, CE_OK, "%s: %s", msg, why ? why : "");
+  return h;
+}
+
+/* Writes into buf and checks the result against want (NUL-terminated). */
+static void expect_written(const ce_h1_writer_t *w, const char *want) {
+  cr_expect_eq(w->err, 0);
+  cr_expect_eq(w->len, strlen(want), "len %zu, wanted %zu:\n%.*s", w->len, strlen(want),
+               (int)w->len, w->buf);
+  cr_expect(w->len == strlen(want) && memcmp(w->buf, want, w->len) == 0, "got:\n%.*s\nwanted:\n%s",
+            (int)w->len, w->buf, want);
+}
+
+Test(http1_writer, request_head_drops_hop_by_hop_fields) {
+  const char *in = "POST /api?x=1 HTTP/1.1\r\n"
+                   "User-Agent: t\r\n"
+                   "Host: a.example\r\n"
+                   "Connection: keep-alive, X-Hop, close\r\n"
+                   "X-Hop: 1\r\n"
+                   "x-hop: 2\r\n"
+                   "Keep-Alive: timeout=5\r\n"
+                   "Proxy-Connection: keep-alive\r\n"
+                   "TE: trailers\r\n"
+                   "Trailer: X-Sum\r\n"
+                   "Proxy-Authorization: Basic Zm9vOmJhcg==\r\n"
+                   "Upgrade: websocket\r\n"
+                   "Content-Length: 3\r\n"
+                   "X-End: end\r\n"
+                   "\r\n";
+  ce_h1_head_t h = parse_req(in);
+  char buf[1024];
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_assert_eq(ce_h1_write_request_head(&w, &h, NULL, 0, 0), 0);
+  expect_written(&w, "POST /api?x=1 HTTP/1.1\r\n"
+                     "Host: a.example\r\n"
+                     "User-Agent: t\r\n"
+                     "Content-Length: 3\r\n"
+                     "X-End: end\r\n"
+                     "\r\n");
+}
+
+Test(http1_writer, request_head_flags) {
+  const char *in = "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n"
+                   "Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+  ce_h1_head_t h = parse_req(in);
+  char buf[1024];
+  ce_h1_writer_t w;
+
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_assert_eq(ce_h1_write_request_head(&w, &h, NULL, 0, CE_H1_W_CHUNKED | CE_H1_W_CLOSE), 0);
+  expect_written(&w, "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n"
+                     "Connection: close\r\n\r\n");
+
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_assert_eq(ce_h1_write_request_head(&w, &h, "b.example:8443", 14, CE_H1_W_UPGRADE), 0);
+  expect_written(&w, "POST / HTTP/1.1\r\nHost: b.example:8443\r\nContent-Length: 3\r\n"
+                     "Upgrade: websocket\r\nConnection: upgrade\r\n\r\n");
+
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_assert_eq(ce_h1_write_request_head(&w, &h, NULL, 0, CE_H1_W_UPGRADE | CE_H1_W_CLOSE), 0);
+  expect_written(&w, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n"
+                     "Upgrade: websocket\r\nConnection: upgrade, close\r\n\r\n");
+}
+
+Test(http1_writer, request_targets_become_origin_form) {
+  static const struct {
+    const char *in, *line;
+  } cases[] = {
+      {"GET http://a.example/p?q HTTP/1.1\r\nHost: a.example\r\n\r\n",
+       "GET /p?q HTTP/1.1\r\nHost: a.example\r\n\r\n"},
+      /* RFC 9112 §3.2.1: an empty path is sent as "/". */
+      {"GET http://a.example HTTP/1.1\r\nHost: a.example\r\n\r\n",
+       "GET / HTTP/1.1\r\nHost: a.example\r\n\r\n"},
+      {"GET http://a.example?q=1 HTTP/1.1\r\nHost: a.example\r\n\r\n",
+       "GET /?q=1 HTTP/1.1\r\nHost: a.example\r\n\r\n"},
+      /* RFC 9112 §3.2.2: Host from the target when the client sent none,
+       * and our own version (RFC 9110 §6.2). */
+      {"GET http://b.example:81/x HTTP/1.0\r\n\r\n",
+       "GET /x HTTP/1.1\r\nHost: b.example:81\r\n\r\n"},
+      {"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", "OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n"},
+      {"GET /x HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\n\r\n",
+       "GET /x HTTP/1.1\r\nHost: a\r\n\r\n"},
+  };
+  for (size_t i = 0; i < N_OF(cases); i++) {
+    ce_h1_head_t h = parse_req(cases[i].in);
+    char buf[512];
+    ce_h1_writer_t w;
+    ce_h1_writer_init(&w, buf, sizeof(buf));
+    cr_assert_eq(ce_h1_write_request_head(&w, &h, NULL, 0, 0), 0, "%s", cases[i].in);
+    expect_written(&w, cases[i].line);
+  }
+}
+
+Test(http1_writer, request_head_refusals) {
+  char buf[512];
+  ce_h1_writer_t w;
+  /* CONNECT is answered by the proxy, never forwarded as such. */
+  ce_h1_head_t h = parse_req("CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n");
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_request_head(&w, &h, NULL, 0, 0), CE_EINVAL);
+  cr_expect_eq(w.len, 0);
+  /* No host anywhere (HTTP/1.0, origin-form, none given). */
+  h = parse_req("GET / HTTP/1.0\r\n\r\n");
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_request_head(&w, &h, NULL, 0, 0), CE_EINVAL);
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_request_head(&w, &h, "a", 1, 0), 0);
+  expect_written(&w, "GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+  /* A host with CRLF cannot add a line. */
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_request_head(&w, &h, "a\r\nX: y", 7, 0), CE_EINVAL);
+  cr_expect_eq(w.len, 0, "nothing written on failure");
+  /* A response is not a request, and the other way round. */
+  ce_h1_head_t r = parse_resp("HTTP/1.1 200 OK\r\n\r\n");
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_request_head(&w, &r, "a", 1, 0), CE_EINVAL);
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_response_head(&w, &h, 0), CE_EINVAL);
+  /* A corrupt field count. */
+  h.field_count = CE_H1_MAX_FIELDS + 1;
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_forwarded_fields(&w, &h, 0), CE_EINVAL);
+  /* An unknown target form. */
+  h = parse_req("GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+  h.target_form = (ce_h1_target_form_t)9;
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_request_head(&w, &h, NULL, 0, 0), CE_EINVAL);
+}
+
+Test(http1_writer, response_head) {
+  const char *in = "HTTP/1.0 200 OK\r\nServer: s\r\nConnection: keep-alive, X-Gone\r\n"
+                   "Keep-Alive: max=5\r\nX-Gone: 1\r\nHost: kept-in-responses\r\n"
+                   "Proxy-Authorization: kept-in-responses\r\n"
+                   "Transfer-Encoding: chunked\r\nContent-Type: text/plain\r\n\r\n";
+  ce_h1_head_t h;
+  const char *why = NULL;
+  /* HTTP/1.0 with TE is refused by the parser, so fake a 1.1 parse. */
+  char copy[512];
+  strcpy(copy, in);
+  memcpy(copy + 5, "1.1", 3);
+  cr_assert_eq(ce_h1_parse_response(copy, strlen(copy), "GET", 3, &h, &why), CE_OK, "%s", why);
+  char buf[512];
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_assert_eq(ce_h1_write_response_head(&w, &h, CE_H1_W_CHUNKED), 0);
+  expect_written(&w, "HTTP/1.1 200 OK\r\nServer: s\r\nHost: kept-in-responses\r\n"
+                     "Proxy-Authorization: kept-in-responses\r\n"
+                     "Content-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n");
+
+  /* RFC 9112 §4: the SP after the code stays with an empty reason. */
+  h = parse_resp("HTTP/1.1 204 \r\n\r\n");
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_assert_eq(ce_h1_write_response_head(&w, &h, 0), 0);
+  expect_written(&w, "HTTP/1.1 204 \r\n\r\n");
+
+  h = parse_resp("HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\n"
+                 "Upgrade: websocket\r\nSec-WebSocket-Accept: abc\r\n\r\n");
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_assert_eq(ce_h1_write_response_head(&w, &h, CE_H1_W_UPGRADE), 0);
+  expect_written(&w, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                     "Sec-WebSocket-Accept: abc\r\nConnection: upgrade\r\n\r\n");
+}
+
+Test(http1_writer, proxy_generated_response) {
+  char buf[256];
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  ce_h1_write_status_line(&w, 403, "Forbidden", 9);
+  ce_h1_write_field(&w, "Content-Length", 14, "0", 1);
+  ce_h1_write_field(&w, "X-Empty", 7, NULL, 0);
+  int rc = ce_h1_write_head_end(&w);
+  cr_assert_eq(rc, 0);
+  expect_written(&w, "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nX-Empty: \r\n\r\n");
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_assert_eq(ce_h1_write_status_line(&w, 100, NULL, 0), 0);
+  cr_assert_eq(ce_h1_write_request_line(&w, "GET", 3, "/", 1), 0);
+  expect_written(&w, "HTTP/1.1 100 \r\nGET / HTTP/1.1\r\n");
+}
+
+Test(http1_writer, output_parses_again) {
+  const char *in = "PUT http://a.example/x HTTP/1.1\r\nHost: a.example\r\n"
+                   "Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n"
+                   "X-Obs: \x80\xff\r\nConnection: te\r\nTE: trailers\r\n\r\n";
+  ce_h1_head_t h = parse_req(in);
+  char buf[512];
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_assert_eq(ce_h1_write_request_head(&w, &h, NULL, 0, CE_H1_W_CHUNKED), 0);
+  ce_h1_head_t again;
+  const char *why = NULL;
+  cr_assert_eq(ce_h1_parse_request(buf, w.len, &again, &why), CE_OK, "%s", why);
+  cr_expect_eq(again.head_len, w.len);
+  cr_expect_eq(again.framing, CE_H1_BODY_CHUNKED);
+  cr_expect(again.expect_continue);
+  cr_expect_eq(again.target_form, CE_H1_TARGET_ORIGIN);
+  cr_expect_eq(ce_h1_find(&again, "te", 0), -1);
+  cr_expect_eq(ce_h1_find(&again, "connection", 0), -1);
+  cr_expect_geq(ce_h1_find(&again, "x-obs", 0), 0);
+}
+
+Test(http1_writer, invalid_arguments_are_refused) {
+  char buf[256];
+  ce_h1_writer_t w;
+  static const struct {
+    const char *name, *value;
+  } fields[] = {
+      {"", "v"},        {"A B", "v"},      {"A:", "v"},      {"A\r\nB", "v"},
+      {"A", "v\r\nB: c"}, {"A", "v\n"},    {"A", "v\r"},     {"A", " v"},
+      {"A", "v\t"},     {"A", "a\x7f"},    {"A", "\x01"},    {"\x80", "v"},
+  };
+  for (size_t i = 0; i < N_OF(fields); i++) {
+    ce_h1_writer_init(&w, buf, sizeof(buf));
+    cr_expect_eq(ce_h1_write_field(&w, fields[i].name, strlen(fields[i].name),
+                                   fields[i].value, strlen(fields[i].value)),
+                 CE_EINVAL, "%zu", i);
+    cr_expect_eq(w.len, 0);
+  }
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_field(&w, "A", 1, "a\0b", 3), CE_EINVAL);
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_field(&w, "A", 1, NULL, 3), CE_EINVAL);
+  static const struct {
+    const char *method, *target;
+  } lines[] = {
+      {"", "/"}, {"G T", "/"}, {"GET", ""}, {"GET", "/ x"}, {"GET", "/\r\n"},
+      {"GET", "/\x7f"}, {"GET", "/\xc3\xa9"}, {"GET\r\n", "/"},
+  };
+  for (size_t i = 0; i < N_OF(lines); i++) {
+    ce_h1_writer_init(&w, buf, sizeof(buf));
+    cr_expect_eq(ce_h1_write_request_line(&w, lines[i].method, strlen(lines[i].method),
+                                          lines[i].target, strlen(lines[i].target)),
+                 CE_EINVAL, "%zu", i);
+  }
+  static const int statuses[] = {-1, 0, 99, 1000};
+  for (size_t i = 0; i < N_OF(statuses); i++) {
+    ce_h1_writer_init(&w, buf, sizeof(buf));
+    cr_expect_eq(ce_h1_write_status_line(&w, statuses[i], "x", 1), CE_EINVAL);
+  }
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_status_line(&w, 200, "O\r\nK", 4), CE_EINVAL);
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_status_line(&w, 200, NULL, 2), CE_EINVAL);
+  /* Inner and outer whitespace is fine in a reason phrase. */
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_status_line(&w, 200, " O\tK ", 5), 0);
+}
+
+/* Every capacity short of the full head fails with CE_ETOOBIG and leaves
+ * the buffer length where it was. */
+Test(http1_writer, bounded_buffer) {
+  ce_h1_head_t h = parse_req("GET /x HTTP/1.1\r\nHost: a\r\nX-A: 1\r\nX-B: 2\r\n\r\n");
+  char full[512];
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, full, sizeof(full));
+  cr_assert_eq(ce_h1_write_request_head(&w, &h, NULL, 0, CE_H1_W_CLOSE), 0);
+  size_t need = w.len;
+  for (size_t cap = 0; cap < need; cap++) {
+    char *buf = malloc(cap > 0 ? cap : 1);
+    cr_assert_not_null(buf);
+    ce_h1_writer_init(&w, buf, cap);
+    cr_expect_eq(ce_h1_write_request_head(&w, &h, NULL, 0, CE_H1_W_CLOSE), CE_ETOOBIG,
+                 "cap %zu", cap);
+    cr_expect_eq(w.len, 0, "cap %zu", cap);
+    cr_expect_eq(w.err, CE_ETOOBIG);
+    free(buf);
+  }
+  char *buf = malloc(need);
+  cr_assert_not_null(buf);
+  ce_h1_writer_init(&w, buf, need);
+  cr_expect_eq(ce_h1_write_request_head(&w, &h, NULL, 0, CE_H1_W_CLOSE), 0);
+  cr_expect(memcmp(buf, full, need) == 0);
+  free(buf);
+
+  /* A response head and pieces too. */
+  ce_h1_head_t r = parse_resp("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+  char small[20];
+  ce_h1_writer_init(&w, small, sizeof(small));
+  cr_expect_eq(ce_h1_write_response_head(&w, &r, 0), CE_ETOOBIG);
+  cr_expect_eq(w.len, 0);
+  ce_h1_writer_init(&w, small, 3);
+  cr_expect_eq(ce_h1_write_chunk_header(&w, 0xabcd), CE_ETOOBIG);
+  ce_h1_writer_init(&w, small, 1);
+  cr_expect_eq(ce_h1_write_chunk_end(&w), CE_ETOOBIG);
+  cr_expect_eq(ce_h1_write_head_end(&w), CE_ETOOBIG);
+  ce_h1_writer_init(&w, small, 4);
+  cr_expect_eq(ce_h1_write_last_chunk(&w), CE_ETOOBIG);
+  cr_expect_eq(w.len, 0);
+}
+
+Test(http1_writer, errors_are_sticky) {
+  char buf[16];
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_assert_eq(ce_h1_write_field(&w, "A", 1, "1", 1), 0);
+  size_t len = w.len;
+  cr_expect_eq(ce_h1_write_field(&w, "Long-Name", 9, "long value", 10), CE_ETOOBIG);
+  cr_expect_eq(w.len, len);
+  /* Even a write that would fit now fails, so the caller checks once. */
+  cr_expect_eq(ce_h1_write_head_end(&w), CE_ETOOBIG);
+  cr_expect_eq(ce_h1_write_field(&w, "B", 1, "2", 1), CE_ETOOBIG);
+  cr_expect_eq(ce_h1_write_status_line(&w, 200, "", 0), CE_ETOOBIG);
+  cr_expect_eq(ce_h1_write_request_line(&w, "GET", 3, "/", 1), CE_ETOOBIG);
+  cr_expect_eq(ce_h1_write_chunk_header(&w, 1), CE_ETOOBIG);
+  cr_expect_eq(ce_h1_write_chunk_end(&w), CE_ETOOBIG);
+  cr_expect_eq(ce_h1_write_last_chunk(&w), CE_ETOOBIG);
+  ce_h1_head_t h = parse_req("GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+  cr_expect_eq(ce_h1_write_forwarded_fields(&w, &h, 0), CE_ETOOBIG);
+  cr_expect_eq(ce_h1_write_request_head(&w, &h, NULL, 0, 0), CE_ETOOBIG);
+  ce_h1_head_t r = parse_resp("HTTP/1.1 200 OK\r\n\r\n");
+  cr_expect_eq(ce_h1_write_response_head(&w, &r, 0), CE_ETOOBIG);
+  cr_expect_eq(w.len, len);
+
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_field(&w, "A B", 3, "1", 1), CE_EINVAL);
+  cr_expect_eq(ce_h1_write_field(&w, "A", 1, "1", 1), CE_EINVAL);
+  cr_expect_eq(w.len, 0);
+}
+
+Test(http1_writer, chunk_framing) {
+  static const struct {
+    uint64_t size;
+    const char *text;
+  } cases[] = {
+      {1, "1\r\n"},
+      {15, "f\r\n"},
+      {16, "10\r\n"},
+      {0xabcdef, "abcdef\r\n"},
+      {UINT64_C(0x7fffffffffffffff), "7fffffffffffffff\r\n"},
+  };
+  for (size_t i = 0; i < N_OF(cases); i++) {
+    char buf[32];
+    ce_h1_writer_t w;
+    ce_h1_writer_init(&w, buf, sizeof(buf));
+    cr_assert_eq(ce_h1_write_chunk_header(&w, cases[i].size), 0);
+    expect_written(&w, cases[i].text);
+  }
+  char buf[32];
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_chunk_header(&w, 0), CE_EINVAL);
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_chunk_header(&w, UINT64_C(0x8000000000000000)), CE_EINVAL);
+
+  /* A body written with these functions decodes to its payload. */
+  char body[64];
+  ce_h1_writer_init(&w, body, sizeof(body));
+  ce_h1_write_chunk_header(&w, 5);
+  memcpy(body + w.len, "hello", 5);
+  w.len += 5;
+  ce_h1_write_chunk_end(&w);
+  ce_h1_write_chunk_header(&w, 17);
+  memcpy(body + w.len, " world, chunked!!", 17);
+  w.len += 17;
+  ce_h1_write_chunk_end(&w);
+  cr_assert_eq(ce_h1_write_last_chunk(&w), 0);
+  ce_h1_body_t b;
+  ce_h1_body_init(&b, CE_H1_BODY_CHUNKED, 0);
+  char out[64];
+  size_t out_len = 0, pos = 0;
+  int rc;
+  do {
+    size_t consumed, dlen;
+    const char *data;
+    rc = ce_h1_body_next(&b, body + pos, w.len - pos, &consumed, &data, &dlen, NULL);
+    cr_assert_geq(rc, 0);
+    memcpy(out + out_len, data, dlen);
+    out_len += dlen;
+    pos += consumed;
+  } while (rc == 0);
+  cr_expect_eq(pos, w.len);
+  cr_expect(out_len == 22 && memcmp(out, "hello world, chunked!!", 22) == 0);
+}
