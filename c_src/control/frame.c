@@ -182,9 +182,11 @@ int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
    * string copied below is free of NUL bytes and its C length is its JSON
    * length. It also checks UTF-8. */
   json_error_t jerr;
-  json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+  json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+  if (root == NULL && json_error_code(&jerr) == json_error_duplicate_key)
+    return refuse(why, "duplicate member");
   if (root == NULL)
-    return refuse(why, "not a JSON document (or a duplicate member)");
+    return refuse(why, "not valid JSON");
 
   /* Parsed into a copy so that *out stays untouched on failure. The copy
    * is only as large as what the frame needs. */
