@@ -3,17 +3,23 @@
  *
  * A listener on loopback TCP or a Unix socket. A peer must send a hello
  * frame carrying the per-session token within CE_CONTROL_HELLO_TIMEOUT_MS,
- * else it is dropped; the token is compared in constant time. One
- * authenticated peer at a time: a newly authenticated peer replaces the old
- * one (the BEAM's bridge re-dials after a drop).
+ * else it is dropped without a word; the token is compared in constant
+ * time. One authenticated peer at a time: a newly authenticated peer
+ * replaces the old one (the BEAM's bridge re-dials after a drop).
  *
  * Frames are NDJSON, one JSON object per line, at most
  * CE_CONTROL_MAX_FRAME bytes. Events are written to stdout as JSON lines
- * (the audit trail of last resort) and to the peer; with no peer they wait
- * in a bounded buffer and what overflows is counted and reported.
+ * (the audit trail of last resort) and to the peer; with no peer, or a peer
+ * that does not read, they wait in a bounded buffer and what overflows is
+ * counted and reported in the next welcome frame.
  *
  * Everything runs on the proxy's libuv loop; no function may be called from
- * another thread.
+ * another thread. Callbacks may call any function of this header, including
+ * ce_control_close().
+ *
+ * The process must ignore SIGPIPE (signal(SIGPIPE, SIG_IGN)): libuv writes
+ * to sockets and pipes with write(2), and a peer or a log reader that goes
+ * away would otherwise kill the sidecar.
  */
 #ifndef CE_CONTROL_CONTROL_H
 #define CE_CONTROL_CONTROL_H
@@ -25,20 +31,24 @@
 #include <uv.h>
 
 #define CE_CONTROL_PROTOCOL_VERSION 1
-#define CE_CONTROL_MAX_FRAME (1024u * 1024u)      /* one NDJSON line */
+#define CE_CONTROL_MAX_FRAME (1024u * 1024u)      /* one NDJSON line, '\n' included */
 #define CE_CONTROL_HELLO_TIMEOUT_MS 5000u
 #define CE_CONTROL_DEFAULT_BUFFER_EVENTS 4096u   /* events kept with no peer */
 #define CE_CONTROL_MAX_PENDING_ASKS 1024u        /* decisions waiting at once */
+#define CE_CONTROL_TOKEN_MIN 16u                 /* token bytes */
+#define CE_CONTROL_TOKEN_MAX 128u                /* 256 hex digits on the wire */
+#define CE_CONTROL_MAX_REASON 512u               /* decision reason bytes */
 
 typedef struct ce_control ce_control_t;
 
 typedef struct {
   const char *listen;          /* "unix:/path", "127.0.0.1:PORT" or "[::1]:PORT" */
-  const uint8_t *token;        /* the session token (bytes), required */
-  size_t token_len;            /* >= 16 */
-  const char *session_id;      /* echoed in the welcome frame */
+  const uint8_t *token;        /* the session token (bytes), required; copied */
+  size_t token_len;            /* CE_CONTROL_TOKEN_MIN..CE_CONTROL_TOKEN_MAX */
+  const char *session_id;      /* echoed in the welcome frame; NULL = ""; copied */
   size_t buffer_events;        /* 0 = CE_CONTROL_DEFAULT_BUFFER_EVENTS */
   int stdout_fd;               /* where JSON lines go; -1 = none (tests) */
+  uint32_t hello_timeout_ms;   /* 0 = CE_CONTROL_HELLO_TIMEOUT_MS (tests shorten it) */
 } ce_control_opts_t;
 
 /* Parsed peer → sidecar frames (the fuzz target's unit). */
@@ -50,37 +60,57 @@ typedef enum {
 
 typedef struct {
   ce_frame_type_t type;
-  int version;                 /* hello */
-  char token[257];             /* hello: the token as sent (hex), NUL-terminated */
-  size_t token_len;
+  int version;                 /* hello: always CE_CONTROL_PROTOCOL_VERSION */
+  char token[2 * CE_CONTROL_TOKEN_MAX + 1]; /* hello: lowercase hex as sent, NUL-terminated */
+  size_t token_len;            /* hello: strlen(token), even, > 0 */
   uint64_t id;                 /* decision: the decision_request id */
   bool allow;                  /* decision */
-  char reason[513];            /* decision: NUL-terminated, may be empty */
+  char reason[CE_CONTROL_MAX_REASON + 1]; /* decision: NUL-terminated UTF-8, may be empty */
   bool cacheable;              /* decision: may the sidecar cache it (default true) */
 } ce_frame_t;
 
 /*
- * Parses one line (without its '\n') into *out. Returns CE_OK, CE_EPARSE
- * (not JSON, not an object, unknown type, missing or mistyped field, field
- * too long; *why names it), CE_ETOOBIG (longer than CE_CONTROL_MAX_FRAME).
+ * Parses one line (without its '\n') into *out. Pure: no allocation
+ * survives the call, no global state, safe on any bytes (the fuzz target).
+ * The schema is strict for the members it knows and ignores unknown
+ * members (docs/control-channel.md, "Peer to sidecar"). Returns CE_OK,
+ * CE_EPARSE (not JSON, nested deeper than 16, duplicate member, not an
+ * object, unknown type, missing or mistyped member, member too long,
+ * unsupported version), CE_ETOOBIG (longer than CE_CONTROL_MAX_FRAME).
+ * On failure *out is untouched and *why (when why is not NULL) names the
+ * problem in a static string; on success *why is NULL.
  */
 int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
                            const char **why);
 
-/* Starts listening. Returns CE_OK, CE_EINVAL (bad listen address or
- * token, *err explains), CE_EIO (bind/listen failed, *err explains). */
+/* Starts listening. Returns CE_OK, CE_EINVAL (bad or non-loopback listen
+ * address, bad token or session id, unusable stdout_fd, a path that exists
+ * and is not a socket; *err explains), CE_EIO (bind/listen failed or the
+ * Unix socket is in use by a live listener, *err explains), CE_ENOMEM.
+ * On failure *out is untouched and nothing is left on the loop. err may be
+ * NULL when errlen is 0. */
 int ce_control_start(uv_loop_t *loop, const ce_control_opts_t *opts,
                      ce_control_t **out, char *err, size_t errlen);
 
-/* Emits one event: `event` is an object without "type"; the channel adds
- * "type":"event" and writes it to stdout and to the peer (or the buffer).
- * Takes ownership of `event`. Never blocks; never fails (overflow is counted). */
+/* The bound TCP port (useful with "127.0.0.1:0"), or 0 for a Unix socket. */
+int ce_control_port(const ce_control_t *ctl);
+
+/* Emits one event: `event` is an object; the channel puts "type":"event"
+ * and "seq" (1, 2, ... across the channel's life, dropped events included,
+ * so a gap in seq is a loss) first, replacing any members of those names,
+ * and writes it to stdout and to the peer (or the buffer). Takes ownership
+ * of `event`. Never blocks; never fails: an event that is NULL, not an
+ * object, not encodable or longer than CE_CONTROL_MAX_FRAME is counted as
+ * dropped (and logged to stderr). After ce_control_close it only frees. */
 void ce_control_emit(ce_control_t *ctl, json_t *event);
 
-/* The answer to a decision request. status is CE_OK with allow/reason/
- * cacheable set from the peer, or CE_ETIMEDOUT (no answer in time),
- * CE_EUNAVAIL (too many pending asks, or the channel is closing). reason is
- * valid only during the callback. */
+/* The answer to a decision request. status is CE_OK with allow/cacheable
+ * set from the peer and reason the peer's reason (NULL when it gave none
+ * or an empty one), or a failure with allow false and reason NULL:
+ * CE_ETIMEDOUT (no answer in time), CE_EUNAVAIL (too many pending asks, or
+ * the channel is closing), CE_EINVAL (request NULL, not an object or too
+ * large to send), CE_ENOMEM. reason is valid only during the callback. The
+ * callback may call any ce_control_* function. */
 typedef void (*ce_control_decision_cb)(void *data, int status, bool allow,
                                        const char *reason, bool cacheable);
 
@@ -88,28 +118,41 @@ typedef void (*ce_control_decision_cb)(void *data, int status, bool allow,
  * Sends {"type":"decision_request","id":"N",...request fields} to the peer
  * now, or as soon as one authenticates, and calls cb exactly once: with the
  * answer, or CE_ETIMEDOUT after timeout_ms (a peer that drops mid-decision
- * changes nothing: the timeout still fires unless another peer answers).
- * Takes ownership of `request`. Returns the id (> 0); the callback never
- * runs before ce_control_ask returns.
+ * changes nothing: the timeout still fires unless another peer answers;
+ * every newly authenticated peer is sent every pending request). Takes
+ * ownership of `request` ("type" and "id" members in it are replaced).
+ * Returns the id (> 0, increasing from 1); the callback never runs before
+ * ce_control_ask returns, failures included. Returns 0, and never calls
+ * cb, only when memory for the ask itself runs out or the channel is
+ * closing: the caller must then fail closed on its own.
  */
 uint64_t ce_control_ask(ce_control_t *ctl, json_t *request, uint32_t timeout_ms,
                         ce_control_decision_cb cb, void *data);
 
 /* Forgets a pending ask (its requester went away); cb will not be called.
- * Unknown ids are ignored. */
+ * Unknown ids, and asks already answered, are ignored. A later answer from
+ * the peer for that id is ignored too. */
 void ce_control_cancel(ce_control_t *ctl, uint64_t id);
 
 /* Counters for tests and the drain log. */
 typedef struct {
-  uint64_t events;            /* emitted */
-  uint64_t dropped;           /* lost to the bounded buffer */
-  uint64_t auth_failures;     /* peers dropped for a bad or missing hello */
-  bool peer_connected;
+  uint64_t events;            /* ce_control_emit calls */
+  uint64_t dropped;           /* events no peer will ever receive (buffer overflow, bad event) */
+  uint64_t stdout_dropped;    /* events not written to stdout (queue full or stdout broken) */
+  uint64_t auth_failures;     /* peers dropped for a bad, missing or slow hello, or over the limit */
+  uint64_t pending_asks;      /* asks waiting for an answer */
+  bool peer_connected;        /* an authenticated peer is attached */
 } ce_control_stats_t;
 void ce_control_stats(const ce_control_t *ctl, ce_control_stats_t *out);
 
-/* Flushes what it can, answers pending asks with CE_EUNAVAIL, closes every
- * handle and frees the channel from a close callback, then calls done. */
+/* Answers pending asks with CE_EUNAVAIL (synchronously, before returning),
+ * stops accepting, gives stdout and the peer up to CE_CONTROL_CLOSE_FLUSH_MS
+ * to take what is already queued, closes every handle, frees the channel
+ * from the last close callback and then calls done(data) (done may be
+ * NULL). Events still in the buffer are discarded (they are on stdout).
+ * Call it once; ctl is not to be used after it returns, except by callbacks
+ * that run during it. A Unix socket file is removed. */
+#define CE_CONTROL_CLOSE_FLUSH_MS 2000u
 void ce_control_close(ce_control_t *ctl, void (*done)(void *data), void *data);
 
 #endif

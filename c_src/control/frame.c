@@ -1,0 +1,300 @@
+/*
+ * The control channel's frames: the strict parser of what the peer sends
+ * (control.h) and the encoder of what the sidecar sends (frame.h).
+ *
+ * The parser runs on bytes from a socket that any process in the pod can
+ * reach before it authenticates, so it is written to be fuzzed: it bounds
+ * the size and the nesting depth before jansson sees the text, refuses
+ * duplicate members (two "token" members must not let the checker and a
+ * later reader disagree), and copies what it keeps into fixed buffers.
+ */
+#include "control/frame.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "control/control.h"
+
+/* Frames are flat objects; unknown members may nest a little for future
+ * extensions, but nothing this protocol will ever need goes deeper. The
+ * bound keeps jansson's recursive parser far from the stack's end. */
+#define FRAME_MAX_DEPTH 16
+/* A uint64 has at most 20 decimal digits (18446744073709551615). */
+#define ID_MAX_DIGITS 20
+
+/* ---- parsing -------------------------------------------------------------- */
+
+/* Counts nesting outside strings. jansson parses the text again anyway, so
+ * this scan only has to be right about valid JSON; on anything else it
+ * either refuses early or lets jansson refuse. */
+static bool depth_within(const char *s, size_t n, int max) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > max)
+        return false;
+    } else if (c == '}' || c == ']') {
+      depth--;
+    }
+  }
+  return true;
+}
+
+/* A member that may be absent: JSON null counts as absent, because
+ * encoders (Elixir's Jason among them) write nil as null. */
+static json_t *optional(json_t *obj, const char *key) {
+  json_t *v = json_object_get(obj, key);
+  return json_is_null(v) ? NULL : v;
+}
+
+static bool is_lower_hex(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+      return false;
+  }
+  return true;
+}
+
+/* The canonical decimal form of a uint64: digits only, no sign, no leading
+ * zero (other than "0" itself), no overflow. One spelling per id means the
+ * sidecar and the peer cannot disagree about which ask an answer is for. */
+static bool parse_id(const char *s, size_t n, uint64_t *out) {
+  if (n == 0 || n > ID_MAX_DIGITS || (n > 1 && s[0] == '0'))
+    return false;
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9')
+      return false;
+    uint64_t d = (uint64_t)(s[i] - '0');
+    if (v > (UINT64_MAX - d) / 10)
+      return false;
+    v = v * 10 + d;
+  }
+  *out = v;
+  return true;
+}
+
+static int refuse(const char **why, const char *msg) {
+  if (why != NULL)
+    *why = msg;
+  return CE_EPARSE;
+}
+
+static int parse_hello(json_t *root, ce_frame_t *f, const char **why) {
+  json_t *version = json_object_get(root, "version");
+  if (version == NULL)
+    return refuse(why, "hello: missing \"version\"");
+  if (!json_is_integer(version))
+    return refuse(why, "hello: \"version\" must be an integer");
+  if (json_integer_value(version) != CE_CONTROL_PROTOCOL_VERSION)
+    return refuse(why, "hello: unsupported version");
+
+  json_t *token = json_object_get(root, "token");
+  if (token == NULL)
+    return refuse(why, "hello: missing \"token\"");
+  if (!json_is_string(token))
+    return refuse(why, "hello: \"token\" must be a string");
+  size_t n = json_string_length(token);
+  if (n == 0 || n > 2 * CE_CONTROL_TOKEN_MAX)
+    return refuse(why, "hello: \"token\" must be 1 to 256 hex digits");
+  if (n % 2 != 0 || !is_lower_hex(json_string_value(token), n))
+    return refuse(why, "hello: \"token\" must be lowercase hex of whole bytes");
+
+  f->type = CE_FRAME_HELLO;
+  f->version = CE_CONTROL_PROTOCOL_VERSION;
+  memcpy(f->token, json_string_value(token), n);
+  f->token[n] = '\0';
+  f->token_len = n;
+  return CE_OK;
+}
+
+static int parse_decision(json_t *root, ce_frame_t *f, const char **why) {
+  json_t *id = json_object_get(root, "id");
+  if (id == NULL)
+    return refuse(why, "decision: missing \"id\"");
+  if (!json_is_string(id) ||
+      !parse_id(json_string_value(id), json_string_length(id), &f->id))
+    return refuse(why, "decision: \"id\" must be a decimal string of a uint64");
+
+  json_t *decision = json_object_get(root, "decision");
+  if (decision == NULL)
+    return refuse(why, "decision: missing \"decision\"");
+  const char *d = json_string_value(decision); /* NULL unless a string */
+  if (d != NULL && strcmp(d, "allow") == 0)
+    f->allow = true;
+  else if (d != NULL && strcmp(d, "deny") == 0)
+    f->allow = false;
+  else
+    return refuse(why, "decision: \"decision\" must be \"allow\" or \"deny\"");
+
+  f->reason[0] = '\0';
+  json_t *reason = optional(root, "reason");
+  if (reason != NULL) {
+    if (!json_is_string(reason))
+      return refuse(why, "decision: \"reason\" must be a string");
+    size_t n = json_string_length(reason);
+    /* Refused rather than cut: a cut could split a UTF-8 sequence, and a
+     * peer that sends a long reason has a bug worth seeing. */
+    if (n > CE_CONTROL_MAX_REASON)
+      return refuse(why, "decision: \"reason\" is longer than 512 bytes");
+    memcpy(f->reason, json_string_value(reason), n);
+    f->reason[n] = '\0';
+  }
+
+  f->cacheable = true;
+  json_t *cache = optional(root, "cache");
+  if (cache != NULL) {
+    if (!json_is_boolean(cache))
+      return refuse(why, "decision: \"cache\" must be a boolean");
+    f->cacheable = json_is_true(cache);
+  }
+  f->type = CE_FRAME_DECISION;
+  return CE_OK;
+}
+
+int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
+                           const char **why) {
+  if (why != NULL)
+    *why = NULL;
+  if (len > CE_CONTROL_MAX_FRAME) {
+    if (why != NULL)
+      *why = "frame longer than 1 MiB";
+    return CE_ETOOBIG;
+  }
+  if (!depth_within(line, len, FRAME_MAX_DEPTH))
+    return refuse(why, "frame nested deeper than 16");
+
+  /* jansson refuses "\u0000" inside strings unless told otherwise, so every
+   * string copied below is free of NUL bytes and its C length is its JSON
+   * length. It also checks UTF-8. */
+  json_error_t jerr;
+  json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+  if (root == NULL && json_error_code(&jerr) == json_error_duplicate_key)
+    return refuse(why, "duplicate member");
+  if (root == NULL)
+    return refuse(why, "not valid JSON");
+
+  /* Parsed into a copy so that *out stays untouched on failure. The copy
+   * is only as large as what the frame needs. */
+  ce_frame_t f;
+  f.type = 0;
+  f.version = 0;
+  f.token[0] = '\0';
+  f.token_len = 0;
+  f.id = 0;
+  f.allow = false;
+  f.reason[0] = '\0';
+  f.cacheable = false;
+
+  int rc;
+  json_t *type = json_object_get(root, "type"); /* NULL unless an object */
+  const char *t = json_string_value(type);
+  if (!json_is_object(root)) {
+    rc = refuse(why, "frame is not a JSON object");
+  } else if (type == NULL) {
+    rc = refuse(why, "missing \"type\"");
+  } else if (t == NULL) {
+    rc = refuse(why, "\"type\" must be a string");
+  } else if (strcmp(t, "hello") == 0) {
+    rc = parse_hello(root, &f, why);
+  } else if (strcmp(t, "decision") == 0) {
+    rc = parse_decision(root, &f, why);
+  } else if (strcmp(t, "ping") == 0) {
+    f.type = CE_FRAME_PING;
+    rc = CE_OK;
+  } else {
+    rc = refuse(why, "unknown type");
+  }
+  json_decref(root);
+  if (rc != CE_OK)
+    return rc;
+
+  /* Copy only the used parts of the two large buffers. */
+  out->type = f.type;
+  out->version = f.version;
+  memcpy(out->token, f.token, f.token_len + 1);
+  out->token_len = f.token_len;
+  out->id = f.id;
+  out->allow = f.allow;
+  memcpy(out->reason, f.reason, strlen(f.reason) + 1);
+  out->cacheable = f.cacheable;
+  return CE_OK;
+}
+
+/* ---- encoding ------------------------------------------------------------- */
+
+int ce__line_encode(const json_t *obj, ce__line_t **out) {
+  /* Two passes (measure, then write) so the line is one allocation whose
+   * size is exact. */
+  size_t n = json_dumpb(obj, NULL, 0, JSON_COMPACT);
+  if (n == 0)
+    return CE_EINVAL;
+  if (n > CE_CONTROL_MAX_FRAME - 1)
+    return CE_ETOOBIG;
+  ce__line_t *line = malloc(sizeof(*line) + n + 1);
+  if (line == NULL)
+    return CE_ENOMEM;
+  if (json_dumpb(obj, line->data, n, JSON_COMPACT) != n) {
+    free(line);
+    return CE_ENOMEM; /* jansson failed to allocate an intermediate buffer */
+  }
+  line->data[n] = '\n';
+  line->len = n + 1;
+  line->refs = 1;
+  *out = line;
+  return CE_OK;
+}
+
+ce__line_t *ce__line_ref(ce__line_t *line) {
+  line->refs++;
+  return line;
+}
+
+void ce__line_unref(ce__line_t *line) {
+  if (line != NULL && --line->refs == 0)
+    free(line);
+}
+
+json_t *ce__frame_envelope(const char *type, const char *seq_key,
+                           json_t *seq_value, const json_t *fields) {
+  json_t *obj = json_object();
+  if (obj == NULL || !json_is_object(fields))
+    goto fail;
+  if (json_object_set_new(obj, "type", json_string(type)) != 0)
+    goto fail;
+  if (seq_key != NULL) {
+    json_t *v = seq_value;
+    seq_value = NULL; /* json_object_set_new consumes it, even on failure */
+    if (json_object_set_new(obj, seq_key, v) != 0)
+      goto fail;
+  }
+  const char *key;
+  json_t *val;
+  json_object_foreach((json_t *)fields, key, val) {
+    if (strcmp(key, "type") == 0 || (seq_key != NULL && strcmp(key, seq_key) == 0))
+      continue;
+    if (json_object_set(obj, key, val) != 0)
+      goto fail;
+  }
+  json_decref(seq_value); /* only left when seq_key was NULL */
+  return obj;
+
+fail:
+  json_decref(seq_value);
+  json_decref(obj);
+  return NULL;
+}

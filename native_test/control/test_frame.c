@@ -1,0 +1,282 @@
+/* Tests for c_src/control/frame.c: what ce_control_frame_parse() accepts
+ * and refuses (docs/control-channel.md, "Peer to sidecar"), and the line
+ * encoder the sidecar writes with. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "control/control.h"
+#include "control/frame.h"
+
+static int parse(const char *text, ce_frame_t *f, const char **why) {
+  return ce_control_frame_parse(text, strlen(text), f, why);
+}
+
+static ce_frame_t parse_ok(const char *text) {
+  ce_frame_t f;
+  const char *why = "unset";
+  int rc = parse(text, &f, &why);
+  cr_assert_eq(rc, CE_OK, "%s: %s (%s)", text, why, ce_err_name(rc));
+  cr_assert_null(why);
+  return f;
+}
+
+/* Refusals leave *out untouched: the test fills it with a marker first. */
+static void refused(const char *text, int code, const char *why_part) {
+  ce_frame_t f;
+  memset(&f, 0x5a, sizeof(f));
+  const char *why = NULL;
+  int rc = parse(text, &f, &why);
+  cr_assert_eq(rc, code, "%s: got %s, want %s", text, ce_err_name(rc), ce_err_name(code));
+  cr_assert_not_null(why, "%s: no reason", text);
+  cr_assert_not_null(strstr(why, why_part), "%s: reason \"%s\" lacks \"%s\"", text, why,
+                     why_part);
+  for (size_t i = 0; i < sizeof(f); i++)
+    cr_assert_eq(((unsigned char *)&f)[i], 0x5a, "%s: *out was touched", text);
+}
+
+Test(frame, hello_accepted) {
+  ce_frame_t f = parse_ok("{\"type\":\"hello\",\"version\":1,\"token\":\"00ff10ab\"}");
+  cr_assert_eq(f.type, CE_FRAME_HELLO);
+  cr_assert_eq(f.version, 1);
+  cr_assert_str_eq(f.token, "00ff10ab");
+  cr_assert_eq(f.token_len, 8);
+}
+
+Test(frame, hello_with_unknown_members_and_whitespace) {
+  ce_frame_t f = parse_ok(" {\"token\":\"abcd\", \"future\":{\"x\":[1,2,{}]},"
+                          "\"type\":\"hello\",\"version\":1}\r");
+  cr_assert_eq(f.type, CE_FRAME_HELLO);
+  cr_assert_str_eq(f.token, "abcd");
+}
+
+Test(frame, hello_longest_token) {
+  char text[400];
+  char token[257];
+  memset(token, 'e', 256);
+  token[256] = '\0';
+  snprintf(text, sizeof(text), "{\"type\":\"hello\",\"version\":1,\"token\":\"%s\"}", token);
+  ce_frame_t f = parse_ok(text);
+  cr_assert_eq(f.token_len, 256);
+  cr_assert_str_eq(f.token, token);
+  token[0] = 'f';
+  snprintf(text, sizeof(text), "{\"type\":\"hello\",\"version\":1,\"token\":\"%s00\"}", token);
+  refused(text, CE_EPARSE, "1 to 256 hex digits");
+}
+
+Test(frame, hello_refusals) {
+  refused("{\"type\":\"hello\",\"token\":\"ab\"}", CE_EPARSE, "missing \"version\"");
+  refused("{\"type\":\"hello\",\"version\":2,\"token\":\"ab\"}", CE_EPARSE,
+          "unsupported version");
+  refused("{\"type\":\"hello\",\"version\":0,\"token\":\"ab\"}", CE_EPARSE,
+          "unsupported version");
+  refused("{\"type\":\"hello\",\"version\":1.0,\"token\":\"ab\"}", CE_EPARSE,
+          "must be an integer");
+  refused("{\"type\":\"hello\",\"version\":\"1\",\"token\":\"ab\"}", CE_EPARSE,
+          "must be an integer");
+  refused("{\"type\":\"hello\",\"version\":1}", CE_EPARSE, "missing \"token\"");
+  refused("{\"type\":\"hello\",\"version\":1,\"token\":null}", CE_EPARSE,
+          "must be a string");
+  refused("{\"type\":\"hello\",\"version\":1,\"token\":171}", CE_EPARSE,
+          "must be a string");
+  refused("{\"type\":\"hello\",\"version\":1,\"token\":\"\"}", CE_EPARSE, "1 to 256");
+  refused("{\"type\":\"hello\",\"version\":1,\"token\":\"ABCD\"}", CE_EPARSE,
+          "lowercase hex");
+  refused("{\"type\":\"hello\",\"version\":1,\"token\":\"abc\"}", CE_EPARSE,
+          "whole bytes");
+  refused("{\"type\":\"hello\",\"version\":1,\"token\":\"ab g\"}", CE_EPARSE,
+          "lowercase hex");
+  refused("{\"type\":\"hello\",\"version\":1,\"token\":\"ab\\u0000\"}", CE_EPARSE,
+          "not valid JSON");
+}
+
+Test(frame, decision_accepted) {
+  ce_frame_t f = parse_ok("{\"type\":\"decision\",\"id\":\"42\",\"decision\":\"deny\","
+                          "\"reason\":\"no thanks \\u00e9\",\"cache\":false}");
+  cr_assert_eq(f.type, CE_FRAME_DECISION);
+  cr_assert_eq(f.id, 42);
+  cr_assert_not(f.allow);
+  cr_assert_str_eq(f.reason, "no thanks \xc3\xa9");
+  cr_assert_not(f.cacheable);
+
+  f = parse_ok("{\"type\":\"decision\",\"id\":\"18446744073709551615\",\"decision\":\"allow\"}");
+  cr_assert_eq(f.id, UINT64_MAX);
+  cr_assert(f.allow);
+  cr_assert_str_empty(f.reason);
+  cr_assert(f.cacheable, "cache defaults to true");
+
+  f = parse_ok("{\"type\":\"decision\",\"id\":\"0\",\"decision\":\"allow\","
+               "\"reason\":null,\"cache\":null,\"extra\":[1]}");
+  cr_assert_eq(f.id, 0);
+  cr_assert_str_empty(f.reason);
+  cr_assert(f.cacheable, "null means absent");
+}
+
+Test(frame, decision_reason_limit) {
+  char text[700];
+  char reason[514];
+  memset(reason, 'r', 512);
+  reason[512] = '\0';
+  snprintf(text, sizeof(text),
+           "{\"type\":\"decision\",\"id\":\"1\",\"decision\":\"deny\",\"reason\":\"%s\"}",
+           reason);
+  ce_frame_t f = parse_ok(text);
+  cr_assert_eq(strlen(f.reason), 512);
+  snprintf(text, sizeof(text),
+           "{\"type\":\"decision\",\"id\":\"1\",\"decision\":\"deny\",\"reason\":\"%sr\"}",
+           reason);
+  refused(text, CE_EPARSE, "longer than 512 bytes");
+}
+
+Test(frame, decision_refusals) {
+  refused("{\"type\":\"decision\",\"decision\":\"allow\"}", CE_EPARSE, "missing \"id\"");
+  refused("{\"type\":\"decision\",\"id\":7,\"decision\":\"allow\"}", CE_EPARSE,
+          "decimal string");
+  refused("{\"type\":\"decision\",\"id\":\"07\",\"decision\":\"allow\"}", CE_EPARSE,
+          "decimal string");
+  refused("{\"type\":\"decision\",\"id\":\"+7\",\"decision\":\"allow\"}", CE_EPARSE,
+          "decimal string");
+  refused("{\"type\":\"decision\",\"id\":\"-7\",\"decision\":\"allow\"}", CE_EPARSE,
+          "decimal string");
+  refused("{\"type\":\"decision\",\"id\":\"\",\"decision\":\"allow\"}", CE_EPARSE,
+          "decimal string");
+  refused("{\"type\":\"decision\",\"id\":\"7 \",\"decision\":\"allow\"}", CE_EPARSE,
+          "decimal string");
+  refused("{\"type\":\"decision\",\"id\":\"18446744073709551616\",\"decision\":\"allow\"}",
+          CE_EPARSE, "decimal string");
+  refused("{\"type\":\"decision\",\"id\":\"184467440737095516150\",\"decision\":\"allow\"}",
+          CE_EPARSE, "decimal string");
+  refused("{\"type\":\"decision\",\"id\":\"1\"}", CE_EPARSE, "missing \"decision\"");
+  refused("{\"type\":\"decision\",\"id\":\"1\",\"decision\":\"Allow\"}", CE_EPARSE,
+          "\"allow\" or \"deny\"");
+  refused("{\"type\":\"decision\",\"id\":\"1\",\"decision\":true}", CE_EPARSE,
+          "\"allow\" or \"deny\"");
+  refused("{\"type\":\"decision\",\"id\":\"1\",\"decision\":\"deny\",\"reason\":5}",
+          CE_EPARSE, "\"reason\" must be a string");
+  refused("{\"type\":\"decision\",\"id\":\"1\",\"decision\":\"deny\",\"cache\":\"yes\"}",
+          CE_EPARSE, "\"cache\" must be a boolean");
+  refused("{\"type\":\"decision\",\"id\":\"1\",\"decision\":\"deny\",\"cache\":1}",
+          CE_EPARSE, "\"cache\" must be a boolean");
+}
+
+Test(frame, ping) {
+  ce_frame_t f = parse_ok("{\"type\":\"ping\"}");
+  cr_assert_eq(f.type, CE_FRAME_PING);
+  f = parse_ok("{\"type\":\"ping\",\"at\":\"2026-01-01T00:00:00Z\"}");
+  cr_assert_eq(f.type, CE_FRAME_PING);
+}
+
+Test(frame, envelope_refusals) {
+  refused("", CE_EPARSE, "not valid JSON");
+  refused("   ", CE_EPARSE, "not valid JSON");
+  refused("nul", CE_EPARSE, "not valid JSON");
+  refused("\"hello\"", CE_EPARSE, "not a JSON object");
+  refused("42", CE_EPARSE, "not a JSON object");
+  refused("null", CE_EPARSE, "not a JSON object");
+  refused("[{\"type\":\"ping\"}]", CE_EPARSE, "not a JSON object");
+  refused("{\"type\":\"ping\"} {\"type\":\"ping\"}", CE_EPARSE, "not valid JSON");
+  refused("{\"type\":\"ping\"", CE_EPARSE, "not valid JSON");
+  refused("{}", CE_EPARSE, "missing \"type\"");
+  refused("{\"type\":1}", CE_EPARSE, "\"type\" must be a string");
+  refused("{\"type\":null}", CE_EPARSE, "\"type\" must be a string");
+  refused("{\"type\":\"PING\"}", CE_EPARSE, "unknown type");
+  refused("{\"type\":\"pong\"}", CE_EPARSE, "unknown type");
+  refused("{\"type\":\"event\"}", CE_EPARSE, "unknown type");
+  refused("{\"type\":\"ping\",\"type\":\"ping\"}", CE_EPARSE, "duplicate");
+  refused("{\"type\":\"hello\",\"version\":1,\"token\":\"ab\",\"token\":\"cd\"}",
+          CE_EPARSE, "duplicate");
+  refused("{\"type\":\"ping\xff\"}", CE_EPARSE, "not valid JSON");
+}
+
+Test(frame, embedded_nul_byte_refused) {
+  static const char text[] = "{\"type\":\"ping\"}\0";
+  ce_frame_t f;
+  const char *why = NULL;
+  cr_assert_eq(ce_control_frame_parse(text, sizeof(text) - 1, &f, &why), CE_EPARSE);
+}
+
+Test(frame, depth_bound) {
+  /* 15 arrays inside the object (depth 16) pass; 16 (depth 17) do not. */
+  char text[200];
+  snprintf(text, sizeof(text), "{\"type\":\"ping\",\"x\":%.15s%.15s}",
+           "[[[[[[[[[[[[[[[[", "]]]]]]]]]]]]]]]]");
+  parse_ok(text);
+  snprintf(text, sizeof(text), "{\"type\":\"ping\",\"x\":%.16s%.16s}",
+           "[[[[[[[[[[[[[[[[", "]]]]]]]]]]]]]]]]");
+  refused(text, CE_EPARSE, "deeper than 16");
+  /* Brackets inside strings do not count. */
+  parse_ok("{\"type\":\"ping\",\"x\":\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\\\"[[[[\"}");
+}
+
+Test(frame, size_bound) {
+  size_t n = CE_CONTROL_MAX_FRAME + 1;
+  char *text = malloc(n);
+  cr_assert_not_null(text);
+  memset(text, ' ', n);
+  memcpy(text, "{\"type\":\"ping\"}", 15);
+  ce_frame_t f;
+  const char *why = NULL;
+  cr_assert_eq(ce_control_frame_parse(text, n, &f, &why), CE_ETOOBIG);
+  cr_assert_not_null(why);
+  cr_assert_eq(ce_control_frame_parse(text, n - 1, &f, &why), CE_OK, "1 MiB exactly is fine");
+  free(text);
+}
+
+Test(frame, why_may_be_null) {
+  ce_frame_t f;
+  cr_assert_eq(ce_control_frame_parse("{}", 2, &f, NULL), CE_EPARSE);
+  cr_assert_eq(ce_control_frame_parse("{\"type\":\"ping\"}", 15, &f, NULL), CE_OK);
+}
+
+Test(frame, line_encoding) {
+  json_t *obj = json_pack("{s:s, s:s}", "type", "event", "text", "a\nb\r\"c\"\x01");
+  ce__line_t *line = NULL;
+  cr_assert_eq(ce__line_encode(obj, &line), CE_OK);
+  json_decref(obj);
+  const char *want = "{\"type\":\"event\",\"text\":\"a\\nb\\r\\\"c\\\"\\u0001\"}\n";
+  cr_assert_eq(line->len, strlen(want));
+  cr_assert_eq(memcmp(line->data, want, line->len), 0, "%.*s", (int)line->len, line->data);
+  cr_assert_null(memchr(line->data, '\n', line->len - 1), "only the last byte is a newline");
+  cr_assert_eq(ce__line_ref(line), line);
+  ce__line_unref(line);
+  ce__line_unref(line);
+  ce__line_unref(NULL);
+}
+
+Test(frame, line_too_big) {
+  size_t n = CE_CONTROL_MAX_FRAME;
+  char *big = malloc(n);
+  cr_assert_not_null(big);
+  memset(big, 'x', n - 1);
+  big[n - 1] = '\0';
+  json_t *obj = json_pack("{s:s}", "x", big);
+  free(big);
+  ce__line_t *line = NULL;
+  cr_assert_eq(ce__line_encode(obj, &line), CE_ETOOBIG);
+  cr_assert_null(line);
+  json_decref(obj);
+}
+
+Test(frame, envelope_orders_and_replaces) {
+  json_t *fields = json_pack("{s:s, s:i, s:s, s:i}", "event", "request_opened", "seq", 99,
+                             "type", "bogus", "port", 443);
+  json_t *env = ce__frame_envelope("event", "seq", json_integer(7), fields);
+  cr_assert_not_null(env);
+  ce__line_t *line = NULL;
+  cr_assert_eq(ce__line_encode(env, &line), CE_OK);
+  const char *want = "{\"type\":\"event\",\"seq\":7,\"event\":\"request_opened\",\"port\":443}\n";
+  cr_assert_eq(memcmp(line->data, want, strlen(want)), 0, "%.*s", (int)line->len, line->data);
+  ce__line_unref(line);
+  json_decref(env);
+
+  cr_assert_null(ce__frame_envelope("event", "seq", json_integer(1), NULL));
+  json_t *arr = json_array();
+  cr_assert_null(ce__frame_envelope("event", "seq", json_integer(1), arr));
+  json_decref(arr);
+  env = ce__frame_envelope("pong", NULL, NULL, fields);
+  cr_assert_not_null(env);
+  cr_assert_eq(json_integer_value(json_object_get(env, "seq")), 99);
+  json_decref(env);
+  json_decref(fields);
+}
