@@ -196,6 +196,29 @@ static int load_key(const char *path, EVP_PKEY **out, char *err,
   int rc = ce__tls_read_file(path, &bio, err, errlen);
   if (rc != CE_OK)
     return rc;
+  /* OpenSSL 3's key decoders report "unsupported" both for a file without
+   * any key and for a broken one, so the presence of a PEM key block is
+   * checked here to tell the two apart ("PRIVATE KEY", "EC PRIVATE KEY",
+   * "RSA PRIVATE KEY", "ENCRYPTED PRIVATE KEY" all end the same way). */
+  char *data = NULL;
+  long n = BIO_get_mem_data(bio, &data);
+  static const char begin[] = "-----BEGIN ";
+  static const char tail[] = "PRIVATE KEY-----";
+  const char *block = n > 0 ? memmem(data, (size_t)n, begin, sizeof(begin) - 1) : NULL;
+  bool has_key_block = false;
+  while (block != NULL && !has_key_block) {
+    const char *start = block + sizeof(begin) - 1;
+    size_t left = (size_t)(data + n - start);
+    const char *eol = memchr(start, '\n', left);
+    size_t line = eol != NULL ? (size_t)(eol - start) : left;
+    has_key_block = memmem(start, line, tail, sizeof(tail) - 1) != NULL;
+    block = memmem(start, left, begin, sizeof(begin) - 1);
+  }
+  if (!has_key_block) {
+    BIO_free(bio);
+    return ce__tls_fail(err, errlen, CE_EPARSE, path,
+                        "no PEM private key (\"BEGIN PRIVATE KEY\") in the file");
+  }
   bool asked = false;
   EVP_PKEY *key = PEM_read_bio_PrivateKey(bio, NULL, no_passphrase, &asked);
   BIO_free(bio);
@@ -204,9 +227,6 @@ static int load_key(const char *path, EVP_PKEY **out, char *err,
       return ce__tls_fail(err, errlen, CE_EPARSE, path,
                           "the private key is encrypted; give an unencrypted "
                           "key readable by the sidecar only");
-    if (ce__tls_error_is_no_pem())
-      return ce__tls_fail(err, errlen, CE_EPARSE, path,
-                          "no PEM private key in the file");
     return ce__tls_fail(err, errlen, CE_EPARSE, path,
                         "the PEM private key is malformed (%s)",
                         ce__tls_openssl_reason());
@@ -225,13 +245,14 @@ static int check_ca(const char *cert_path, const char *key_path, X509 *cert,
   if (X509_check_private_key(cert, key) != 1)
     return ce__tls_fail(err, errlen, CE_EINVAL, key_path,
                         "the private key does not match the certificate");
-  /* X509_check_ca() also answers yes for version 1 self-signed
-   * certificates and Netscape CA types; a leaf signer must say CA:TRUE in
-   * basicConstraints (RFC 5280 §4.2.1.9), so only answer 1 passes. */
-  if (X509_check_ca(cert) != 1)
+  /* basicConstraints CA:TRUE is what makes a certificate an issuer (RFC
+   * 5280 §4.2.1.9); X509_check_ca() would also accept version 1
+   * certificates, and its single answer cannot say which part is missing. */
+  uint32_t flags = X509_get_extension_flags(cert);
+  if ((flags & EXFLAG_CA) == 0)
     return ce__tls_fail(err, errlen, CE_EINVAL, cert_path,
                         "not a CA certificate (basicConstraints CA:TRUE is missing)");
-  if ((X509_get_extension_flags(cert) & EXFLAG_KUSAGE) != 0 &&
+  if ((flags & EXFLAG_KUSAGE) != 0 &&
       (X509_get_key_usage(cert) & KU_KEY_CERT_SIGN) == 0)
     return ce__tls_fail(err, errlen, CE_EINVAL, cert_path,
                         "the CA certificate's keyUsage does not allow keyCertSign");
