@@ -32,7 +32,8 @@ struct ce_tlsconn {
   bool failed;
   bool rejected;
   int alert_in;            /* last fatal alert received, or -1 */
-  bool alert_in_handshake; /* ... and whether it came during the handshake */
+  bool alert_in_handshake; /* ... and whether it answered the handshake */
+  bool got_data;           /* application data has been read */
   char error[CE_TLSCONN_ERROR_MAX];
 };
 
@@ -49,6 +50,16 @@ static int conn_index_get(void) {
   return conn_index;
 }
 
+/* True while an alert from the peer still judges the handshake. For the
+ * client role that lasts until the first application data: a TLS 1.3
+ * server checks the client's certificate (or its absence) only after the
+ * client has sent its Finished and considers the handshake complete (RFC
+ * 8446 §4.4.2.4), so its certificate_required alert arrives on the
+ * client's first read. */
+static bool answers_handshake(const ce_tlsconn_t *t) {
+  return !SSL_is_init_finished(t->ssl) || (!t->server && !t->got_data);
+}
+
 static void info_cb(const SSL *ssl, int where, int ret) {
   if ((where & SSL_CB_READ_ALERT) != SSL_CB_READ_ALERT)
     return;
@@ -60,7 +71,7 @@ static void info_cb(const SSL *ssl, int where, int ret) {
   if (t == NULL)
     return;
   t->alert_in = ret & 0xff;
-  t->alert_in_handshake = !SSL_is_init_finished(ssl);
+  t->alert_in_handshake = answers_handshake(t);
 }
 
 int ce_tlsconn_new(SSL *ssl, bool server, ce_tlsconn_t **out) {
@@ -147,6 +158,43 @@ static bool is_rejection_alert(int alert) {
   }
 }
 
+/* The alert names of the TLS registry (RFC 8446 §6, RFC 5246 §7.2, RFC
+ * 7301 §3.2). OpenSSL 3.0's SSL_alert_desc_string_long() calls the TLS 1.3
+ * additions, certificate_required among them, "unknown". */
+static const char *alert_name(int alert) {
+  switch (alert) {
+  case 0: return "close_notify";
+  case 10: return "unexpected_message";
+  case 20: return "bad_record_mac";
+  case 22: return "record_overflow";
+  case 40: return "handshake_failure";
+  case 42: return "bad_certificate";
+  case 43: return "unsupported_certificate";
+  case 44: return "certificate_revoked";
+  case 45: return "certificate_expired";
+  case 46: return "certificate_unknown";
+  case 47: return "illegal_parameter";
+  case 48: return "unknown_ca";
+  case 49: return "access_denied";
+  case 50: return "decode_error";
+  case 51: return "decrypt_error";
+  case 70: return "protocol_version";
+  case 71: return "insufficient_security";
+  case 80: return "internal_error";
+  case 86: return "inappropriate_fallback";
+  case 90: return "user_canceled";
+  case 100: return "no_renegotiation";
+  case 109: return "missing_extension";
+  case 110: return "unsupported_extension";
+  case 112: return "unrecognized_name";
+  case 113: return "bad_certificate_status_response";
+  case 115: return "unknown_psk_identity";
+  case 116: return "certificate_required";
+  case 120: return "no_application_protocol";
+  default: return "unassigned";
+  }
+}
+
 static void set_error(ce_tlsconn_t *t, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
@@ -170,7 +218,7 @@ static int fail(ce_tlsconn_t *t, int ssl_err) {
   } else if (reason > SSL_AD_REASON_OFFSET &&
              reason < SSL_AD_REASON_OFFSET + 256) {
     alert = reason - SSL_AD_REASON_OFFSET;
-    alert_in_handshake = !SSL_is_init_finished(t->ssl);
+    alert_in_handshake = answers_handshake(t);
   }
 
   if (reason == SSL_R_CERTIFICATE_VERIFY_FAILED) {
@@ -179,16 +227,15 @@ static int fail(ce_tlsconn_t *t, int ssl_err) {
               vr != X509_V_OK ? X509_verify_cert_error_string(vr)
                               : "no reason given");
   } else if (alert >= 0) {
-    set_error(t, "the peer sent fatal alert %d (%s)", alert,
-              SSL_alert_desc_string_long(alert));
+    set_error(t, "the peer sent fatal alert %s (%d)", alert_name(alert), alert);
   } else if (ssl_err == SSL_ERROR_ZERO_RETURN) {
     set_error(t, "the peer closed the connection during the handshake");
   } else if (e != 0) {
     const char *why = ERR_reason_error_string(e);
     if (why != NULL)
-      set_error(t, "%s", why);
+      set_error(t, "TLS failure: %s", why);
     else
-      set_error(t, "OpenSSL error %lu", e);
+      set_error(t, "TLS failure: OpenSSL error %lu", e);
   } else {
     set_error(t, "TLS failure (SSL error %d)", ssl_err);
   }
@@ -227,6 +274,7 @@ int ce_tlsconn_read(ce_tlsconn_t *t, uint8_t *buf, size_t cap, size_t *n) {
   int r = SSL_read_ex(t->ssl, buf, cap, &got);
   if (r == 1) {
     ERR_clear_error();
+    t->got_data = true;
     *n = got;
     return CE_OK;
   }

@@ -85,7 +85,8 @@ size_t ce_tlsconn_take_out(ce_tlsconn_t *t, uint8_t *buf, size_t cap);
 
 /* After CE_ETLS: a one-line description, owned by t and valid until it is
  * freed, such as "certificate verify failed: hostname mismatch",
- * "the peer sent fatal alert 48 (unknown CA)" or "wrong version number";
+ * "the peer sent fatal alert unknown_ca (48)" or "TLS failure: wrong
+ * version number";
  * "" before any failure. */
 const char *ce_tlsconn_error(const ce_tlsconn_t *t);
 
@@ -93,7 +94,10 @@ const char *ce_tlsconn_error(const ce_tlsconn_t *t);
  * handshake: a fatal alert bad_certificate, unsupported_certificate,
  * certificate_revoked, certificate_expired, certificate_unknown,
  * unknown_ca or access_denied, or (towards an upstream that wants a client
- * certificate) certificate_required. On the workspace side the proxy
+ * certificate) certificate_required. For the client role "during the
+ * handshake" lasts until the first application data is read, because a
+ * TLS 1.3 server judges the client's certificate only after the client's
+ * side of the handshake is complete. On the workspace side the proxy
  * reports this as tls_client_rejected_ca: the workspace does not trust the
  * session CA. A peer that closes the connection without an alert cannot be
  * told apart from any other abort (docs/tls.md). */
