@@ -2,13 +2,17 @@
  * The per-session certificate authority and the leaf certificates the proxy
  * presents to the workspace (docs/tls.md).
  *
- * Leaves are ECDSA P-256, one per host, with the host as the only SAN (a
- * DNS name, or an IP address for IP literals), validity inside the CA's own
- * window, a random 128-bit serial, and the usual server extensions
- * (basicConstraints CA:FALSE, keyUsage digitalSignature, extendedKeyUsage
- * serverAuth, subject and authority key identifiers). They are cached in a
- * bounded LRU keyed by host. The CA key is any key type OpenSSL can sign
- * with (ECDSA P-256 from `condukt-egress ca new`).
+ * Leaves are ECDSA P-256, one key per leaf, one leaf per host, with the
+ * host as the only SAN (a DNS name, or an IP address for IP literals),
+ * validity inside the CA's own window, a random 128-bit serial, and the
+ * usual server extensions (basicConstraints CA:FALSE, keyUsage
+ * digitalSignature, extendedKeyUsage serverAuth, subject and authority key
+ * identifiers), signed with SHA-256. They are cached in a bounded LRU keyed
+ * by host. The CA key may be ECDSA or RSA (ECDSA P-256 from
+ * `condukt-egress ca new`).
+ *
+ * Nothing here is thread-safe: the proxy runs one event loop and owns one
+ * CA and one cache. Every function leaves OpenSSL's error queue empty.
  */
 #ifndef CE_TLS_CA_H
 #define CE_TLS_CA_H
@@ -19,25 +23,63 @@
 #include <stddef.h>
 
 #define CE_LEAF_CACHE_DEFAULT 1024u  /* leaves kept (LRU) */
+/* The largest cache accepted: a leaf with its key takes about 2 KiB, so
+ * this bounds the cache near 128 MiB, far beyond any sandbox's needs. */
+#define CE_LEAF_CACHE_MAX (64u * 1024u)
 #define CE_LEAF_MAX_DAYS 30u          /* leaf lifetime cap, also bounded by the CA */
+/* Leaves start this long before they are minted, so a workspace clock
+ * slightly behind the sidecar's still accepts them. */
+#define CE_LEAF_BACKDATE_SECONDS 3600
+/* A cached leaf closer than this to its notAfter is minted again, so a
+ * leaf is never presented just before it expires. */
+#define CE_LEAF_RENEW_SECONDS 3600
+
+/* `ca new` defaults and limits. 64 is ub-common-name (RFC 5280 appendix
+ * A.1), counted in characters. */
+#define CE_CA_DEFAULT_COMMON_NAME "Condukt session CA"
+#define CE_CA_DEFAULT_DAYS 7u
+#define CE_CA_MAX_DAYS 3650u
+#define CE_CA_COMMON_NAME_MAX 64u
 
 typedef struct ce_ca ce_ca_t;
 
-/* Loads a PEM certificate and its PEM private key; checks that the key
- * matches, that the certificate is a CA (basicConstraints CA:TRUE) and is
- * currently valid. Returns CE_OK, CE_ENOENT, CE_EPARSE or CE_EINVAL with a
- * sentence in err naming the file and the problem. *out untouched on failure. */
+/* Loads a PEM certificate (the first one in the file) and its PEM private
+ * key (unencrypted); checks that the key is ECDSA or RSA and matches, that
+ * the certificate is a CA (basicConstraints CA:TRUE, and keyCertSign when
+ * it has a keyUsage) and is currently valid. Returns:
+ *   CE_ENOENT   a file does not exist;
+ *   CE_EPERM    a file is not readable;
+ *   CE_EPARSE   no PEM certificate or key in the file, a malformed one, or
+ *               an encrypted key;
+ *   CE_EINVAL   key mismatch, not a CA, not valid now, unsupported key type,
+ *               a path that is not a regular file;
+ *   CE_ETOOBIG, CE_EIO, CE_ENOMEM.
+ * err receives a sentence naming the file and the problem. *out is
+ * untouched on failure. */
 int ce_ca_load(const char *cert_path, const char *key_path, ce_ca_t **out,
                char *err, size_t errlen);
 
-/* Creates a new self-signed CA (ECDSA P-256, CA:TRUE pathlen 0, keyCertSign
- * and cRLSign) valid from one hour ago for `days`, written as PEM to the two
- * paths (the key file created 0600, never overwriting an existing file).
- * Returns CE_OK, CE_EINVAL, CE_EIO with err set. */
+/* True when cn can be a CA's common name: valid UTF-8, 1 to
+ * CE_CA_COMMON_NAME_MAX characters, no control characters. */
+bool ce_ca_common_name_ok(const char *cn);
+
+/* Creates a new self-signed CA (ECDSA P-256, version 3, 128-bit random
+ * serial, CA:TRUE pathlen 0, keyCertSign and cRLSign, subject key
+ * identifier, SHA-256) valid from one hour ago until `days` days from now,
+ * written as PEM to the two paths: the key (PKCS#8) created 0600, the
+ * certificate 0644 (both minus the umask). Neither file may exist already;
+ * nothing is overwritten, and on failure neither file is left behind.
+ * Returns:
+ *   CE_EINVAL   a bad common name or day count (1 to CE_CA_MAX_DAYS), equal
+ *               or empty paths, or a path that already exists;
+ *   CE_EIO      a file could not be created or written;
+ *   CE_ETLS     OpenSSL failed; CE_ENOMEM.
+ * err receives a sentence (naming the file when one is at fault). */
 int ce_ca_generate(const char *common_name, unsigned days,
                    const char *cert_path, const char *key_path,
                    char *err, size_t errlen);
 
+/* Frees the CA; NULL is fine. */
 void ce_ca_free(ce_ca_t *ca);
 
 /* The CA certificate (borrowed, lives as long as ca). */
@@ -46,17 +88,28 @@ X509 *ce_ca_cert(const ce_ca_t *ca);
 typedef struct ce_leaf_cache ce_leaf_cache_t;
 
 /* capacity 0 = CE_LEAF_CACHE_DEFAULT. The cache borrows ca, which must
- * outlive it. Returns CE_OK or CE_ENOMEM. */
+ * outlive it. Returns CE_OK, CE_EINVAL (ca NULL, or capacity above
+ * CE_LEAF_CACHE_MAX) or CE_ENOMEM. *out is untouched on failure. */
 int ce_leaf_cache_new(ce_ca_t *ca, size_t capacity, ce_leaf_cache_t **out);
+
+/* Frees the cache and its leaves; NULL is fine. Leaves handed out by
+ * ce_leaf_get() stay valid (they are reference counted). */
 void ce_leaf_cache_free(ce_leaf_cache_t *cache);
 
 /*
  * Returns the leaf for `host`: a normalised ASCII DNS name (lower case,
- * A-labels) or an IP literal in text form (IPv6 without brackets), minting
- * and caching it on a miss. *cert and *key are new references the caller
- * frees (X509_free, EVP_PKEY_free). Returns CE_OK, CE_EINVAL (empty or
- * over-long host), CE_ENOMEM, CE_ETLS (OpenSSL failed). Outputs untouched on
- * failure.
+ * A-labels, no trailing dot) or an IP literal in the canonical text of
+ * docs/host-matching.md §1 (IPv6 without brackets), that is a host that
+ * ce_host_normalize() leaves unchanged. On a miss, or when the cached leaf
+ * is within CE_LEAF_RENEW_SECONDS of its end, a new leaf is minted and
+ * cached, evicting the least recently used one when the cache is full.
+ * *cert and *key are new references the caller frees (X509_free,
+ * EVP_PKEY_free). Returns:
+ *   CE_EINVAL   host is not a normalised host (empty, over-long, upper case,
+ *               a port or brackets, a wildcard, ...);
+ *   CE_ETLS     the CA is expired or not yet valid, or OpenSSL failed;
+ *   CE_ENOMEM.
+ * Outputs are untouched on failure.
  */
 int ce_leaf_get(ce_leaf_cache_t *cache, const char *host, X509 **cert,
                 EVP_PKEY **key);
