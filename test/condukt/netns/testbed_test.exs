@@ -248,6 +248,28 @@ defmodule Condukt.Netns.TestbedTest do
       assert head == tb.git.head
     end
 
+    test "spawn_in starts a server in the pod that wait_listening sees; a dead one is reported", %{tb: tb} do
+      # A stand-in for the sidecar: listeners on 127.0.0.1:15001 and [::1]:15001.
+      script = """
+      import socket, time
+      socks = []
+      for family, addr in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+          s = socket.socket(family)
+          s.bind((addr, 15001))
+          s.listen()
+          socks.append(s)
+      time.sleep(120)
+      """
+
+      pid = Testbed.spawn_in(tb, :pod, ["/usr/bin/python3", "-c", script])
+      assert :ok = Testbed.wait_listening(tb, :pod, tcp: ["127.0.0.1:15001", "[::1]:15001"], pids: [pid])
+      Cmd.kill([pid])
+      refute Cmd.alive?(pid)
+
+      dead = Testbed.spawn_in(tb, :pod, ["/bin/false"])
+      assert {:error, :died} = Testbed.wait_listening(tb, :pod, tcp: ["127.0.0.1:15002"], pids: [dead], timeout: 5_000)
+    end
+
     test "kills a command at its deadline", %{tb: tb} do
       {micros, {_, status}} = :timer.tc(fn -> Testbed.exec_in(tb, :inet, ["sleep", "30"], timeout: 300) end)
       assert status == 124

@@ -132,7 +132,10 @@ defmodule Condukt.Test.Netns.Testbed do
   def stop(%__MODULE__{} = tb) do
     ip = Tier.tool!("ip")
     namespaces = [tb.pod_ns, tb.inet_ns]
-    Cmd.kill(tb.pids ++ Enum.flat_map(namespaces, &ns_pids/1))
+    # Deleting a namespace does not end the processes inside it, so they go
+    # first. Only what `ip netns pids` finds is signalled (never tb.pids
+    # again on a second stop: those numbers may belong to others by then).
+    Cmd.kill(Enum.flat_map(namespaces, &ns_pids/1))
 
     for ns <- namespaces do
       if ns in list_namespaces(), do: Cmd.run([ip, "netns", "del", ns], timeout: 10_000)
@@ -560,29 +563,20 @@ defmodule Condukt.Test.Netns.Testbed do
     tb
   end
 
-  # Ready when every listener shows in `ss` inside inet: TCP 80, 443 (v4
-  # and v6), the three backends, 8080 (v4 and v6) and UDP 443.
-  defp wait_ready!(tb) do
-    p = tb.ports
-
-    want_tcp =
-      MapSet.new([
-        "0.0.0.0:#{p.http}",
-        "[::]:#{p.http}",
-        "0.0.0.0:#{p.https}",
-        "[::]:#{p.https}",
-        "127.0.0.1:#{p.backend}",
-        "127.0.0.1:#{p.git}",
-        "127.0.0.1:#{p.ws}",
-        "0.0.0.0:#{p.bypass_tcp}",
-        "[::]:#{p.bypass_tcp}"
-      ])
-
-    want_udp = MapSet.new(["0.0.0.0:#{p.bypass_udp}", "[::]:#{p.bypass_udp}"])
+  @doc """
+  Waits until every listener is up in namespace `ns`, as `ss` prints local
+  addresses ("127.0.0.1:15001", "[::1]:15001", "0.0.0.0:443", "[::]:443").
+  Options: `:tcp`, `:udp` (lists of those), `:pids` (give up early when
+  one of them died), `:timeout` (ms, default 15 s). Returns `:ok` or
+  `{:error, :timeout | :died}`.
+  """
+  @spec wait_listening(t(), ns(), keyword()) :: :ok | {:error, :timeout | :died}
+  def wait_listening(tb, ns, opts) do
     ss = Tier.tool!("ss")
+    pids = Keyword.get(opts, :pids, [])
 
     listening = fn flags ->
-      {out, _} = exec_in(tb, :inet, [ss, "-Hn", flags], timeout: 5_000)
+      {out, _} = exec_in(tb, ns, [ss, "-Hn", flags], timeout: 5_000)
 
       out
       |> String.split("\n", trim: true)
@@ -591,19 +585,47 @@ defmodule Condukt.Test.Netns.Testbed do
     end
 
     ready = fn ->
-      Enum.all?(tb.pids, &Cmd.alive?/1) and MapSet.subset?(want_tcp, listening.("-lt")) and
-        MapSet.subset?(want_udp, listening.("-lu"))
+      Enum.all?(pids, &Cmd.alive?/1) || throw(:died)
+
+      MapSet.subset?(MapSet.new(opts[:tcp] || []), listening.("-lt")) and
+        MapSet.subset?(MapSet.new(opts[:udp] || []), listening.("-lu"))
     end
 
-    case Cmd.poll(ready, 15_000, 50) do
+    try do
+      Cmd.poll(ready, Keyword.get(opts, :timeout, 15_000), 50)
+    catch
+      :died -> {:error, :died}
+    end
+  end
+
+  # Ready when every listener shows in `ss` inside inet: TCP 80, 443 (v4
+  # and v6), the three backends, 8080 (v4 and v6) and UDP 443.
+  defp wait_ready!(tb) do
+    p = tb.ports
+
+    tcp = [
+      "0.0.0.0:#{p.http}",
+      "[::]:#{p.http}",
+      "0.0.0.0:#{p.https}",
+      "[::]:#{p.https}",
+      "127.0.0.1:#{p.backend}",
+      "127.0.0.1:#{p.git}",
+      "127.0.0.1:#{p.ws}",
+      "0.0.0.0:#{p.bypass_tcp}",
+      "[::]:#{p.bypass_tcp}"
+    ]
+
+    udp = ["0.0.0.0:#{p.bypass_udp}", "[::]:#{p.bypass_udp}"]
+
+    case wait_listening(tb, :inet, tcp: tcp, udp: udp, pids: tb.pids) do
       :ok ->
         :ok
 
-      {:error, :timeout} ->
+      {:error, why} ->
         logs = Path.wildcard(Path.join(tb.logs.dir, "*")) ++ [tb.logs.nginx_error]
 
         details = Enum.map_join(logs, "\n", &"--- #{&1}\n#{File.read(&1) |> elem(1)}")
-        raise "netns testbed #{tb.id}: servers not ready within 15 s\n#{details}"
+        raise "netns testbed #{tb.id}: servers not ready (#{why})\n#{details}"
     end
   end
 
