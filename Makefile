@@ -38,6 +38,9 @@ SAN_OBJS := $(LIB_SRCS:%.c=$(BUILD)/san/%.o) $(TEST_SRCS:%.c=$(BUILD)/san/%.o)
 
 BIN := priv/condukt-egress
 TEST_BIN := $(BUILD)/san/native_tests
+# The same binary under ASan+UBSan: the end-to-end tier runs the proxy
+# with it, so real clients and real traffic exercise the sanitizers too.
+SAN_BIN := $(BUILD)/san/condukt-egress
 
 # libFuzzer targets: native_test/fuzz/fuzz_NAME.c, each linked with the
 # library sources, built with clang. `make fuzz-smoke` (part of `make test`)
@@ -75,6 +78,9 @@ $(BUILD)/san/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(TEST_CFLAGS) -c -o $@ $<
 
+$(SAN_BIN): $(LIB_SRCS:%.c=$(BUILD)/san/%.o) $(BUILD)/san/c_src/main.o $(SAN_STAMP)
+	$(CC) $(SAN_FLAGS) -o $@ $(LIB_SRCS:%.c=$(BUILD)/san/%.o) $(BUILD)/san/c_src/main.o $(PKG_LIBS)
+
 $(TEST_BIN): $(SAN_OBJS) $(SAN_STAMP)
 	$(CC) $(SAN_FLAGS) -o $@ $(SAN_OBJS) $(PKG_LIBS) -lcriterion
 
@@ -104,10 +110,10 @@ fuzz-smoke: $(FUZZ_BINS)
 fuzz: $(FUZZ_BINS)
 	sh scripts/run-fuzzers.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
 
-elixir-test: $(BIN)
+elixir-test: $(BIN) $(SAN_BIN)
 	MIX_ENV=test mix compile --warnings-as-errors --force
 	mix format --check-formatted
-	MIX_ENV=test mix test
+	$(SAN_ENV) CONDUKT_EGRESS_SAN_BIN=$(ROOT)/$(SAN_BIN) MIX_ENV=test mix test
 
 test: c-test fuzz-smoke elixir-test
 
