@@ -1,0 +1,180 @@
+defmodule Condukt.Test.Netns.Sidecar do
+  @moduledoc false
+  # The real sidecar inside a testbed's pod, set up as a pod would have it
+  # (DESIGN §4–§6): `netfilter-setup` applied by root in the pod namespace,
+  # then `condukt-egress proxy` running as its own uid with only
+  # CAP_NET_ADMIN (for SO_MARK), a fresh session CA made by `ca new`, a
+  # random control token, and the policy compiled by
+  # `NetworkPolicy.to_sidecar_json/1`. The workspace side gets the trust
+  # bundle (Mozilla snapshot + session CA) and the session CA file.
+  #
+  # The proxy runs from $CONDUKT_EGRESS_SAN_BIN when set (the ASan+UBSan
+  # build `make elixir-test` passes), so that every end-to-end request also
+  # runs under the sanitizers; `stop/1` fails the test on any report.
+
+  alias Condukt.Sandbox.NetworkPolicy
+  alias Condukt.Test.Netns.{Cmd, Testbed, Tier}
+
+  @uid 1337
+  @mark "0x539"
+  @port 15001
+
+  defstruct [:tb, :dir, :bin, :pid, :stdout, :stderr, :control, :token, :ca_cert, :bundle, :policy_path]
+
+  @type t :: %__MODULE__{}
+
+  @doc "The uid the proxy runs as (a workspace process may use it too)."
+  def uid, do: @uid
+
+  @doc "The binary the end-to-end tier runs (the sanitizer build when given)."
+  def bin do
+    case System.get_env("CONDUKT_EGRESS_SAN_BIN") do
+      path when is_binary(path) and path != "" -> path
+      _ -> Condukt.egress_binary()
+    end
+  end
+
+  @doc """
+  Applies netfilter-setup in the pod and starts the proxy with `policy`
+  (a `%NetworkPolicy{}` or the keyword given to `NetworkPolicy.new!/1`).
+
+  Options: `:control` ("unix" (default) or "tcp": 127.0.0.1:15002 in the
+  pod), `:extra_args` (more proxy flags), `:allow_private` (default: the
+  testbed's veth /24 and /64, where its "internet" lives), `:netfilter`
+  (default true).
+  """
+  @spec start(Testbed.t(), NetworkPolicy.t() | keyword(), keyword()) :: t()
+  def start(tb, policy, opts \\ []) do
+    policy = if is_struct(policy, NetworkPolicy), do: policy, else: NetworkPolicy.new!(policy)
+    dir = Path.join(tb.dir, "sidecar-#{System.unique_integer([:positive])}")
+    File.mkdir_p!(dir)
+    bin = bin()
+
+    policy_path = Path.join(dir, "policy.json")
+    File.write!(policy_path, NetworkPolicy.to_sidecar_json(policy))
+    ca_cert = Path.join(dir, "ca.pem")
+    ca_key = Path.join(dir, "ca.key")
+    Cmd.run!([bin, "ca", "new", "--cert", ca_cert, "--key", ca_key], env: san_env())
+    token = :crypto.strong_rand_bytes(32) |> Base.encode16(case: :lower)
+    token_path = Path.join(dir, "token")
+    File.write!(token_path, token <> "\n")
+
+    bundle = Path.join(dir, "trust-bundle.pem")
+    mozilla = Path.join(:code.priv_dir(:condukt), "ca-certificates/mozilla.pem")
+    File.write!(bundle, File.read!(mozilla) <> File.read!(ca_cert))
+
+    # Secrets are the sidecar's alone (DESIGN §6): 0600, owned by its uid.
+    for f <- [ca_key, token_path, policy_path], do: File.chmod!(f, 0o600)
+    for f <- [dir, ca_key, token_path, policy_path], do: File.chown!(f, @uid)
+    File.chmod!(dir, 0o711)
+    File.chmod!(ca_cert, 0o644)
+    File.chmod!(bundle, 0o644)
+
+    if Keyword.get(opts, :netfilter, true) do
+      Cmd.run!(
+        Testbed.command(tb, :pod, [bin, "netfilter-setup", "--proxy-port", "#{@port}", "--mark", @mark],
+          env: san_env()
+        )
+      )
+    end
+
+    control =
+      case Keyword.get(opts, :control, "unix") do
+        "unix" -> "unix:" <> Path.join(dir, "control.sock")
+        "tcp" -> "127.0.0.1:15002"
+      end
+
+    private =
+      Keyword.get(opts, :allow_private, [
+        String.replace(tb.inet.v4, ~r/\.\d+$/, ".0/24"),
+        tb.inet.v6 <> "/128",
+        tb.pod.v6 <> "/128"
+      ])
+
+    args =
+      ["proxy", "--policy", policy_path, "--ca-cert", ca_cert, "--ca-key", ca_key, "--session-id", "e2e-#{tb.id}"] ++
+        ["--token-file", token_path, "--control", control, "--upstream-extra-ca", tb.ca_cert] ++
+        ["--trust-bundle", mozilla, "--mark", @mark] ++
+        Enum.flat_map(private, &["--allow-private", &1]) ++ Keyword.get(opts, :extra_args, [])
+
+    env = ["/usr/bin/env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"] ++ Enum.map(san_env(), fn {k, v} -> "#{k}=#{v}" end)
+
+    argv =
+      [Tier.tool!("ip"), "netns", "exec", tb.pod_ns, Tier.tool!("setpriv")] ++
+        ["--reuid=#{@uid}", "--regid=#{@uid}", "--clear-groups", "--inh-caps=+net_admin", "--ambient-caps=+net_admin"] ++
+        ["--"] ++ env ++ [bin | args]
+
+    stdout = Path.join(dir, "events.ndjson")
+    stderr = Path.join(dir, "proxy.stderr")
+    script = ~S(out=$1; err=$2; shift 2; setsid "$@" </dev/null >>"$out" 2>>"$err" & echo $!)
+    pid = Cmd.run!(["/bin/sh", "-c", script, "sh", stdout, stderr | argv]) |> String.trim() |> String.to_integer()
+
+    sc = %__MODULE__{
+      tb: tb,
+      dir: dir,
+      bin: bin,
+      pid: pid,
+      stdout: stdout,
+      stderr: stderr,
+      control: control,
+      token: token,
+      ca_cert: ca_cert,
+      bundle: bundle,
+      policy_path: policy_path
+    }
+
+    ExUnit.Callbacks.on_exit({__MODULE__, dir}, fn -> kill(sc) end)
+
+    case Cmd.poll(fn -> File.read!(stderr) =~ "proxy ready" or not Cmd.alive?(pid) end, 15_000) do
+      :ok -> :ok
+      {:error, :timeout} -> raise "the sidecar did not start:\n" <> File.read!(stderr)
+    end
+
+    unless Cmd.alive?(pid), do: raise("the sidecar exited at start:\n" <> File.read!(stderr))
+    sc
+  end
+
+  @doc """
+  Stops the proxy with SIGTERM (it drains and exits 0) and returns its
+  stderr; raises when it did not exit cleanly or a sanitizer reported.
+  """
+  @spec stop(t()) :: String.t()
+  def stop(%__MODULE__{} = sc) do
+    System.cmd("kill", ["-TERM", "#{sc.pid}"])
+
+    case Cmd.poll(fn -> not Cmd.alive?(sc.pid) end, 15_000) do
+      :ok -> :ok
+      {:error, :timeout} -> raise "the sidecar did not drain within 15 s:\n" <> File.read!(sc.stderr)
+    end
+
+    err = File.read!(sc.stderr)
+
+    if err =~ ~r/Sanitizer|runtime error:/ do
+      raise "the sidecar reported a sanitizer error:\n" <> err
+    end
+
+    unless err =~ "drained, exiting", do: raise("the sidecar did not exit cleanly:\n" <> err)
+    err
+  end
+
+  defp kill(sc), do: Cmd.kill([sc.pid])
+
+  @doc "Every event the proxy wrote to stdout so far, decoded."
+  @spec stdout_events(t()) :: [map()]
+  def stdout_events(sc) do
+    sc.stdout
+    |> File.read!()
+    |> String.split("\n", trim: true)
+    |> Enum.map(&Condukt.JSON.decode!/1)
+  end
+
+  @doc "The proxy's stderr so far."
+  def stderr(sc), do: File.read!(sc.stderr)
+
+  defp san_env do
+    [
+      {"ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1"},
+      {"UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"}
+    ]
+  end
+end
