@@ -485,6 +485,12 @@ static int note_connection(facts_t *f, const char *v, size_t n, const char **why
   while (ce__h1_list_next(v, n, &pos, &el, &el_len)) {
     if (!ce__h1_is_token(el, el_len))
       return fail(why, "malformed connection", CE_EPARSE);
+    /* RFC 9110 §7.6.1: a connection option names a field meant for this
+     * hop only, which an intermediary removes. Content-Length frames the
+     * message for every hop; removing it on request would leave the next
+     * hop reading the body as the next message. */
+    if (ce__h1_ieq(el, el_len, "content-length"))
+      return fail(why, "connection names content-length", CE_EPARSE);
     if (ce__h1_ieq(el, el_len, "close"))
       f->conn_close = true;
     else if (ce__h1_ieq(el, el_len, "keep-alive"))

@@ -536,6 +536,8 @@ Test(http1_request, field_line_refusals) {
       /* Connection and Upgrade lists must be what their grammar says. */
       {"GET / HTTP/1.1\r\nHost: a\r\nConnection: \"close\"\r\n\r\n", "malformed connection"},
       {"GET / HTTP/1.1\r\nHost: a\r\nConnection: a b\r\n\r\n", "malformed connection"},
+      {"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nConnection: Content-Length\r\n\r\n",
+       "connection names content-length"},
       {"GET / HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: web socket\r\n\r\n",
        "malformed upgrade"},
       {"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket/\r\n\r\n", "malformed upgrade"},
@@ -960,6 +962,8 @@ Test(http1_response, refusals) {
        "parameters on chunked"},
       {"HTTP/1.1 200 OK\r\nTransfer_Encoding: chunked\r\n\r\n", "GET",
        "underscore in a framing field name"},
+      {"HTTP/1.1 200 OK\r\nConnection: close, content-length\r\nContent-Length: 1\r\n\r\n",
+       "GET", "connection names content-length"},
   };
   for (size_t i = 0; i < N_OF(cases); i++)
     expect_resp_refused(cases[i].msg, cases[i].method, cases[i].why);
