@@ -666,7 +666,9 @@ static int request_framing(ce_h1_head_t *h, const facts_t *f, const char **why) 
   if (method_is(h, "CONNECT") && (f->te_seen || (f->cl_seen && f->cl != 0)))
     return fail(why, "body on CONNECT", CE_EPARSE);
   h->content_length = f->cl_seen ? f->cl : 0;
-  if (f->te_seen)
+  if (method_is(h, "CONNECT"))
+    h->framing = CE_H1_BODY_NONE; /* what follows the head is the tunnel */
+  else if (f->te_seen)
     h->framing = CE_H1_BODY_CHUNKED;
   else if (f->cl_seen)
     h->framing = CE_H1_BODY_LENGTH;

@@ -339,6 +339,7 @@ Test(http1_request, authority_and_asterisk_forms) {
                          "Content-Length: 0\r\n\r\n",
                          &h, NULL),
                CE_OK);
+  cr_expect_eq(h.framing, CE_H1_BODY_NONE, "the tunnel follows the head");
   cr_assert_eq(parse_req("OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", &h, NULL), CE_OK);
   cr_expect_eq(h.target_form, CE_H1_TARGET_ASTERISK);
   cr_expect(span_is(h.path, h.path_len, "*"));
