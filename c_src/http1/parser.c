@@ -485,6 +485,12 @@ static int note_connection(facts_t *f, const char *v, size_t n, const char **why
   while (ce__h1_list_next(v, n, &pos, &el, &el_len)) {
     if (!ce__h1_is_token(el, el_len))
       return fail(why, "malformed connection", CE_EPARSE);
+    /* RFC 9110 §7.6.1: a connection option names a field meant for this
+     * hop only, which an intermediary removes. Content-Length frames the
+     * message for every hop; removing it on request would leave the next
+     * hop reading the body as the next message. */
+    if (ce__h1_ieq(el, el_len, "content-length"))
+      return fail(why, "connection names content-length", CE_EPARSE);
     if (ce__h1_ieq(el, el_len, "close"))
       f->conn_close = true;
     else if (ce__h1_ieq(el, el_len, "keep-alive"))
@@ -660,7 +666,9 @@ static int request_framing(ce_h1_head_t *h, const facts_t *f, const char **why) 
   if (method_is(h, "CONNECT") && (f->te_seen || (f->cl_seen && f->cl != 0)))
     return fail(why, "body on CONNECT", CE_EPARSE);
   h->content_length = f->cl_seen ? f->cl : 0;
-  if (f->te_seen)
+  if (method_is(h, "CONNECT"))
+    h->framing = CE_H1_BODY_NONE; /* what follows the head is the tunnel */
+  else if (f->te_seen)
     h->framing = CE_H1_BODY_CHUNKED;
   else if (f->cl_seen)
     h->framing = CE_H1_BODY_LENGTH;

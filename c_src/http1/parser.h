@@ -137,7 +137,9 @@ typedef struct {
  * (even equal) or a malformed one; a missing Host on HTTP/1.1, two Host
  * fields, or an invalid one; a Host that differs from an absolute-form
  * target's authority; an Expect other than 100-continue; a body on
- * CONNECT; "Content_Length" and "Transfer_Encoding" lookalike names.
+ * CONNECT; a Connection option naming Content-Length; "Content_Length" and
+ * "Transfer_Encoding" lookalike names; more than 8 empty lines before the
+ * request line.
  * Empty lines before the request line are skipped (RFC 9112 §2.2) and
  * counted in head_len.
  */
@@ -155,8 +157,8 @@ int ce_h1_parse_request(const char *buf, size_t len, ce_h1_head_t *out,
  * that apply: Content-Length with Transfer-Encoding in any response,
  * chunked applied twice, a 101 without Upgrade, a missing SP after the
  * status code, a status below 100. Codings before chunked ("gzip, chunked")
- * are accepted: the decoder then yields gzip bytes, and the proxy must say
- * so to its client.
+ * are accepted: the decoder then yields gzip bytes, and the writer keeps
+ * saying so to the client.
  */
 int ce_h1_parse_response(const char *buf, size_t len,
                          const char *request_method, size_t request_method_len,

@@ -171,9 +171,53 @@ static bool is_hop_by_hop(const ce_h1_head_t *head, const ce_h1_field_t *f, unsi
   if (!head->is_response &&
       (ce__h1_ieq(n, nl, "host") || ce__h1_ieq(n, nl, "proxy-authorization")))
     return true;
-  if ((flags & CE_H1_W_CHUNKED) != 0 && ce__h1_ieq(n, nl, "content-length"))
-    return true;
+  /* Content-Length goes only when the proxy frames the body itself; a
+   * Connection option naming it is not obeyed (the parser refuses one),
+   * since the next hop would then take the body for the next message. */
+  if (ce__h1_ieq(n, nl, "content-length"))
+    return (flags & CE_H1_W_CHUNKED) != 0;
   return named_by_connection(head, n, nl);
+}
+
+/*
+ * The Transfer-Encoding of the forwarded message. The parsed one is never
+ * copied as a field: the proxy decides the framing of what it sends. When
+ * the body is chunked it says so. A response's other codings (a
+ * non-compliant server's "gzip, chunked", or "gzip" read until close)
+ * describe bytes the proxy passes on unchanged, so they are kept, in
+ * order, before the chunked the proxy applies; for a body read until close
+ * every coding is kept, and chunking on top of one that already holds
+ * chunked would apply it twice (RFC 9112 §6.1), which is CE_EINVAL.
+ */
+static void put_transfer_encoding(ce_h1_writer_t *w, const ce_h1_head_t *head,
+                                  bool chunked) {
+  bool keep = head->is_response &&
+              (head->framing == CE_H1_BODY_CHUNKED || head->framing == CE_H1_BODY_CLOSE);
+  size_t codings = 0;
+  for (int i = keep ? ce_h1_find(head, "transfer-encoding", 0) : -1; i >= 0 && w->err == 0;
+       i = ce_h1_find(head, "transfer-encoding", i + 1)) {
+    const ce_h1_field_t *f = &head->fields[i];
+    size_t pos = 0;
+    const char *el;
+    size_t el_len;
+    while (ce__h1_list_next(f->value, f->value_len, &pos, &el, &el_len)) {
+      bool is_chunked = ce__h1_ieq(el, el_len, "chunked");
+      /* With framing CHUNKED the parser saw chunked once, last: the
+       * decoder removed it and the proxy applies its own. */
+      if (is_chunked && head->framing == CE_H1_BODY_CHUNKED)
+        continue;
+      if ((is_chunked && chunked) || !value_ok(el, el_len)) {
+        invalid(w);
+        return;
+      }
+      put_str(w, codings++ == 0 ? "Transfer-Encoding: " : ", ");
+      put(w, el, el_len);
+    }
+  }
+  if (chunked)
+    put_str(w, codings++ == 0 ? "Transfer-Encoding: chunked" : ", chunked");
+  if (codings > 0)
+    put_str(w, "\r\n");
 }
 
 int ce_h1_write_forwarded_fields(ce_h1_writer_t *w, const ce_h1_head_t *head,
@@ -182,14 +226,17 @@ int ce_h1_write_forwarded_fields(ce_h1_writer_t *w, const ce_h1_head_t *head,
     return w->err;
   if (head->field_count > CE_H1_MAX_FIELDS)
     return invalid(w);
+  /* The parsed Transfer-Encoding is not copied, so a chunked body must be
+   * announced again, or the next hop would read it as the next message. */
+  if (head->framing == CE_H1_BODY_CHUNKED)
+    flags |= CE_H1_W_CHUNKED;
   size_t start = w->len;
   for (size_t i = 0; i < head->field_count && w->err == 0; i++) {
     const ce_h1_field_t *f = &head->fields[i];
     if (!is_hop_by_hop(head, f, flags))
       ce_h1_write_field(w, f->name, f->name_len, f->value, f->value_len);
   }
-  if ((flags & CE_H1_W_CHUNKED) != 0)
-    put_str(w, "Transfer-Encoding: chunked\r\n");
+  put_transfer_encoding(w, head, (flags & CE_H1_W_CHUNKED) != 0);
   if ((flags & (CE_H1_W_UPGRADE | CE_H1_W_CLOSE)) == (CE_H1_W_UPGRADE | CE_H1_W_CLOSE))
     put_str(w, "Connection: upgrade, close\r\n");
   else if ((flags & CE_H1_W_UPGRADE) != 0)

@@ -36,10 +36,13 @@ typedef struct {
   int err;      /* 0, or the first failure (sticky) */
 } ce_h1_writer_t;
 
-/* Flags for the fields the proxy adds itself; Transfer-Encoding,
- * Connection and Upgrade from the parsed head are never forwarded. */
-#define CE_H1_W_CHUNKED (1u << 0) /* add "Transfer-Encoding: chunked" and
-                                     drop Content-Length (RFC 9112 §6.2) */
+/* Flags for the fields the proxy adds itself; Connection and Upgrade from
+ * the parsed head are never copied, and Transfer-Encoding is rewritten
+ * (see ce_h1_write_forwarded_fields). */
+#define CE_H1_W_CHUNKED (1u << 0) /* the proxy sends the body chunked: add
+                                     "Transfer-Encoding: chunked" and drop
+                                     Content-Length (RFC 9112 §6.2); implied
+                                     when head->framing is CHUNKED */
 #define CE_H1_W_CLOSE   (1u << 1) /* add "Connection: close" */
 #define CE_H1_W_UPGRADE (1u << 2) /* keep the Upgrade field(s) and add
                                      "Connection: upgrade" (RFC 9110 §7.8) */
@@ -66,13 +69,24 @@ int ce_h1_write_field(ce_h1_writer_t *w, const char *name, size_t name_len,
 
 /*
  * Writes the end-to-end fields of head, in their order and spelling, then
- * the fields the flags ask for. Left out (RFC 9110 §7.6.1): Connection and
- * every field it names, Keep-Alive, Proxy-Connection, TE, Transfer-Encoding,
- * Upgrade (unless CE_H1_W_UPGRADE), and Trailer (the body decoder drops
- * trailers, so announcing them would be false). For a request also Host
- * (the request writer puts its own first) and Proxy-Authorization (the
- * client's credentials for this proxy must not reach the origin,
- * RFC 9110 §11.7.2); with CE_H1_W_CHUNKED also Content-Length.
+ * Transfer-Encoding and Connection as the proxy needs them. Left out
+ * (RFC 9110 §7.6.1): Connection and every field it names (but never
+ * Content-Length, whose removal would desynchronise the next hop),
+ * Keep-Alive, Proxy-Connection, TE, Upgrade (unless CE_H1_W_UPGRADE), and
+ * Trailer (the body decoder drops trailers, so announcing them would be
+ * false). For a request also Host (the request writer puts its own first)
+ * and Proxy-Authorization (the client's credentials for this proxy must not
+ * reach the origin, RFC 9110 §11.7.2); with CE_H1_W_CHUNKED also
+ * Content-Length.
+ *
+ * Transfer-Encoding is written afresh: "chunked" when the body goes out
+ * chunked (CE_H1_W_CHUNKED, implied by framing CHUNKED, so that a caller
+ * cannot forget it), preceded for a response by the codings other than
+ * chunked the upstream applied ("gzip, chunked" stays so, since the
+ * decoded payload is still gzip); a response read until close keeps all
+ * its codings, and CE_H1_W_CHUNKED on one that already lists chunked is
+ * CE_EINVAL. Nothing else is ever announced: a request's body is chunked
+ * exactly when the flag says so.
  */
 int ce_h1_write_forwarded_fields(ce_h1_writer_t *w, const ce_h1_head_t *head,
                                  unsigned flags);

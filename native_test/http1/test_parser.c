@@ -339,6 +339,7 @@ Test(http1_request, authority_and_asterisk_forms) {
                          "Content-Length: 0\r\n\r\n",
                          &h, NULL),
                CE_OK);
+  cr_expect_eq(h.framing, CE_H1_BODY_NONE, "the tunnel follows the head");
   cr_assert_eq(parse_req("OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", &h, NULL), CE_OK);
   cr_expect_eq(h.target_form, CE_H1_TARGET_ASTERISK);
   cr_expect(span_is(h.path, h.path_len, "*"));
@@ -536,6 +537,8 @@ Test(http1_request, field_line_refusals) {
       /* Connection and Upgrade lists must be what their grammar says. */
       {"GET / HTTP/1.1\r\nHost: a\r\nConnection: \"close\"\r\n\r\n", "malformed connection"},
       {"GET / HTTP/1.1\r\nHost: a\r\nConnection: a b\r\n\r\n", "malformed connection"},
+      {"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nConnection: Content-Length\r\n\r\n",
+       "connection names content-length"},
       {"GET / HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: web socket\r\n\r\n",
        "malformed upgrade"},
       {"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket/\r\n\r\n", "malformed upgrade"},
@@ -960,6 +963,8 @@ Test(http1_response, refusals) {
        "parameters on chunked"},
       {"HTTP/1.1 200 OK\r\nTransfer_Encoding: chunked\r\n\r\n", "GET",
        "underscore in a framing field name"},
+      {"HTTP/1.1 200 OK\r\nConnection: close, content-length\r\nContent-Length: 1\r\n\r\n",
+       "GET", "connection names content-length"},
   };
   for (size_t i = 0; i < N_OF(cases); i++)
     expect_resp_refused(cases[i].msg, cases[i].method, cases[i].why);

@@ -67,6 +67,22 @@ Test(http1_writer, request_head_drops_hop_by_hop_fields) {
                      "\r\n");
 }
 
+/* A head built by hand (the parser refuses "Connection: content-length")
+ * still keeps its Content-Length: dropping it would turn the body into the
+ * next request upstream. */
+Test(http1_writer, content_length_survives_connection_options) {
+  ce_h1_head_t h = parse_req("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n"
+                             "Connection: x-a\r\nX-A: 1\r\n\r\n");
+  static const char evil[] = "content-length, x-a";
+  h.fields[2].value = evil;
+  h.fields[2].value_len = sizeof(evil) - 1;
+  char buf[256];
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_assert_eq(ce_h1_write_request_head(&w, &h, NULL, 0, 0), 0);
+  expect_written(&w, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\n");
+}
+
 Test(http1_writer, request_head_flags) {
   const char *in = "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n"
                    "Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
@@ -187,6 +203,68 @@ Test(http1_writer, response_head) {
   cr_assert_eq(ce_h1_write_response_head(&w, &h, CE_H1_W_UPGRADE), 0);
   expect_written(&w, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
                      "Sec-WebSocket-Accept: abc\r\nConnection: upgrade\r\n\r\n");
+}
+
+/* Transfer-Encoding is rewritten, never copied: chunked is always
+ * announced for a chunked body, and a response's other codings survive. */
+Test(http1_writer, transfer_encoding_is_rewritten) {
+  static const struct {
+    const char *in, *method;
+    unsigned flags;
+    const char *te; /* what is written (Host is left to the head writer) */
+  } cases[] = {
+      /* A chunked request stays chunked even if the caller forgets. */
+      {"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: , chunked\r\n\r\n", NULL, 0,
+       "Transfer-Encoding: chunked\r\n"},
+      {"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\n", NULL, 0,
+       "Content-Length: 3\r\n"},
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "GET", 0,
+       "Transfer-Encoding: chunked\r\n"},
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "GET", 0,
+       "Transfer-Encoding: gzip, chunked\r\n"},
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: br, chunked\r\n\r\n",
+       "GET", 0, "Transfer-Encoding: gzip, br, chunked\r\n"},
+      /* Read until close: every coding describes the bytes passed on. */
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", "GET", CE_H1_W_CLOSE,
+       "Transfer-Encoding: gzip\r\nConnection: close\r\n"},
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", "GET", 0,
+       "Transfer-Encoding: chunked, gzip\r\n"},
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", "GET", CE_H1_W_CHUNKED,
+       "Transfer-Encoding: gzip, chunked\r\n"},
+      {"HTTP/1.1 200 OK\r\n\r\n", "GET", CE_H1_W_CHUNKED, "Transfer-Encoding: chunked\r\n"},
+      /* No body goes out: nothing to announce. */
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "HEAD", 0, ""},
+      {"HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n", "GET", 0, ""},
+  };
+  for (size_t i = 0; i < N_OF(cases); i++) {
+    ce_h1_head_t h;
+    const char *why = NULL;
+    const char *in = cases[i].in;
+    int rc = cases[i].method == NULL
+                 ? ce_h1_parse_request(in, strlen(in), &h, &why)
+                 : ce_h1_parse_response(in, strlen(in), cases[i].method,
+                                        strlen(cases[i].method), &h, &why);
+    cr_assert_eq(rc, CE_OK, "%s: %s", in, why);
+    char buf[512];
+    ce_h1_writer_t w;
+    ce_h1_writer_init(&w, buf, sizeof(buf));
+    cr_assert_eq(ce_h1_write_forwarded_fields(&w, &h, cases[i].flags), 0, "%s", in);
+    expect_written(&w, cases[i].te);
+  }
+  /* Chunking a body that already carries chunked would apply it twice. */
+  ce_h1_head_t h = parse_resp("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n");
+  char buf[256];
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_forwarded_fields(&w, &h, CE_H1_W_CHUNKED), CE_EINVAL);
+  cr_expect_eq(w.len, 0);
+  /* A hand-made coding with a CR is refused like any value. */
+  h = parse_resp("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n");
+  h.fields[0].value = "gz\rip";
+  h.fields[0].value_len = 5;
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_forwarded_fields(&w, &h, 0), CE_EINVAL);
+  cr_expect_eq(w.len, 0);
 }
 
 Test(http1_writer, proxy_generated_response) {
