@@ -87,8 +87,11 @@ int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
  * address, bad token or session id, unusable stdout_fd, a path that exists
  * and is not a socket; *err explains), CE_EIO (bind/listen failed or the
  * Unix socket is in use by a live listener, *err explains), CE_ENOMEM.
- * On failure *out is untouched and nothing is left on the loop. err may be
- * NULL when errlen is 0. */
+ * On failure *out is untouched and nothing is left on the loop, with one
+ * exception: if libuv refuses a descriptor that is already bound (which
+ * does not happen in practice), the handles created so far close on the
+ * loop's next turn, so run the loop once before uv_loop_close(). err may
+ * be NULL when errlen is 0. */
 int ce_control_start(uv_loop_t *loop, const ce_control_opts_t *opts,
                      ce_control_t **out, char *err, size_t errlen);
 
