@@ -1,12 +1,15 @@
 /*
  * The session CA and the leaf cache (see ca.h, docs/tls.md).
  *
- * Minting: one fresh ECDSA P-256 key per leaf. Sharing one key across all
- * leaves would save the key generation (about 25 us of CPU on the machine
- * this was written on, next to about 20 us to sign the leaf and far more
- * for the handshake that follows), but would tie every host's leaf to one
- * key, so a key that leaks through one connection's memory would serve for
- * every host. Per-leaf keys cost little and keep each leaf independent.
+ * Minting: one fresh ECDSA P-256 key per leaf. Measured with OpenSSL
+ * 3.0.x (Debian 12), -O2: a miss costs about 0.4 ms, of which key
+ * generation is about 25 us and signing about 30 us; the rest is
+ * X509_set_pubkey(), which in OpenSSL 3.0 encodes and decodes the public
+ * key through the provider machinery on every certificate, whether or not
+ * the key is shared. A shared key would therefore save under a tenth of
+ * the cost, while tying every host's leaf to one key, so that a key leaked
+ * through one connection's memory would serve for every host. Per-leaf
+ * keys keep each leaf independent. A hit costs well under a microsecond.
  *
  * Caching: a hash table of singly linked chains for lookup, and a doubly
  * linked list in use order for eviction, both threaded through the same
