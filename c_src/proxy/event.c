@@ -198,8 +198,12 @@ json_t *ce_event_new(const char *name, const ce_reqinfo_t *r, const char *reason
   char id[24], cid[24];
   snprintf(id, sizeof(id), "%llu", (unsigned long long)r->id);
   snprintf(cid, sizeof(cid), "%llu", (unsigned long long)r->connection_id);
+  /* The seeds: matched_rule is the provenance of a decision, so only the
+   * allowed and denied events carry it (and decision requests, which
+   * carry their rule separately). */
+  bool decision = strcmp(name, "request_allowed") == 0 || strcmp(name, "request_denied") == 0;
   json_t *rule = json_null();
-  if (r->matched_rule >= 0)
+  if (decision && r->matched_rule >= 0)
     rule = json_pack("{s:i s:s}", "index", (json_int_t)r->matched_rule, "kind", r->matched_kind);
   json_t *ev = json_pack(
       "{s:s s:o s:s s:s s:s s:o s:o s:i s:o s:o s:s s:o s:o s:o s:o s:I s:I s:o s:o s:o s:o s:o}",

@@ -62,7 +62,8 @@ defmodule Condukt.Netns.SidecarTest do
         acc = [ev | acc]
         if ev["event"] in last, do: Enum.reverse(acc), else: collect(query, last, acc, deadline)
     after
-      left -> flunk("no #{inspect(last)} event for #{query}; got #{inspect(Enum.map(Enum.reverse(acc), & &1["event"]))}")
+      left ->
+        flunk("no #{inspect(last)} event for #{query}; got #{inspect(Enum.map(Enum.reverse(acc), & &1["event"]))}")
     end
   end
 
@@ -135,9 +136,9 @@ defmodule Condukt.Netns.SidecarTest do
     end
 
     test "WebSocket upgrades are evaluated, then relayed both ways", %{tb: tb, sc: sc} do
-      r = Client.websocket(tb, "wss://ws.test/ws", ["one", "two"], ca: sc.ca_cert)
-      assert r.ok, inspect(r)
-      assert r.data["received"] == ["hello /ws", "one", "two"]
+      r = Client.websocket(tb, "wss://ws.test/ws", ["one", "two", String.duplicate("x", 100_000)], ca: sc.ca_cert)
+      assert r.ok, inspect(r) <> Sidecar.stderr(sc)
+      assert r.data.received == ["hello /ws", "one", "two", String.duplicate("x", 100_000)]
     end
 
     test "git clone over smart HTTP", %{tb: tb, sc: sc} do
@@ -225,7 +226,11 @@ defmodule Condukt.Netns.SidecarTest do
       q = tag()
 
       r =
-        Client.run(tb, :curl, "https://allowed.test/?#{q}", ca: sc.ca_cert, http: :h1, headers: [{"Host", "denied.test"}])
+        Client.run(tb, :curl, "https://allowed.test/?#{q}",
+          ca: sc.ca_cert,
+          http: :h1,
+          headers: [{"Host", "denied.test"}]
+        )
 
       assert r.status == 421
       assert List.last(events_for(q))["reason"] == "misdirected_request"
@@ -238,7 +243,7 @@ defmodule Condukt.Netns.SidecarTest do
       s = ctx.wrap_socket(socket.create_connection(("allowed.test", 443), timeout=10), server_hostname="allowed.test")
       s.sendall(b"GET / HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\nGET / HTTP/1.1\\r\\nHost: other.test\\r\\n\\r\\n")
       data = b""
-      while data.count(b"HTTP/1.1 ") < 2 or not data.rstrip().endswith(b"connection\\n"):
+      while data.count(b"HTTP/1.1 ") < 2 or not data.rstrip().endswith(b"connection"):
           chunk = s.recv(65536)
           if not chunk: break
           data += chunk

@@ -21,7 +21,10 @@ defmodule Condukt.Test.Netns.ControlPeer do
   def init({sc, owner, decide, opts}) do
     "unix:" <> path = sc.control
 
-    case :gen_tcp.connect({:local, String.to_charlist(path)}, 0, [:binary, packet: :line, active: true, buffer: 1_048_576 * 2],
+    case :gen_tcp.connect(
+           {:local, String.to_charlist(path)},
+           0,
+           [:binary, packet: :line, active: true, buffer: 1_048_576 * 2],
            5_000
          ) do
       {:ok, sock} ->

@@ -48,7 +48,11 @@ defmodule Condukt.Test.Netns.Sidecar do
     policy = if is_struct(policy, NetworkPolicy), do: policy, else: NetworkPolicy.new!(policy)
     dir = Path.join(tb.dir, "sidecar-#{System.unique_integer([:positive])}")
     File.mkdir_p!(dir)
-    bin = bin()
+    # The proxy's uid may not traverse the build tree: it gets its own copy
+    # of the binary and of the Mozilla snapshot, as in a sidecar image.
+    bin = Path.join(dir, "condukt-egress")
+    File.cp!(bin(), bin)
+    File.chmod!(bin, 0o755)
 
     policy_path = Path.join(dir, "policy.json")
     File.write!(policy_path, NetworkPolicy.to_sidecar_json(policy))
@@ -60,7 +64,9 @@ defmodule Condukt.Test.Netns.Sidecar do
     File.write!(token_path, token <> "\n")
 
     bundle = Path.join(dir, "trust-bundle.pem")
-    mozilla = Path.join(:code.priv_dir(:condukt), "ca-certificates/mozilla.pem")
+    mozilla = Path.join(dir, "mozilla.pem")
+    File.cp!(Path.join(:code.priv_dir(:condukt), "ca-certificates/mozilla.pem"), mozilla)
+    File.chmod!(mozilla, 0o644)
     File.write!(bundle, File.read!(mozilla) <> File.read!(ca_cert))
 
     # Secrets are the sidecar's alone (DESIGN §6): 0600, owned by its uid.
@@ -72,9 +78,7 @@ defmodule Condukt.Test.Netns.Sidecar do
 
     if Keyword.get(opts, :netfilter, true) do
       Cmd.run!(
-        Testbed.command(tb, :pod, [bin, "netfilter-setup", "--proxy-port", "#{@port}", "--mark", @mark],
-          env: san_env()
-        )
+        Testbed.command(tb, :pod, [bin, "netfilter-setup", "--proxy-port", "#{@port}", "--mark", @mark], env: san_env())
       )
     end
 
@@ -97,7 +101,8 @@ defmodule Condukt.Test.Netns.Sidecar do
         ["--trust-bundle", mozilla, "--mark", @mark] ++
         Enum.flat_map(private, &["--allow-private", &1]) ++ Keyword.get(opts, :extra_args, [])
 
-    env = ["/usr/bin/env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"] ++ Enum.map(san_env(), fn {k, v} -> "#{k}=#{v}" end)
+    env =
+      ["/usr/bin/env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"] ++ Enum.map(san_env(), fn {k, v} -> "#{k}=#{v}" end)
 
     argv =
       [Tier.tool!("ip"), "netns", "exec", tb.pod_ns, Tier.tool!("setpriv")] ++
