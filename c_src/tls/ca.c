@@ -321,6 +321,7 @@ static int build_ca_cert(const char *cn, unsigned days, EVP_PKEY *key,
   if (x == NULL)
     return CE_ENOMEM;
   time_t now = time(NULL);
+  /* Backdated like the leaves, for the same slow workspace clocks. */
   time_t start = now - CE_LEAF_BACKDATE_SECONDS;
   int rc = set_random_serial(x);
   if (rc != CE_OK)

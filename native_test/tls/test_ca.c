@@ -355,8 +355,10 @@ Test(ca, load_refuses_odd_files) {
 }
 
 Test(ca, load_refuses_unreadable_files) {
-  if (geteuid() == 0)
+  if (geteuid() == 0) {
+    fx_teardown(); /* .fini does not run after a skip */
     cr_skip_test("root reads any file; permission errors cannot be provoked");
+  }
   paths();
   fx_generate_ca(7);
   cr_assert_eq(chmod(key_path, 0), 0);
