@@ -139,8 +139,9 @@ int ce_addr_parse(const char *text, struct sockaddr_storage *out) {
     host[close - text - 1] = '\0';
     port = close + 2;
   } else {
-    const char *colon = strrchr(text, ':');
-    if (colon == NULL || (size_t)(colon - text) >= sizeof(host))
+    /* An IPv6 address needs brackets: "::1:80" could be either. */
+    const char *colon = strchr(text, ':');
+    if (colon == NULL || colon != strrchr(text, ':') || (size_t)(colon - text) >= sizeof(host))
       return CE_EINVAL;
     memcpy(host, text, (size_t)(colon - text));
     host[colon - text] = '\0';
