@@ -23,6 +23,7 @@
 
 #include "common/error.h"
 #include "http1/parser.h"
+#include "http1/writer.h"
 #include "proxy/clienthello.h"
 #include "proxy/event.h"
 #include "proxy/netaddr.h"
@@ -550,135 +551,30 @@ static void reject_head(ce_conn_t *c, int status, const char *why) {
   close_after_flush(c);
 }
 
-/* ---- heads --------------------------------------------------------------- */
+/* ---- heads ------------------------------------------------------------- */
 
-typedef struct {
-  char *data;
-  size_t len;
-  size_t cap;
-  bool overflow;
-} hbuf_t;
+/* The most bytes a forwarded head can take: the parsed head's own bound
+ * plus the few fields the proxy adds. */
+#define CE_CONN_HEAD_OUT_MAX (CE_H1_MAX_HEAD_BYTES + 256u)
 
-static void hb_put(hbuf_t *b, const char *s, size_t n) {
-  if (b->overflow || b->len + n > b->cap) {
-    b->overflow = true;
-    return;
-  }
-  memcpy(b->data + b->len, s, n);
-  b->len += n;
-}
-
-static void hb_str(hbuf_t *b, const char *s) { hb_put(b, s, strlen(s)); }
-
-static bool token_in_list(const char *v, size_t n, const char *token) {
-  size_t tl = strlen(token);
-  size_t i = 0;
-  while (i < n) {
-    while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
-      i++;
-    size_t start = i;
-    while (i < n && v[i] != ',')
-      i++;
-    size_t end = i;
-    while (end > start && (v[end - 1] == ' ' || v[end - 1] == '\t'))
-      end--;
-    if (end - start == tl && strncasecmp(v + start, token, tl) == 0)
-      return true;
-  }
-  return false;
-}
-
-/* RFC 9110 §7.6.1: Connection and the fields it names are hop-by-hop, as
- * are the legacy Keep-Alive and Proxy-Connection, TE and Trailer; framing
- * (Content-Length, Transfer-Encoding) is rewritten by the proxy. */
-static bool hop_by_hop(const ce_h1_head_t *h, const ce_h1_field_t *f) {
-  static const char *const fixed[] = {"connection", "keep-alive",     "proxy-connection", "te",
-                                      "trailer",    "transfer-encoding", "content-length", "upgrade"};
-  for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
-    if (strlen(fixed[i]) == f->name_len && strncasecmp(fixed[i], f->name, f->name_len) == 0)
-      return true;
-  for (int i = ce_h1_find(h, "connection", 0); i >= 0; i = ce_h1_find(h, "connection", i + 1)) {
-    char name[128];
-    if (f->name_len >= sizeof(name))
-      continue;
-    memcpy(name, f->name, f->name_len);
-    name[f->name_len] = '\0';
-    if (token_in_list(h->fields[i].value, h->fields[i].value_len, name))
-      return true;
-  }
-  return false;
-}
-
-static void hb_fields(hbuf_t *b, const ce_h1_head_t *h) {
-  for (size_t i = 0; i < h->field_count; i++) {
-    const ce_h1_field_t *f = &h->fields[i];
-    if (hop_by_hop(h, f))
-      continue;
-    hb_put(b, f->name, f->name_len);
-    hb_str(b, ": ");
-    hb_put(b, f->value, f->value_len);
-    hb_str(b, "\r\n");
-  }
-}
-
-static void hb_upgrade(hbuf_t *b, const ce_h1_head_t *h) {
-  int i = ce_h1_find(h, "upgrade", 0);
-  if (i < 0)
-    return;
-  hb_str(b, "Connection: Upgrade\r\nUpgrade: ");
-  hb_put(b, h->fields[i].value, h->fields[i].value_len);
-  hb_str(b, "\r\n");
-}
-
-/* The request head as sent upstream: origin-form target (RFC 9112 §3.2.1),
- * hop-by-hop fields dropped, framing written by the proxy. */
+/* The request head as sent upstream (http1/writer.h): origin-form target,
+ * Host first, hop-by-hop fields dropped, framing chosen by the proxy. */
 static int build_upstream_head(ce_conn_t *c, const ce_h1_head_t *h) {
-  hbuf_t b = {.cap = CE_H1_MAX_HEAD_BYTES + 256};
-  b.data = malloc(b.cap);
-  if (b.data == NULL)
+  char *buf = malloc(CE_CONN_HEAD_OUT_MAX);
+  if (buf == NULL)
     return CE_ENOMEM;
-  hb_put(&b, h->method, h->method_len);
-  hb_str(&b, " ");
-  const char *t = h->target;
-  size_t tn = h->target_len;
-  if (tn > 0 && t[0] != '/' && !(tn == 1 && t[0] == '*')) {
-    const char *sep = memmem(t, tn, "://", 3);
-    const char *slash = sep != NULL ? memchr(sep + 3, '/', (size_t)(t + tn - sep - 3)) : NULL;
-    if (slash != NULL) {
-      tn = (size_t)(t + tn - slash);
-      t = slash;
-    } else {
-      t = "/";
-      tn = 1;
-    }
-  }
-  hb_put(&b, t, tn);
-  hb_str(&b, " HTTP/1.1\r\n");
-  if (h->host == NULL) {
-    /* HTTP/1.0 in absolute-form: RFC 9112 §3.2.2 lets the target name the
-     * host; upstream still needs a Host field. */
-    hb_str(&b, "Host: ");
-    hb_str(&b, c->req.host);
-    hb_str(&b, "\r\n");
-  }
-  hb_fields(&b, h);
-  if (h->framing == CE_H1_BODY_LENGTH) {
-    char cl[48];
-    snprintf(cl, sizeof(cl), "Content-Length: %llu\r\n", (unsigned long long)h->content_length);
-    hb_str(&b, cl);
-  } else if (h->framing == CE_H1_BODY_CHUNKED) {
-    hb_str(&b, "Transfer-Encoding: chunked\r\n");
-  }
-  if (h->upgrade)
-    hb_upgrade(&b, h);
-  hb_str(&b, "\r\n");
-  if (b.overflow) {
-    free(b.data);
-    return CE_ETOOBIG;
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, CE_CONN_HEAD_OUT_MAX);
+  unsigned flags = (h->framing == CE_H1_BODY_CHUNKED ? CE_H1_W_CHUNKED : 0) |
+                   (h->upgrade && h->upgrade_websocket ? CE_H1_W_UPGRADE : 0);
+  int rc = ce_h1_write_request_head(&w, h, NULL, 0, flags);
+  if (rc != CE_OK) {
+    free(buf);
+    return rc;
   }
   free(c->up_head);
-  c->up_head = b.data;
-  c->up_head_len = b.len;
+  c->up_head = buf;
+  c->up_head_len = w.len;
   return CE_OK;
 }
 
@@ -1096,8 +992,13 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
     refuse_request(c, 421, "misdirected_request", detail);
     return;
   }
-  if (build_upstream_head(c, h) != CE_OK) {
+  int built = build_upstream_head(c, h);
+  if (built == CE_ETOOBIG) {
     refuse_request(c, 431, "request_header_too_large", "the request head is too large to forward");
+    return;
+  }
+  if (built != CE_OK) {
+    refuse_request(c, 400, "bad_request: cannot be forwarded", "malformed request: it cannot be forwarded");
     return;
   }
   switch (v.decision) {
@@ -1162,8 +1063,11 @@ static void start_exchange(ce_conn_t *c) {
 
 static void write_chunk(side_t *s, const char *data, size_t len) {
   char hdr[24];
-  int n = snprintf(hdr, sizeof(hdr), "%zx\r\n", len);
-  side_write(s, hdr, (size_t)n);
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, hdr, sizeof(hdr));
+  if (ce_h1_write_chunk_header(&w, len) != CE_OK)
+    return; /* len is 1..CE_CONN_INPUT_MAX: cannot happen */
+  side_write(s, hdr, w.len);
   side_write(s, data, len);
   side_write(s, "\r\n", 2);
 }
@@ -1232,64 +1136,41 @@ static void discard_request_body(ce_conn_t *c) {
 
 /* The response head as written to the workspace. */
 static int forward_response_head(ce_conn_t *c, const ce_h1_head_t *h) {
-  hbuf_t b = {.cap = CE_H1_MAX_HEAD_BYTES + 256};
-  b.data = malloc(b.cap);
-  if (b.data == NULL)
-    return CE_ENOMEM;
-  char line[64];
-  snprintf(line, sizeof(line), "HTTP/1.1 %03d ", h->status);
-  hb_str(&b, line);
-  hb_put(&b, h->reason, h->reason_len);
-  hb_str(&b, "\r\n");
-  hb_fields(&b, h);
+  unsigned flags = 0;
   bool interim = h->status >= 100 && h->status < 200;
   if (h->status == 101) {
-    hb_upgrade(&b, h);
+    flags |= CE_H1_W_UPGRADE;
   } else if (!interim) {
     c->resp_chunked_out = false;
     c->resp_close_out = false;
-    switch (h->framing) {
-    case CE_H1_BODY_NONE: {
-      /* HEAD and 304 answers keep the Content-Length upstream sent: it
-       * describes the representation, not this message (RFC 9110 §8.6). */
-      int i = ce_h1_find(h, "content-length", 0);
-      if (i >= 0) {
-        hb_str(&b, "Content-Length: ");
-        hb_put(&b, h->fields[i].value, h->fields[i].value_len);
-        hb_str(&b, "\r\n");
-      }
-      break;
-    }
-    case CE_H1_BODY_LENGTH: {
-      char cl[48];
-      snprintf(cl, sizeof(cl), "Content-Length: %llu\r\n", (unsigned long long)h->content_length);
-      hb_str(&b, cl);
-      break;
-    }
-    case CE_H1_BODY_CHUNKED:
-    case CE_H1_BODY_CLOSE:
-      /* A body of unknown length goes to an HTTP/1.1 client chunked, which
-       * keeps the connection usable; an HTTP/1.0 client reads to close. */
-      if (strcmp(c->req.http_version, "HTTP/1.1") == 0) {
-        hb_str(&b, "Transfer-Encoding: chunked\r\n");
+    if (h->framing == CE_H1_BODY_CHUNKED) {
+      c->resp_chunked_out = true;
+    } else if (h->framing == CE_H1_BODY_CLOSE) {
+      /* A body that ends at close goes to an HTTP/1.1 client chunked,
+       * which keeps the connection usable; an HTTP/1.0 client reads it to
+       * the close (RFC 9112 §6.3). */
+      if (strcmp(c->req.http_version, "HTTP/1.1") == 0)
         c->resp_chunked_out = true;
-      } else {
+      else
         c->resp_close_out = true;
-      }
-      break;
     }
-    c->resp_keep_alive = h->keep_alive && c->req_keep_alive && !c->resp_close_out && c->req_done;
+    if (c->resp_chunked_out)
+      flags |= CE_H1_W_CHUNKED;
+    c->resp_keep_alive = h->keep_alive && c->req_keep_alive && !c->resp_close_out && c->req_done &&
+                         !c->proxy->draining;
     if (!c->resp_keep_alive)
-      hb_str(&b, "Connection: close\r\n");
+      flags |= CE_H1_W_CLOSE;
   }
-  hb_str(&b, "\r\n");
-  if (b.overflow) {
-    free(b.data);
-    return CE_ETOOBIG;
-  }
-  side_write(&c->c, b.data, b.len);
-  free(b.data);
-  return CE_OK;
+  char *buf = malloc(CE_CONN_HEAD_OUT_MAX);
+  if (buf == NULL)
+    return CE_ENOMEM;
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, CE_CONN_HEAD_OUT_MAX);
+  int rc = ce_h1_write_response_head(&w, h, flags);
+  if (rc == CE_OK)
+    side_write(&c->c, buf, w.len);
+  free(buf);
+  return rc;
 }
 
 static void finish_exchange(ce_conn_t *c) {
@@ -1347,7 +1228,7 @@ static void pump_response(ce_conn_t *c) {
       ce_reqinfo_set_response(&c->req, h, c->proxy->opts);
       c->req.bytes_in += h->head_len;
       if (forward_response_head(c, h) != CE_OK) {
-        upstream_failed_mid_response(c, "upstream_bad_response: head too large");
+        upstream_failed_mid_response(c, "upstream_bad_response: cannot be forwarded");
         return;
       }
       consume(&c->u, h->head_len);
