@@ -104,6 +104,8 @@ $(BUILD)/fuzz/%: native_test/fuzz/%.c $(FUZZ_LIB_OBJS)
 
 # Each target starts from its committed seeds (native_test/fuzz/corpus/NAME)
 # and writes new inputs to a scratch copy, so the tree stays clean.
+.SECONDARY: $(FUZZ_LIB_OBJS)
+
 fuzz-smoke: $(FUZZ_BINS)
 	sh scripts/run-fuzzers.sh $(FUZZ_SMOKE_SECONDS) $(FUZZ_BINS)
 
