@@ -46,7 +46,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
+trap 'exit 1' INT TERM HUP PIPE
 
 FAILED=0
 check() { # check DESCRIPTION EXPECTED ACTUAL
