@@ -159,6 +159,12 @@ static const char *resolv_conf(void) {
 
 TestSuite(nf_cmd, .init = setup, .fini = teardown);
 
+/* Criterion does not run a suite's fini after cr_skip_test. */
+static void skip_without_fini(const char *why) {
+  teardown();
+  cr_skip_test("%s", why);
+}
+
 /* What --dry-run prints for one family, built from the same generators
  * the command uses, so the test pins the framing around them. */
 static void expected_dry_run(char *buf, size_t cap, const ce_nf_config_t *cfg,
@@ -474,7 +480,7 @@ Test(nf_fake, install_then_rerun_adds_each_jump_once) {
 
 Test(nf_fake, both_families_and_remove) {
   if (!kernel_has_ipv6())
-    cr_skip_test("this kernel has no IPv6, so --ipv6 on is refused");
+    skip_without_fini("this kernel has no IPv6, so --ipv6 on is refused");
   fake_setup();
   static result_t r;
   const char *env[] = {fake_env, NULL};
@@ -522,7 +528,7 @@ Test(nf_fake, both_families_and_remove) {
 
 Test(nf_fake, ip6tables_failure_is_exit_1) {
   if (!kernel_has_ipv6())
-    cr_skip_test("this kernel has no IPv6");
+    skip_without_fini("this kernel has no IPv6");
   fake_setup();
   static result_t r;
   run(&r, (const char *[]){"--dns", "none", "--iptables", fake_v4, "--ip6tables", fake_v6, NULL},
@@ -544,7 +550,7 @@ Test(nf_fake, ip6tables_failure_is_exit_1) {
 
 Test(nf_fake, a_missing_ip6tables_fails_before_anything_changes) {
   if (!kernel_has_ipv6())
-    cr_skip_test("this kernel has no IPv6");
+    skip_without_fini("this kernel has no IPv6");
   fake_setup();
   static result_t r;
   run(&r, (const char *[]){"--dns", "none", "--iptables", fake_v4, "--ip6tables",
@@ -588,18 +594,35 @@ Test(nf_fake, an_unexpected_check_answer_is_a_failure) {
 
 /* ---- nf_netns: real iptables in fresh network namespaces (root) ---- */
 
+#define NETNS_MAX 4
+static char netns[NETNS_MAX][48];
+static int n_netns;
+
+static void netns_teardown(void) {
+  for (int i = 0; i < n_netns; i++) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      execlp("ip", "ip", "netns", "delete", netns[i], (char *)NULL);
+      _exit(127);
+    }
+    if (pid > 0)
+      waitpid(pid, NULL, 0);
+  }
+  n_netns = 0;
+  teardown();
+}
+
 static void tier_unavailable(const char *why) {
   const char *req = getenv("CONDUKT_REQUIRE_ALL_TIERS");
   if (req != NULL && strcmp(req, "1") == 0)
     cr_assert_fail("netns tier required (CONDUKT_REQUIRE_ALL_TIERS=1) but it cannot run: %s", why);
+  /* Criterion does not run a suite's fini after cr_skip_test, so clean
+   * up here. */
+  netns_teardown();
   /* Printed as well, so the reason shows whatever Criterion's verbosity. */
   fprintf(stderr, "nf_netns: skipped: %s\n", why);
   cr_skip_test("netns tier skipped: %s", why);
 }
-
-#define NETNS_MAX 4
-static char netns[NETNS_MAX][48];
-static int n_netns;
 
 static bool on_path(const char *name) {
   const char *path = getenv("PATH");
@@ -638,20 +661,6 @@ static const char *new_netns(void) {
     tier_unavailable(r.err);
   n_netns++;
   return name;
-}
-
-static void netns_teardown(void) {
-  for (int i = 0; i < n_netns; i++) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      execlp("ip", "ip", "netns", "delete", netns[i], (char *)NULL);
-      _exit(127);
-    }
-    if (pid > 0)
-      waitpid(pid, NULL, 0);
-  }
-  n_netns = 0;
-  teardown();
 }
 
 TestSuite(nf_netns, .init = setup, .fini = netns_teardown);
