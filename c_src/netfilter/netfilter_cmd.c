@@ -384,10 +384,42 @@ static void put_output(const ce_nf_exec_result_t *res) {
     fputs("  [further output dropped]\n", stderr);
 }
 
-/* iptables' ways of saying it lacks CAP_NET_ADMIN: "Permission denied
- * (you must be root)" from both backends, EPERM from netlink. */
-static bool looks_unprivileged(const ce_nf_exec_result_t *res) {
-  return strstr(res->output, "Permission denied") != NULL ||
+/* Capability numbers from <linux/capability.h>, which we do not include
+ * for two constants. */
+#define NF_CAP_NET_ADMIN 12
+#define NF_CAP_NET_RAW 13
+
+/* Our effective capabilities (CapEff in /proc/self/status); all bits set
+ * when that cannot be read, so that we never blame a missing capability
+ * without evidence. */
+static unsigned long long effective_caps(void) {
+  unsigned long long caps = ~0ULL;
+  char line[256];
+  FILE *f = fopen("/proc/self/status", "r");
+  if (f == NULL)
+    return caps;
+  while (fgets(line, sizeof(line), f) != NULL) {
+    if (strncmp(line, "CapEff:", 7) == 0) {
+      caps = strtoull(line + 7, NULL, 16);
+      break;
+    }
+  }
+  fclose(f);
+  return caps;
+}
+
+static bool has_cap(unsigned long long caps, int cap) {
+  return (caps >> cap) & 1u;
+}
+
+/* Whether iptables failed for want of CAP_NET_ADMIN: the nf_tables
+ * backend says "Permission denied (you must be root)", netlink says EPERM,
+ * and the legacy backend only says "unable to initialize table", so our
+ * own capability set is asked as well. */
+static bool looks_unprivileged(const ce_nf_exec_result_t *res,
+                               unsigned long long caps) {
+  return !has_cap(caps, NF_CAP_NET_ADMIN) ||
+         strstr(res->output, "Permission denied") != NULL ||
          strstr(res->output, "must be root") != NULL ||
          strstr(res->output, "Operation not permitted") != NULL;
 }
@@ -420,10 +452,18 @@ static int run(const char *path, char *const argv[], const char *input,
 
 static int fail(const char *path, const char *doing,
                 const ce_nf_exec_result_t *res) {
-  if (looks_unprivileged(res))
+  unsigned long long caps = effective_caps();
+  if (looks_unprivileged(res, caps))
     fprintf(stderr,
             PROG ": " CMD " needs CAP_NET_ADMIN in the pod's network "
                  "namespace: %s exited with status %d while %s:\n",
+            path, res->exit_code, doing);
+  else if (!has_cap(caps, NF_CAP_NET_RAW) &&
+           strstr(res->output, "(legacy)") != NULL)
+    /* The legacy backend talks to the kernel through a raw socket. */
+    fprintf(stderr,
+            PROG ": " CMD " needs CAP_NET_RAW as well with the legacy "
+                 "iptables backend: %s exited with status %d while %s:\n",
             path, res->exit_code, doing);
   else
     fprintf(stderr, PFX "%s exited with status %d while %s:\n", path,

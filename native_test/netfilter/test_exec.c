@@ -106,7 +106,7 @@ Test(nf_exec, spawn_failure_names_errno) {
   cr_assert_eq(res.spawn_errno, EACCES, "a file without x permission");
 }
 
-Test(nf_exec, timeout_kills_and_reaps, .timeout = 20) {
+Test(nf_exec, timeout_kills_and_reaps) {
   int before = open_fds();
   cr_assert_eq(sh("echo started; exec sleep 30", "", 0, 300), CE_ETIMEDOUT);
   cr_assert_eq(res.signal, SIGKILL);
