@@ -122,7 +122,6 @@ struct ce_conn {
   int32_t decide_rule;
   bool decide_cache;
   bool failed_reported;
-  uint64_t requests;       /* requests seen on this connection */
 };
 
 /* ---- tracing ------------------------------------------------------------ */
@@ -904,7 +903,6 @@ static bool split_authority(const char *a, size_t n, size_t *host_len, long *por
 }
 
 static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
-  c->requests++;
   ce_reqinfo_init(&c->req, ++c->proxy->next_request_id, c->id);
   c->have_req = true;
   c->req.scheme = c->tls ? "https" : "http";
@@ -932,25 +930,17 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
    * steered by a client that sends both. */
   const char *auth = h->host;
   size_t auth_len = h->host_len;
-  if (h->target_len > 0 && h->target[0] != '/' && h->target[0] != '*') {
-    const char *sep = memmem(h->target, h->target_len, "://", 3);
-    if (sep != NULL) {
-      auth = sep + 3;
-      const char *end = h->target + h->target_len;
-      const char *slash = memchr(auth, '/', (size_t)(end - auth));
-      const char *q = memchr(auth, '?', (size_t)(end - auth));
-      if (q != NULL && (slash == NULL || q < slash))
-        slash = q;
-      auth_len = (size_t)((slash != NULL ? slash : end) - auth);
-    } else if (memchr(h->target, ':', h->target_len) != NULL) {
-      /* authority-form: only CONNECT uses it, and a transparent proxy has
-       * nothing to tunnel to. */
-      snprintf(c->req.host, sizeof(c->req.host), "%s", c->sni.text);
-      emit(c, "request_opened", NULL);
-      refuse_request(c, 400, "bad_request: connect_not_supported",
-                     "CONNECT is not supported: this connection already goes where it was dialled");
-      return;
-    }
+  if (h->target_form == CE_H1_TARGET_ABSOLUTE) {
+    auth = h->authority;
+    auth_len = h->authority_len;
+  } else if (h->target_form == CE_H1_TARGET_AUTHORITY) {
+    /* authority-form: only CONNECT uses it, and a transparent proxy has
+     * nothing to tunnel to. */
+    snprintf(c->req.host, sizeof(c->req.host), "%s", c->sni.text);
+    emit(c, "request_opened", NULL);
+    refuse_request(c, 400, "bad_request: connect_not_supported",
+                   "CONNECT is not supported: this connection already goes where it was dialled");
+    return;
   }
   if (auth == NULL || auth_len == 0) {
     snprintf(c->req.host, sizeof(c->req.host), "%s", c->sni.text);

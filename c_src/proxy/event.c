@@ -105,21 +105,14 @@ int ce_reqinfo_set_request(ce_reqinfo_t *r, const ce_h1_head_t *head, const ce_p
   r->method[mlen] = '\0';
   r->http_version = head->version_minor == 0 ? "HTTP/1.0" : "HTTP/1.1";
 
-  /* RFC 9112 §3.2: absolute-form carries scheme and authority before the
-   * path; the event shows the path and query only. */
-  const char *t = head->target;
-  size_t n = head->target_len;
-  const char *sep = memmem(t, n, "://", 3);
-  if (sep != NULL && t[0] != '/') {
-    const char *after = sep + 3;
-    const char *slash = memchr(after, '/', (size_t)(t + n - after));
-    if (slash == NULL) {
-      t = "/";
-      n = 1;
-    } else {
-      n = (size_t)(t + n - slash);
-      t = slash;
-    }
+  /* The event shows the path and query only; the parser already split an
+   * absolute-form target (RFC 9112 §3.2.2) from its authority. An empty
+   * path is "/" (RFC 9112 §3.2.1). */
+  const char *t = head->path;
+  size_t n = head->path_len;
+  if (t == NULL || n == 0) {
+    t = "/";
+    n = 1;
   }
   const char *q = memchr(t, '?', n);
   size_t plen = q != NULL ? (size_t)(q - t) : n;

@@ -5,6 +5,7 @@
 #include "proxy/options.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,7 +147,7 @@ static int parse_u32(const char *s, uint32_t min, uint32_t max, int allow_hex, u
 }
 
 /* Applies one value to the option it belongs to. */
-static int apply(const opt_spec_t *spec, const char *value, ce_proxy_options_t *o, bool from_flag) {
+static int apply(const opt_spec_t *spec, const char *value, ce_proxy_options_t *o) {
   const char *f = spec->flag;
   uint32_t v;
   switch (spec->kind) {
@@ -210,7 +211,6 @@ static int apply(const opt_spec_t *spec, const char *value, ce_proxy_options_t *
     else if (strcmp(f, "idle-timeout-ms") == 0) o->idle_ms = v;
     return CE_EXIT_OK;
   }
-  (void)from_flag;
   return CE_EXIT_OK;
 }
 
@@ -262,7 +262,7 @@ int ce_proxy_options_parse(int argc, char **argv, ce_proxy_options_t *o) {
       value = argv[++i];
     }
     seen[si] = true;
-    int rc = apply(spec, value, o, true);
+    int rc = apply(spec, value, o);
     if (rc != CE_EXIT_OK)
       return rc;
   }
@@ -296,7 +296,7 @@ int ce_proxy_options_parse(int argc, char **argv, ce_proxy_options_t *o) {
         if (comma != NULL)
           *comma = '\0';
         if (!(list && item[0] == '\0')) {
-          int rc = apply(&specs[si], item, o, false);
+          int rc = apply(&specs[si], item, o);
           if (rc != CE_EXIT_OK) {
             fprintf(stderr, PROG ": (from the environment variable %s)\n", specs[si].env);
             return rc;

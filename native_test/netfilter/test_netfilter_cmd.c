@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "netfilter/rules.h"
+#include "support/run.h"
 
 /* No test here sets Criterion's .timeout: with --jobs 2, Criterion 2.4.1's
  * runner leaks 48 bytes when two tests with timeouts overlap, and
@@ -96,7 +97,7 @@ typedef struct {
 static const char *const OPTION_VARS[] = {
     "CONDUKT_EGRESS_PROXY_PORT", "CONDUKT_EGRESS_MARK",     "CONDUKT_EGRESS_PORTS",
     "CONDUKT_EGRESS_DNS",        "CONDUKT_EGRESS_RESOLV_CONF", "CONDUKT_EGRESS_IPV6",
-    "CONDUKT_EGRESS_IPTABLES",   "CONDUKT_EGRESS_IP6TABLES"};
+    "CONDUKT_EGRESS_IPTABLES",   "CONDUKT_EGRESS_IP6TABLES", NULL};
 
 /* Runs argv (argv[0] is looked up in PATH when it has no '/') with the
  * extra "NAME=VALUE" settings in env (NULL-terminated, may be NULL), and
@@ -105,25 +106,7 @@ static void run_argv(result_t *r, const char *const *argv, const char *const *en
   char out_path[128], err_path[128];
   in_dir(out_path, sizeof(out_path), "stdout");
   in_dir(err_path, sizeof(err_path), "stderr");
-  pid_t pid = fork();
-  cr_assert_neq(pid, -1);
-  if (pid == 0) {
-    int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
-      _exit(127);
-    for (size_t i = 0; i < sizeof(OPTION_VARS) / sizeof(OPTION_VARS[0]); i++)
-      unsetenv(OPTION_VARS[i]);
-    for (size_t i = 0; env != NULL && env[i] != NULL; i++)
-      putenv((char *)env[i]);
-    execvp(argv[0], (char *const *)argv);
-    _exit(127);
-  }
-  int status = 0;
-  cr_assert_eq(waitpid(pid, &status, 0), pid);
-  cr_assert(WIFEXITED(status), "%s did not exit normally (signal %d)", argv[0],
-            WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  r->status = WEXITSTATUS(status);
+  r->status = ce_test_run(argv[0], (char *const *)argv, out_path, err_path, OPTION_VARS, env);
   slurp(out_path, r->out);
   slurp(err_path, r->err);
 }

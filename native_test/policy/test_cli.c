@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "support/run.h"
 
 /* Captured output is small: one JSON line or the usage text. */
 #define OUT_MAX 8192
@@ -82,21 +83,7 @@ static void run(result_t *r, const char *const *args) {
   path_in_dir(out_path, sizeof(out_path), "stdout");
   path_in_dir(err_path, sizeof(err_path), "stderr");
 
-  pid_t pid = fork();
-  cr_assert_neq(pid, -1);
-  if (pid == 0) {
-    int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
-      _exit(127);
-    execv(bin, argv);
-    _exit(127);
-  }
-  int status = 0;
-  cr_assert_eq(waitpid(pid, &status, 0), pid);
-  cr_assert(WIFEXITED(status), "the binary did not exit normally (signal %d)",
-            WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  r->status = WEXITSTATUS(status);
+  r->status = ce_test_run(bin, argv, out_path, err_path, NULL, NULL);
   slurp("stdout", r->out);
   slurp("stderr", r->err);
 }

@@ -21,6 +21,20 @@ static void request_head(ce_h1_head_t *h, const char *target) {
   h->target = target;
   h->target_len = strlen(target);
   h->version_minor = 1;
+  /* The spans ce_h1_parse_request fills (http1/parser.h). */
+  const char *sep = strstr(target, "://");
+  if (sep == NULL) {
+    h->target_form = CE_H1_TARGET_ORIGIN;
+    h->path = target;
+  } else {
+    h->target_form = CE_H1_TARGET_ABSOLUTE;
+    h->authority = sep + 3;
+    h->path = strchr(sep + 3, '/');
+    if (h->path == NULL)
+      h->path = target + h->target_len;
+    h->authority_len = (size_t)(h->path - h->authority);
+  }
+  h->path_len = (size_t)(target + h->target_len - h->path);
   field(h, "Host", "api.example.com");
   field(h, "Authorization", "Bearer sk-secret");
   field(h, "cookie", "session=abc");

@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "tls/ca.h"
+#include "support/run.h"
 
 char fx_dir[64];
 
@@ -133,21 +134,7 @@ void fx_run(fx_result_t *r, const char *const *args) {
   char out_path[FX_PATH_MAX], err_path[FX_PATH_MAX];
   fx_path(out_path, "stdout");
   fx_path(err_path, "stderr");
-  pid_t pid = fork();
-  cr_assert_neq(pid, -1);
-  if (pid == 0) {
-    int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
-      _exit(127);
-    execv(bin, argv);
-    _exit(127);
-  }
-  int status = 0;
-  cr_assert_eq(waitpid(pid, &status, 0), pid);
-  cr_assert(WIFEXITED(status), "the binary did not exit normally (signal %d)",
-            WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  r->status = WEXITSTATUS(status);
+  r->status = ce_test_run(bin, argv, out_path, err_path, NULL, NULL);
   char *out = fx_read_text(out_path);
   char *err = fx_read_text(err_path);
   snprintf(r->out, sizeof(r->out), "%s", out);
