@@ -15,6 +15,11 @@ CC ?= cc
 PKGS := jansson libuv openssl
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lunistring
+# erl_interface (ei) ships with Erlang, not pkg-config: Debian's erlang-dev
+# puts it under /usr/lib/erlang/lib/erl_interface-VSN. EI_DIR overrides.
+EI_DIR ?= $(lastword $(sort $(wildcard /usr/lib/erlang/lib/erl_interface-*)))
+PKG_CFLAGS += -I$(EI_DIR)/include
+PKG_LIBS += -L$(EI_DIR)/lib -lei -lpthread
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wstrict-prototypes \
         -Wmissing-prototypes -Wvla -Wno-unused-parameter
