@@ -4,7 +4,16 @@ defmodule Condukt.Application do
 
   @impl true
   def start(_type, _args) do
-    Supervisor.start_link(offline_telemetry(), strategy: :one_for_one, name: Condukt.Supervisor)
+    children =
+      offline_telemetry() ++
+        [
+          # One Condukt.Sandbox.Local.Network per enforcing Local session
+          # (restart: :temporary: a network is rebuilt by a new session,
+          # never behind its owner's back).
+          {DynamicSupervisor, name: Condukt.Sandbox.Local.NetworkSupervisor, strategy: :one_for_one}
+        ]
+
+    Supervisor.start_link(children, strategy: :one_for_one, name: Condukt.Supervisor)
   end
 
   # When the build had no Hex, :telemetry is the in-repo stand-in

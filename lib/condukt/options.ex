@@ -71,6 +71,19 @@ defmodule Condukt.Options do
 
   def suggest(_key, _known), do: nil
 
+  @doc """
+  One sentence for an error of `validate/2`: "unknown option :tiemout (did
+  you mean :timeout?)", "option :timeout must be a positive integer, got
+  -1", "option :policy is required".
+  """
+  @spec format_error(error()) :: String.t()
+  def format_error({:unknown, key, nil}), do: "unknown option #{inspect(key)}"
+  def format_error({:unknown, key, hint}), do: "unknown option #{inspect(key)} (did you mean #{inspect(hint)}?)"
+  def format_error({:missing, key}), do: "option #{inspect(key)} is required"
+
+  def format_error({:invalid, key, value, expected}),
+    do: "option #{inspect(key)} must be #{expected}, got #{inspect(value)}"
+
   @doc "Renders the schema as a Markdown list for a moduledoc."
   @spec docs(schema()) :: String.t()
   def docs(schema) do

@@ -1,0 +1,731 @@
+defmodule Condukt.Sandbox.Local.Network do
+  @schema [
+    policy: [type: {:custom, &__MODULE__.check_policy/1}, required: true, doc: "the `%NetworkPolicy{}` to enforce."],
+    session_id: [
+      type: {:custom, &__MODULE__.check_string/1},
+      default: "",
+      doc: "the session id the sidecar reports (default: the namespace's name)."
+    ],
+    owner: [type: :any, doc: "the process whose exit tears the network down (default: the caller)."],
+    uplink: [
+      type: {:custom, &__MODULE__.check_uplink/1},
+      default: :host,
+      doc:
+        "`:host` (a veth to the host, masqueraded out of it) or `{:netns, name}` " <>
+          "(a veth into an existing namespace, e.g. a test's internet)."
+    ],
+    hosts: [type: :map, default: %{}, doc: "extra `name => address` entries of the session's /etc/hosts."],
+    dns: [
+      type: {:custom, &__MODULE__.check_addresses/1},
+      doc: "nameservers of the session (default: the host's, except loopback ones, which the namespace cannot reach)."
+    ],
+    allow_private: [
+      type: {:custom, &__MODULE__.check_strings/1},
+      default: [],
+      doc: "CIDRs of private upstream addresses the sidecar may connect to (`--allow-private`)."
+    ],
+    upstream_ca: [
+      type: {:custom, &__MODULE__.check_string/1},
+      doc: "an extra CA file the sidecar trusts for upstreams (`--upstream-extra-ca`, for test internets)."
+    ],
+    sidecar_uid: [type: :pos_integer, default: 1337, doc: "the uid the sidecar runs as."],
+    user: [type: :non_neg_integer, doc: "the uid (and gid) the session's commands run as (default: the BEAM's)."],
+    proxy_args: [type: {:custom, &__MODULE__.check_strings/1}, default: [], doc: "more `condukt-egress proxy` flags."],
+    binary: [type: {:custom, &__MODULE__.check_string/1}, doc: "the `condukt-egress` binary (default: priv/)."]
+  ]
+
+  @moduledoc """
+  The network enforcement of `Condukt.Sandbox.Local` on Linux: a network
+  namespace per session with the real egress sidecar in it, set up the way
+  a Kubernetes pod has it (DESIGN §4–§6, docs/local-network.md).
+
+  ```
+   host (or the uplink namespace)            session namespace condukt-<hex>
+   ┌──────────────────────────┐   veth /30   ┌──────────────────────────────────┐
+   │ ck<hex>  .1 ─────────────┼──────────────┼─ eth0 .2                          │
+   │ (MASQUERADE when :host)  │              │  iptables: 80/443 → 15001, rest   │
+   └──────────────────────────┘              │  rejected (netfilter-setup)       │
+                                             │  condukt-egress proxy (uid 1337)  │
+                                             │  the session's commands (no caps) │
+                                             └──────────────────────────────────┘
+  ```
+
+  `start/1` creates the namespace and a veth pair to the uplink (the host,
+  with masquerading, or a namespace you name), writes the session's
+  `hosts` and `resolv.conf` under `/etc/netns/<name>/` (which `ip netns
+  exec` mounts over `/etc`), mints a session CA and control token, applies
+  `condukt-egress netfilter-setup` inside, and starts `condukt-egress
+  proxy` there as its own uid with only CAP_NET_ADMIN (for the socket
+  mark). Its secrets (CA key, token, policy) are readable by that uid only.
+
+  Commands run through `wrap/2`: inside the namespace, with every
+  capability dropped (no CAP_NET_ADMIN to flush the rules, no
+  CAP_SYS_ADMIN to leave the namespace, no CAP_SETUID or DAC override to
+  read the sidecar's secrets) and `no_new_privs` set, optionally as
+  another uid (`:user`). `env/1` gives them the six CA variables of the
+  seeds, pointed at the trust bundle (Mozilla roots + session CA).
+
+  The process owns the sidecar (a port on a small shell wrapper that
+  terminates the proxy when the port closes, so a BEAM that dies takes the
+  sidecar with it) and tears everything down in `stop/1` or when its owner
+  exits. Namespaces left by a BEAM that was killed are swept by the next
+  `start/1` on the machine.
+
+  ## Options
+
+  #{Condukt.Options.docs(@schema)}
+  """
+
+  use GenServer
+
+  require Logger
+
+  alias Condukt.Sandbox.Local.NetworkError
+  alias Condukt.Sandbox.NetworkPolicy
+
+  @proxy_port 15_001
+  @mark "0x539"
+  @state_dir "/run/condukt/local"
+  @name_re ~r/^condukt-([0-9a-f]{10})$/
+  @path "/usr/sbin:/usr/bin:/sbin:/bin"
+  @ca_vars ~w(NODE_EXTRA_CA_CERTS REQUESTS_CA_BUNDLE SSL_CERT_FILE PIP_CERT CURL_CA_BUNDLE GIT_SSL_CAINFO)
+  # The proxy drains for 10 s on SIGTERM (docs/proxy.md); then it is killed.
+  @stop_wait 15_000
+  @ready_wait 15_000
+  # CAP_NET_ADMIN (12) and CAP_SYS_ADMIN (21), as bits of CapEff.
+  @caps [{12, "CAP_NET_ADMIN"}, {21, "CAP_SYS_ADMIN"}]
+
+  @doc false
+  def __schema__, do: @schema
+
+  @enforce_keys [:name, :dir]
+  defstruct [
+    :name,
+    :dir,
+    :session_id,
+    :veth,
+    :uplink,
+    :subnet,
+    :ca_cert,
+    :bundle,
+    :control,
+    :token,
+    :user,
+    :proxy_pid,
+    :events_log,
+    :stderr_log,
+    host_rules: []
+  ]
+
+  @typedoc "What a session needs to run commands behind the sidecar and to reach its control channel."
+  @type t :: %__MODULE__{
+          name: String.t(),
+          dir: Path.t(),
+          session_id: String.t(),
+          veth: String.t() | nil,
+          uplink: :host | {:netns, String.t()},
+          subnet: {String.t(), String.t()} | nil,
+          ca_cert: Path.t() | nil,
+          bundle: Path.t() | nil,
+          control: String.t() | nil,
+          token: String.t() | nil,
+          user: non_neg_integer() | nil,
+          proxy_pid: pos_integer() | nil,
+          events_log: Path.t() | nil,
+          stderr_log: Path.t() | nil,
+          host_rules: [[String.t()]]
+        }
+
+  ## Public API
+
+  @doc """
+  Whether this machine and this BEAM can enforce a policy: Linux, the two
+  capabilities, and the tools (`ip`, `setpriv`, `iptables`).
+  """
+  @spec available?() :: :ok | {:error, NetworkError.t()}
+  def available? do
+    with :ok <- check_os(), :ok <- check_caps() do
+      Enum.reduce_while(~w(ip setpriv iptables), :ok, fn tool, :ok ->
+        if find_tool(tool),
+          do: {:cont, :ok},
+          else: {:halt, {:error, %NetworkError{reason: :missing_tool, detail: tool}}}
+      end)
+    end
+  end
+
+  @doc """
+  Builds the session's network and starts its sidecar (options above).
+  Returns the process and the `t:t/0` commands need.
+  """
+  @spec start(keyword()) :: {:ok, pid(), t()} | {:error, NetworkError.t()}
+  def start(opts) do
+    with {:ok, opts} <- validate(Keyword.put_new(opts, :owner, self())),
+         :ok <- available?() do
+      spec = %{id: __MODULE__, start: {GenServer, :start_link, [__MODULE__, opts]}, restart: :temporary}
+
+      case DynamicSupervisor.start_child(Condukt.Sandbox.Local.NetworkSupervisor, spec) do
+        {:ok, pid} -> {:ok, pid, GenServer.call(pid, :info)}
+        {:error, {%NetworkError{} = error, _}} -> {:error, error}
+        {:error, %NetworkError{} = error} -> {:error, error}
+        {:error, other} -> {:error, %NetworkError{reason: :sidecar_failed, detail: inspect(other)}}
+      end
+    end
+  end
+
+  @doc "Tears the network down (sidecar drained, namespace deleted). Idempotent."
+  @spec stop(pid()) :: :ok
+  def stop(pid) do
+    GenServer.stop(pid, :normal, @stop_wait + 10_000)
+  catch
+    :exit, _ -> :ok
+  end
+
+  @doc """
+  The argv that runs `argv` inside the session's namespace without any
+  capability (and as `:user` when given). Environment is not touched: pass
+  `env/1` along.
+  """
+  @spec wrap(t(), [String.t()]) :: [String.t()]
+  def wrap(%__MODULE__{} = net, [_ | _] = argv) do
+    user =
+      case net.user do
+        nil -> []
+        uid -> ["--reuid=#{uid}", "--regid=#{uid}", "--clear-groups"]
+      end
+
+    [tool!("ip"), "netns", "exec", net.name, tool!("setpriv"), "--no-new-privs", "--bounding-set=-all"] ++
+      ["--inh-caps=-all"] ++ user ++ ["--"] ++ argv
+  end
+
+  @doc "The environment variables that make the session's clients trust the sidecar's CA."
+  @spec env(t()) :: [{String.t(), String.t()}]
+  def env(%__MODULE__{bundle: bundle}), do: Enum.map(@ca_vars, &{&1, bundle})
+
+  @doc "The sidecar's events written so far (its stdout, the audit trail of last resort), decoded."
+  @spec events(t()) :: [map()]
+  def events(%__MODULE__{events_log: path}) do
+    case File.read(path) do
+      {:ok, data} -> data |> String.split("\n", trim: true) |> Enum.map(&Condukt.JSON.decode!/1)
+      {:error, _} -> []
+    end
+  end
+
+  @doc """
+  Removes the namespaces (and everything of theirs) that a BEAM which no
+  longer runs left behind. `start/1` calls it; returns the names removed.
+  """
+  @spec sweep() :: [String.t()]
+  def sweep do
+    for name <- ls(@state_dir), Regex.match?(@name_re, name), not owner_alive?(name) do
+      net = read_owner(name)
+      teardown(net)
+      name
+    end
+  end
+
+  ## GenServer
+
+  @impl true
+  def init(opts) do
+    Process.flag(:trap_exit, true)
+    sweep()
+    owner = Keyword.fetch!(opts, :owner)
+    ref = Process.monitor(owner)
+    name = "condukt-" <> (:crypto.strong_rand_bytes(5) |> Base.encode16(case: :lower))
+
+    net = %__MODULE__{
+      name: name,
+      dir: Path.join(@state_dir, name),
+      session_id: if(opts[:session_id] == "", do: name, else: opts[:session_id]),
+      uplink: opts[:uplink],
+      user: opts[:user]
+    }
+
+    try do
+      net = build!(net, opts)
+      {port, net} = start_proxy!(net, opts)
+      write_owner!(net)
+      {:ok, %{net: net, port: port, owner: ref}}
+    rescue
+      e in NetworkError ->
+        teardown(net)
+        {:stop, e}
+    end
+  end
+
+  @impl true
+  def handle_call(:info, _from, state), do: {:reply, state.net, state}
+
+  @impl true
+  def handle_info({:DOWN, ref, :process, _, _}, %{owner: ref} = state), do: {:stop, :normal, state}
+
+  def handle_info({port, {:exit_status, status}}, %{port: port} = state) do
+    # The sidecar is gone: the namespace's rules still redirect 80/443 to
+    # its port, so the session fails closed; say so once.
+    Logger.error(
+      "condukt: the egress sidecar of #{state.net.name} exited (status #{status}); " <>
+        "the session's HTTP(S) now fails closed. #{tail(state.net.stderr_log)}"
+    )
+
+    {:noreply, %{state | port: nil}}
+  end
+
+  def handle_info({port, {:data, _}}, %{port: port} = state), do: {:noreply, state}
+  def handle_info({:EXIT, _, _}, state), do: {:noreply, state}
+  def handle_info(_other, state), do: {:noreply, state}
+
+  @impl true
+  def terminate(_reason, state) do
+    if state.port, do: safe_close(state.port)
+    teardown(state.net)
+  end
+
+  ## Building
+
+  defp build!(net, opts) do
+    bin = opts[:binary] || Condukt.egress_binary()
+    uid = opts[:sidecar_uid]
+    File.mkdir_p!(@state_dir)
+    # The state directory and each session's belong to the sidecar's uid:
+    # a session command running as root without capabilities (no DAC
+    # override) can neither read the secrets nor rename the directories.
+    File.chown!(@state_dir, uid)
+    File.chmod!(@state_dir, 0o711)
+    File.mkdir_p!(net.dir)
+
+    copy = Path.join(net.dir, "condukt-egress")
+    File.cp!(bin, copy)
+    File.chmod!(copy, 0o755)
+    mozilla = Path.join(net.dir, "mozilla.pem")
+    File.cp!(Application.app_dir(:condukt, "priv/ca-certificates/mozilla.pem"), mozilla)
+
+    policy = Path.join(net.dir, "policy.json")
+    File.write!(policy, NetworkPolicy.to_sidecar_json(opts[:policy]))
+    ca_cert = Path.join(net.dir, "ca.pem")
+    ca_key = Path.join(net.dir, "ca.key")
+    run!([copy, "ca", "new", "--cert", ca_cert, "--key", ca_key, "--common-name", "condukt session #{net.name}"])
+    token = :crypto.strong_rand_bytes(32) |> Base.encode16(case: :lower)
+    token_file = Path.join(net.dir, "token")
+    File.write!(token_file, token <> "\n")
+    bundle = Path.join(net.dir, "trust-bundle.pem")
+    File.write!(bundle, File.read!(mozilla) <> File.read!(ca_cert))
+
+    for f <- [ca_key, token_file, policy], do: File.chmod!(f, 0o600)
+    for f <- [mozilla, ca_cert, bundle], do: File.chmod!(f, 0o644)
+    for f <- [net.dir, ca_key, token_file, policy], do: File.chown!(f, uid)
+    File.chmod!(net.dir, 0o711)
+
+    net = %{
+      net
+      | ca_cert: ca_cert,
+        bundle: bundle,
+        token: token,
+        control: "unix:" <> Path.join(net.dir, "control.sock")
+    }
+
+    write_owner!(net)
+
+    net
+    |> make_namespace!(opts)
+    |> tap(fn net ->
+      run!(
+        [tool!("ip"), "netns", "exec", net.name, copy, "netfilter-setup", "--proxy-port", "#{@proxy_port}"] ++
+          ["--mark", @mark]
+      )
+    end)
+  end
+
+  defp make_namespace!(net, opts) do
+    ip = tool!("ip")
+    {gw, me} = subnet = pick_subnet!(net.uplink)
+    veth = "ck" <> String.replace_prefix(net.name, "condukt-", "")
+    net = %{net | veth: veth, subnet: subnet}
+
+    etc = Path.join("/etc/netns", net.name)
+    File.mkdir_p!(etc)
+    File.write!(Path.join(etc, "hosts"), hosts_file(opts[:hosts]))
+    File.write!(Path.join(etc, "resolv.conf"), resolv_file(opts[:dns] || host_nameservers(), gw))
+
+    run!([ip, "netns", "add", net.name])
+    # Recorded now, so that a failure below still removes the namespace.
+    write_owner!(net)
+    run!([ip, "-n", net.name, "link", "set", "lo", "up"])
+
+    up = uplink_prefix(ip, net.uplink)
+    run!(up ++ ["link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", net.name])
+    run!(up ++ ["addr", "add", "#{gw}/30", "dev", veth])
+    run!(up ++ ["link", "set", veth, "up"])
+    run!([ip, "-n", net.name, "addr", "add", "#{me}/30", "dev", "eth0"])
+    run!([ip, "-n", net.name, "link", "set", "eth0", "up"])
+    run!([ip, "-n", net.name, "route", "add", "default", "via", gw])
+
+    if net.uplink == :host, do: masquerade!(net), else: net
+  end
+
+  defp uplink_prefix(ip, :host), do: [ip]
+  defp uplink_prefix(ip, {:netns, ns}), do: [ip, "-n", ns]
+
+  # Traffic of the namespace leaves the host masqueraded; forwarding is
+  # enabled for it. The rules carry the namespace's name as a comment and
+  # are removed with it.
+  defp masquerade!(net) do
+    {gw, _} = net.subnet
+    cidr = cidr30(gw)
+    ipt = tool!("iptables")
+    comment = ["-m", "comment", "--comment", "condukt:" <> net.name]
+
+    rules = [
+      ["-t", "nat", "POSTROUTING", "-s", cidr, "!", "-o", net.veth, "-j", "MASQUERADE"] ++ comment,
+      ["-t", "filter", "FORWARD", "-i", net.veth, "-j", "ACCEPT"] ++ comment,
+      ["-t", "filter", "FORWARD", "-o", net.veth, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED"] ++
+        ["-j", "ACCEPT"] ++ comment
+    ]
+
+    File.write!("/proc/sys/net/ipv4/ip_forward", "1\n")
+
+    Enum.reduce(rules, net, fn [flag_t, table, chain | spec], net ->
+      run!([ipt, "-w", flag_t, table, "-I", chain | spec])
+      net = %{net | host_rules: [[flag_t, table, chain | spec] | net.host_rules]}
+      write_owner!(net)
+      net
+    end)
+  end
+
+  # A /30 from 100.127.0.0/16 (shared address space, RFC 6598, which hosts
+  # rarely route) that no interface of the uplink uses yet.
+  defp pick_subnet!(uplink) do
+    used = uplink_addresses(uplink)
+
+    Enum.find_value(1..64, fn _ ->
+      n = :rand.uniform(16_383)
+      base = {100, 127, div(n * 4, 256), rem(n * 4, 256)}
+      gw = base |> put_elem(3, elem(base, 3) + 1) |> ip_string()
+      me = base |> put_elem(3, elem(base, 3) + 2) |> ip_string()
+      if Enum.any?(used, &(cidr30(&1) == cidr30(gw))), do: nil, else: {gw, me}
+    end) || raise %NetworkError{reason: :command_failed, detail: {["pick a /30"], 1, "no free /30 in 100.127.0.0/16"}}
+  end
+
+  defp uplink_addresses(uplink) do
+    {out, _} = System.cmd(tool!("ip"), tl(uplink_prefix("ip", uplink)) ++ ["-4", "-o", "addr", "show"])
+
+    Regex.scan(~r/inet (\d+\.\d+\.\d+\.\d+)\//, out) |> Enum.map(fn [_, a] -> a end)
+  end
+
+  defp cidr30(addr) do
+    {:ok, {a, b, c, d}} = :inet.parse_ipv4strict_address(String.to_charlist(addr))
+    ip_string({a, b, c, Bitwise.band(d, 0xFC)}) <> "/30"
+  end
+
+  defp ip_string(tuple), do: tuple |> :inet.ntoa() |> to_string()
+
+  defp hosts_file(extra) do
+    {:ok, host} = :inet.gethostname()
+
+    base = "127.0.0.1 localhost #{host}\n::1 localhost ip6-localhost ip6-loopback #{host}\n"
+
+    extra
+    |> Enum.sort()
+    |> Enum.reduce(base, fn {name, addr}, acc -> acc <> "#{addr} #{name}\n" end)
+  end
+
+  defp resolv_file([], gw), do: "nameserver #{gw}\noptions timeout:1 attempts:1\n"
+  defp resolv_file(servers, _gw), do: Enum.map_join(servers, "", &"nameserver #{&1}\n")
+
+  defp host_nameservers do
+    case File.read("/etc/resolv.conf") do
+      {:ok, data} ->
+        for [_, addr] <- Regex.scan(~r/^\s*nameserver\s+(\S+)/m, data),
+            not String.starts_with?(addr, "127."),
+            addr != "::1",
+            do: addr
+
+      {:error, _} ->
+        []
+    end
+  end
+
+  ## The sidecar
+
+  defp start_proxy!(net, opts) do
+    uid = opts[:sidecar_uid]
+    bin = Path.join(net.dir, "condukt-egress")
+    events = Path.join(net.dir, "events.ndjson")
+    stderr = Path.join(net.dir, "proxy.stderr")
+    File.write!(events, "")
+    File.write!(stderr, "")
+
+    args =
+      ["proxy", "--policy", Path.join(net.dir, "policy.json"), "--ca-cert", net.ca_cert] ++
+        ["--ca-key", Path.join(net.dir, "ca.key"), "--session-id", net.session_id] ++
+        ["--token-file", Path.join(net.dir, "token"), "--control", net.control] ++
+        ["--trust-bundle", Path.join(net.dir, "mozilla.pem"), "--mark", @mark] ++
+        if(ca = opts[:upstream_ca], do: ["--upstream-extra-ca", ca], else: []) ++
+        Enum.flat_map(opts[:allow_private], &["--allow-private", &1]) ++ opts[:proxy_args]
+
+    argv =
+      [tool!("ip"), "netns", "exec", net.name, tool!("setpriv"), "--reuid=#{uid}", "--regid=#{uid}"] ++
+        ["--clear-groups", "--inh-caps=+net_admin", "--ambient-caps=+net_admin", "--"] ++
+        ["/usr/bin/env", "-i", "PATH=#{@path}" | sanitizer_env()] ++ [bin | args]
+
+    # The wrapper starts the proxy, prints its pid, and terminates it when
+    # its standard input (the port) closes: when this process closes the
+    # port, or when the BEAM dies. A background job's stdin is /dev/null
+    # unless redirected, hence fd 3.
+    script = ~S"""
+    out=$1; err=$2; shift 2
+    exec 3<&0 2>>"$err"
+    "$@" </dev/null >>"$out" 2>>"$err" &
+    child=$!
+    echo "$child"
+    { while read -r _; do :; done; kill -TERM "$child" 2>/dev/null; } <&3 &
+    watcher=$!
+    exec 3<&-
+    wait "$child"
+    status=$?
+    kill "$watcher" 2>/dev/null
+    exit "$status"
+    """
+
+    port =
+      Port.open({:spawn_executable, "/bin/sh"}, [
+        :binary,
+        :exit_status,
+        args: ["-c", script, "sh", events, stderr | argv]
+      ])
+
+    pid =
+      receive do
+        {^port, {:data, data}} ->
+          data |> String.trim() |> String.to_integer()
+
+        {^port, {:exit_status, status}} ->
+          raise %NetworkError{reason: :sidecar_failed, detail: "wrapper exited #{status}"}
+      after
+        5_000 -> raise %NetworkError{reason: :sidecar_failed, detail: "the wrapper did not start"}
+      end
+
+    net = %{net | proxy_pid: pid, events_log: events, stderr_log: stderr}
+    write_owner!(net)
+    wait_ready!(port, net, System.monotonic_time(:millisecond) + @ready_wait)
+    {port, net}
+  end
+
+  defp wait_ready!(port, net, deadline) do
+    cond do
+      File.read!(net.stderr_log) =~ "proxy ready" ->
+        :ok
+
+      System.monotonic_time(:millisecond) > deadline ->
+        raise %NetworkError{reason: :sidecar_failed, detail: "not ready after 15 s: " <> File.read!(net.stderr_log)}
+
+      true ->
+        receive do
+          {^port, {:exit_status, _}} ->
+            raise %NetworkError{reason: :sidecar_failed, detail: File.read!(net.stderr_log)}
+        after
+          20 -> wait_ready!(port, net, deadline)
+        end
+    end
+  end
+
+  # The sanitizer build of the tests reports through these.
+  defp sanitizer_env do
+    for var <- ~w(ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS), value = System.get_env(var), do: "#{var}=#{value}"
+  end
+
+  ## Teardown
+
+  defp safe_close(port) do
+    Port.close(port)
+  catch
+    :error, _ -> :ok
+  end
+
+  # Undoes whatever of `build!` happened; safe on a half-built network and
+  # when run twice.
+  defp teardown(%__MODULE__{} = net) do
+    if pid = net.proxy_pid do
+      if alive?(pid), do: System.cmd("kill", ["-TERM", "#{pid}"], stderr_to_stdout: true)
+
+      unless wait_dead(pid, System.monotonic_time(:millisecond) + @stop_wait) do
+        System.cmd("kill", ["-KILL", "#{pid}"], stderr_to_stdout: true)
+      end
+    end
+
+    ip = find_tool("ip")
+
+    if ip && net.name in namespaces(ip) do
+      {pids, _} = System.cmd(ip, ["netns", "pids", net.name], stderr_to_stdout: true)
+      pids = String.split(pids, ~r/\s+/, trim: true)
+      if pids != [], do: System.cmd("kill", ["-KILL" | pids], stderr_to_stdout: true)
+      System.cmd(ip, ["netns", "del", net.name], stderr_to_stdout: true)
+    end
+
+    # The host end of the veth pair goes with the namespace's end; a
+    # namespace uplink's too. The host rules do not.
+    ipt = find_tool("iptables")
+
+    for [flag_t, table, chain | spec] <- net.host_rules, ipt do
+      System.cmd(ipt, ["-w", flag_t, table, "-D", chain | spec], stderr_to_stdout: true)
+    end
+
+    File.rm_rf(Path.join("/etc/netns", net.name))
+    File.rm_rf(net.dir)
+    File.rm(owner_file(net.name))
+    :ok
+  end
+
+  defp wait_dead(pid, deadline) do
+    cond do
+      not alive?(pid) -> true
+      System.monotonic_time(:millisecond) > deadline -> false
+      true -> Process.sleep(20) && wait_dead(pid, deadline)
+    end
+  end
+
+  defp alive?(pid), do: File.exists?("/proc/#{pid}")
+
+  defp namespaces(ip) do
+    {out, _} = System.cmd(ip, ["netns", "list"], stderr_to_stdout: true)
+    out |> String.split("\n", trim: true) |> Enum.map(&(&1 |> String.split(" ") |> hd()))
+  end
+
+  ## Owner files: which BEAM made which namespace, for sweep/0.
+
+  defp owner_file(name), do: Path.join([@state_dir, "owners", name])
+
+  defp write_owner!(net) do
+    File.mkdir_p!(Path.dirname(owner_file(net.name)))
+    File.chmod!(Path.dirname(owner_file(net.name)), 0o700)
+    data = :erlang.term_to_binary({System.pid(), boot_id(), net})
+    File.write!(owner_file(net.name), data)
+  end
+
+  defp read_owner(name) do
+    case File.read(owner_file(name)) do
+      {:ok, data} ->
+        {_, _, net} = :erlang.binary_to_term(data, [:safe])
+        net
+
+      {:error, _} ->
+        %__MODULE__{name: name, dir: Path.join(@state_dir, name)}
+    end
+  end
+
+  defp owner_alive?(name) do
+    case File.read(owner_file(name)) do
+      {:ok, data} ->
+        {os_pid, boot, _} = :erlang.binary_to_term(data, [:safe])
+        boot == boot_id() and beam_alive?(os_pid)
+
+      {:error, _} ->
+        # Created moments ago by a BEAM that has not written its owner file
+        # yet, or left without one: only the second is old.
+        case File.stat(Path.join(@state_dir, name), time: :posix) do
+          {:ok, %{mtime: mtime}} -> System.os_time(:second) - mtime < 60
+          {:error, _} -> false
+        end
+    end
+  end
+
+  defp beam_alive?(os_pid) do
+    case File.read("/proc/#{os_pid}/cmdline") do
+      {:ok, cmd} -> cmd =~ "beam"
+      {:error, _} -> false
+    end
+  end
+
+  defp boot_id do
+    case File.read("/proc/sys/kernel/random/boot_id") do
+      {:ok, id} -> String.trim(id)
+      {:error, _} -> ""
+    end
+  end
+
+  defp ls(dir) do
+    case File.ls(dir) do
+      {:ok, names} -> names
+      {:error, _} -> []
+    end
+  end
+
+  ## Checks and helpers
+
+  defp check_os do
+    case :os.type() do
+      {:unix, :linux} -> :ok
+      other -> {:error, %NetworkError{reason: :unsupported_os, detail: other}}
+    end
+  end
+
+  defp check_caps do
+    with {:ok, status} <- File.read("/proc/self/status"),
+         [_, hex] <- Regex.run(~r/^CapEff:\s*([0-9a-f]+)/m, status) do
+      eff = String.to_integer(hex, 16)
+      missing = for {bit, cap} <- @caps, Bitwise.band(eff, Bitwise.bsl(1, bit)) == 0, do: cap
+      if missing == [], do: :ok, else: {:error, %NetworkError{reason: :not_privileged, detail: missing}}
+    else
+      _ -> {:error, %NetworkError{reason: :not_privileged, detail: Enum.map(@caps, &elem(&1, 1))}}
+    end
+  end
+
+  defp find_tool(name) do
+    Enum.find_value(String.split(@path, ":"), fn dir ->
+      path = Path.join(dir, name)
+      if File.regular?(path), do: path
+    end)
+  end
+
+  defp tool!(name), do: find_tool(name) || raise(%NetworkError{reason: :missing_tool, detail: name})
+
+  defp run!([exe | args] = argv) do
+    case System.cmd(exe, args, stderr_to_stdout: true, env: [{"PATH", @path}]) do
+      {_, 0} -> :ok
+      {out, status} -> raise %NetworkError{reason: :command_failed, detail: {argv, status, out}}
+    end
+  end
+
+  defp tail(nil), do: ""
+
+  defp tail(path) do
+    case File.read(path) do
+      {:ok, data} -> "Its last words: " <> (data |> String.split("\n", trim: true) |> Enum.take(-5) |> Enum.join(" | "))
+      {:error, _} -> ""
+    end
+  end
+
+  defp validate(opts) do
+    case Condukt.Options.validate(opts, @schema) do
+      {:ok, opts} -> {:ok, opts}
+      {:error, error} -> {:error, %NetworkError{reason: :invalid_option, detail: Condukt.Options.format_error(error)}}
+    end
+  end
+
+  @doc false
+  def check_policy(%NetworkPolicy{}), do: :ok
+  def check_policy(_), do: {:error, "a %Condukt.Sandbox.NetworkPolicy{}"}
+
+  @doc false
+  def check_string(value) when is_binary(value), do: :ok
+  def check_string(_), do: {:error, "a string"}
+
+  @doc false
+  def check_strings(list) when is_list(list),
+    do: if(Enum.all?(list, &is_binary/1), do: :ok, else: {:error, "a list of strings"})
+
+  def check_strings(_), do: {:error, "a list of strings"}
+
+  @doc false
+  def check_addresses(list) when is_list(list) do
+    if Enum.all?(list, &(is_binary(&1) and match?({:ok, _}, :inet.parse_strict_address(String.to_charlist(&1))))),
+      do: :ok,
+      else: {:error, "a list of IP address strings"}
+  end
+
+  def check_addresses(_), do: {:error, "a list of IP address strings"}
+
+  @doc false
+  def check_uplink(:host), do: :ok
+  def check_uplink({:netns, name}) when is_binary(name), do: :ok
+  def check_uplink(_), do: {:error, ":host or {:netns, name}"}
+end
