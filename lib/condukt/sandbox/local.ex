@@ -68,8 +68,10 @@ defmodule Condukt.Sandbox.Local do
 
   ## mount
 
-  `mount/3` is not supported: the host filesystem is already all there.
-  `Condukt.Sandbox.mount/3` returns `{:error, :not_supported}`.
+  Local does not implement the optional `mount/3` callback: the host
+  filesystem is already all there. `Condukt.Sandbox.mount/3` returns
+  `{:error, :not_supported}` and `Condukt.Sandbox.supports?(sb, :mount)` is
+  `false`.
 
   ## Network policy
 
@@ -274,10 +276,6 @@ defmodule Condukt.Sandbox.Local do
       end
     end
   end
-
-  @impl true
-  @spec mount(t(), String.t(), String.t()) :: {:error, :not_supported}
-  def mount(%__MODULE__{}, _host_path, _sandbox_path), do: {:error, :not_supported}
 
   ## Helpers
 
