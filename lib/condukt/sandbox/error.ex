@@ -62,7 +62,8 @@ defmodule Condukt.Sandbox.Error do
   def message(%__MODULE__{} = error), do: prefix(error) <> what(error)
 
   defp prefix(%{op: nil}), do: "sandbox: "
-  defp prefix(%{op: :new}), do: "could not start the sandbox: "
+  defp prefix(%{op: :new, path: nil}), do: "could not start the sandbox: "
+  defp prefix(%{op: :new, path: dir}), do: "could not start the sandbox in #{inspect(dir)}: "
   defp prefix(%{op: :shutdown}), do: "could not shut the sandbox down: "
   defp prefix(%{op: :exec, path: nil}), do: "could not run the command: "
   defp prefix(%{op: :exec, path: dir}), do: "could not run the command in #{inspect(dir)}: "

@@ -33,12 +33,12 @@ defmodule Condukt.Sandbox.Local.Search do
       {:error, "a pattern cannot contain a NUL byte"}
     else
       files_module = if match_dot?, do: :file, else: NoDot
-
-      case :filelib.wildcard(String.to_charlist(pattern), String.to_charlist(cwd), files_module) do
-        {:error, reason} -> {:error, reason}
-        paths -> {:ok, paths |> Enum.map(&IO.chardata_to_string/1) |> Enum.sort()}
-      end
+      paths = :filelib.wildcard(String.to_charlist(pattern), String.to_charlist(cwd), files_module)
+      {:ok, paths |> Enum.map(&IO.chardata_to_string/1) |> Enum.sort()}
     end
+  catch
+    # :filelib raises on a malformed pattern such as "{a".
+    :error, {:badpattern, why} -> {:error, why}
   end
 
   @spec grep(String.t(), String.t(), String.t(), map()) ::
