@@ -207,7 +207,7 @@ defmodule Condukt.Sandbox do
   """
   @spec exec(t(), String.t(), keyword()) :: {:ok, exec_result()} | {:error, Error.t()}
   def exec(%__MODULE__{module: m, state: s}, command, opts \\ []) when is_binary(command) and is_list(opts),
-    do: call(:exec, opts[:cwd], fn -> m.exec(s, command, opts) end)
+    do: call(:exec, if(Keyword.keyword?(opts), do: opts[:cwd]), fn -> m.exec(s, command, opts) end)
 
   @doc "Lists the paths matching `pattern`, or `{:error, :not_supported}`."
   @spec glob(t(), String.t(), keyword()) :: {:ok, [String.t()]} | {:error, :not_supported | Error.t()}
