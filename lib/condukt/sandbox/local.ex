@@ -1,0 +1,380 @@
+defmodule Condukt.Sandbox.Local do
+  @moduledoc """
+  The default sandbox: the host filesystem and real `bash` processes.
+
+      {:ok, sb} = Condukt.Sandbox.new({Condukt.Sandbox.Local, cwd: "/path/to/project"})
+      {:ok, %{output: "hi\\n", exit_code: 0}} = Condukt.Sandbox.exec(sb, "echo hi")
+
+  Local is a convenience for development, not an isolation boundary: paths
+  are not confined to `:cwd` (`..` and absolute paths reach the whole
+  filesystem the BEAM can reach), and commands run as the BEAM's user.
+
+  ## Init options
+
+  #{Condukt.Options.docs(Condukt.Sandbox.Local.Schema.init())}
+
+  Unknown options are refused with a "did you mean …?" hint.
+
+  ## Paths
+
+  A relative path resolves against `:cwd`; an absolute path is used as is.
+  Paths are never handed to a shell, so spaces, quotes, `$(…)`, newlines and
+  leading dashes are plain characters. There is no `~` expansion.
+
+  `write_file/3` creates missing parent directories. It and `edit_file/4`
+  replace the file atomically: the new content goes to a temporary file in the same directory
+  which is then renamed over the target, so a reader never sees half a file.
+  The target keeps its permission bits; when the path is a symbolic link,
+  the file it points to is replaced and the link is kept.
+
+  ## exec
+
+  Each call runs `bash -c COMMAND` in a fresh process: `cd`, `export` and
+  shell variables do not carry over. stdout and stderr are merged, in the
+  order they were written, into the one `:output`; stdin is `/dev/null`.
+
+  #{Condukt.Options.docs(Condukt.Sandbox.Local.Schema.exec())}
+
+  The command runs in its own process group. When it exits, any background
+  process it left in that group is killed, so nothing outlives the call. On
+  timeout the whole group is killed with `SIGKILL` and `exec/3` returns
+  `{:error, %Condukt.Sandbox.Error{reason: :timeout}}`, whose `:detail`
+  holds the output so far. If the calling process dies, the command is
+  killed as well. A process that deliberately leaves the group (`setsid`)
+  escapes this cleanup.
+
+  Output past `:max_output_bytes` is dropped and the kept part ends with a
+  line `[condukt: output truncated: kept the first N bytes, dropped M more]`.
+
+  ## glob
+
+  `glob/3` has `Path.wildcard/2` semantics (`*`, `?`, `**`, `{a,b}`,
+  `[a-z]`) relative to `:cwd`; results are sorted and relative when the
+  pattern is. No shell is involved.
+
+  #{Condukt.Options.docs(Condukt.Sandbox.Local.Schema.glob())}
+
+  ## grep
+
+  `grep/3` searches in Elixir (no `grep` or `rg` process): the pattern is a
+  regular expression (`Regex`, PCRE syntax, matched byte-wise) unless
+  `literal: true`. It returns `%{path: path, line_number: n, line: text}`
+  maps, in path order, with lines longer than 1000 bytes cut short. Files
+  that look binary (a NUL byte in their first 8 KiB) or are larger than
+  16 MiB are skipped, as are unreadable files; symbolic links to directories
+  are not followed.
+
+  #{Condukt.Options.docs(Condukt.Sandbox.Local.Schema.grep())}
+
+  ## mount
+
+  Local does not implement the optional `mount/3` callback: the host
+  filesystem is already all there. `Condukt.Sandbox.mount/3` returns
+  `{:error, :not_supported}` and `Condukt.Sandbox.supports?(sb, :mount)` is
+  `false`.
+
+  ## Network policy
+
+  The `:network_policy` option is validated with
+  `Condukt.Sandbox.NetworkPolicy.new/1`, so a bad policy fails `init/1`
+  here just as it would on Kubernetes, and the validated policy is kept in
+  the state (`state.network_policy`). Enforcing it for local commands is the
+  job of the network layer, which builds on this state; Local by itself
+  does not restrict the network.
+  """
+
+  @behaviour Condukt.Sandbox
+
+  alias Condukt.Options
+  alias Condukt.Sandbox.Error
+  alias Condukt.Sandbox.Local.{Exec, Schema, Search}
+  alias Condukt.Sandbox.NetworkPolicy
+
+  @enforce_keys [:cwd]
+  defstruct [:cwd, :bash, :id, :network_policy, env: [], timeout: 120_000, max_output_bytes: 1_048_576]
+
+  @typedoc "The state `init/1` returns; `Condukt.Sandbox` keeps it in its handle."
+  @type t :: %__MODULE__{
+          cwd: String.t(),
+          bash: String.t() | nil,
+          id: term(),
+          network_policy: NetworkPolicy.t() | nil,
+          env: [{String.t(), String.t() | nil}],
+          timeout: pos_integer(),
+          max_output_bytes: pos_integer()
+        }
+
+  @impl true
+  @spec init(keyword()) :: {:ok, t()} | {:error, Error.t()}
+  def init(opts) do
+    with {:ok, opts} <- validate(opts, Schema.init(), :new),
+         {:ok, cwd} <- init_cwd(opts[:cwd]),
+         {:ok, policy} <- network_policy(opts[:network_policy]) do
+      {:ok,
+       %__MODULE__{
+         cwd: cwd,
+         bash: System.find_executable("bash"),
+         id: opts[:id],
+         network_policy: policy,
+         env: normalize_env(opts[:env]),
+         timeout: opts[:timeout],
+         max_output_bytes: opts[:max_output_bytes]
+       }}
+    end
+  end
+
+  defp init_cwd(nil), do: {:ok, File.cwd!()}
+
+  defp init_cwd(cwd) do
+    dir = Path.expand(cwd)
+
+    case dir_status(dir) do
+      :ok -> {:ok, dir}
+      {:error, reason} -> {:error, %Error{reason: reason, op: :new, path: cwd}}
+    end
+  end
+
+  defp network_policy(nil), do: {:ok, nil}
+
+  defp network_policy(policy) do
+    case NetworkPolicy.new(policy) do
+      {:ok, policy} -> {:ok, policy}
+      {:error, error} -> {:error, %Error{reason: :invalid_network_policy, op: :new, detail: error}}
+    end
+  end
+
+  @impl true
+  @spec shutdown(t()) :: :ok
+  def shutdown(%__MODULE__{}), do: :ok
+
+  @impl true
+  @spec read_file(t(), String.t()) :: {:ok, binary()} | {:error, Error.t()}
+  def read_file(%__MODULE__{} = state, path) do
+    case File.read(resolve(state, path)) do
+      {:ok, content} -> {:ok, content}
+      {:error, reason} -> file_error(reason, :read, path)
+    end
+  end
+
+  @impl true
+  @spec write_file(t(), String.t(), binary()) :: :ok | {:error, Error.t()}
+  def write_file(%__MODULE__{} = state, path, content) do
+    target = final_target(resolve(state, path))
+
+    with :ok <- File.mkdir_p(Path.dirname(target)),
+         :ok <- atomic_write(target, content) do
+      :ok
+    else
+      {:error, reason} -> file_error(reason, :write, path)
+    end
+  end
+
+  @impl true
+  @spec edit_file(t(), String.t(), binary(), binary()) :: :ok | {:error, Error.t()}
+  def edit_file(%__MODULE__{} = state, path, old_text, new_text) do
+    target = final_target(resolve(state, path))
+
+    with {:ok, content} <- File.read(target),
+         {:ok, {at, len}} <- find_once(content, old_text),
+         updated = [
+           binary_part(content, 0, at),
+           new_text,
+           binary_part(content, at + len, byte_size(content) - at - len)
+         ],
+         :ok <- atomic_write(target, updated) do
+      :ok
+    else
+      {:error, reason} when reason in [:empty_old_text, :old_text_not_found] ->
+        {:error, %Error{reason: reason, op: :edit, path: path}}
+
+      {:error, {:old_text_not_unique, count}} ->
+        {:error, %Error{reason: :old_text_not_unique, op: :edit, path: path, detail: count}}
+
+      {:error, reason} ->
+        file_error(reason, :edit, path)
+    end
+  end
+
+  @impl true
+  @spec exec(t(), String.t(), keyword()) ::
+          {:ok, Condukt.Sandbox.exec_result()} | {:error, Error.t()}
+  def exec(%__MODULE__{} = state, command, opts) do
+    with {:ok, opts} <- validate(opts, Schema.exec(), :exec),
+         :ok <- check_command(command),
+         {:ok, dir} <- exec_dir(state, opts[:cwd]),
+         {:ok, bash} <- bash(state) do
+      run_opts = %{
+        bash: bash,
+        cwd: dir,
+        env: port_env(state.env ++ normalize_env(opts[:env])),
+        timeout: opts[:timeout] || state.timeout,
+        max_output_bytes: opts[:max_output_bytes] || state.max_output_bytes
+      }
+
+      case Exec.run(command, run_opts) do
+        {:ok, result} ->
+          {:ok, result}
+
+        {:error, {:timeout, output}} ->
+          {:error,
+           %Error{reason: :timeout, op: :exec, path: opts[:cwd], detail: %{timeout: run_opts.timeout, output: output}}}
+
+        {:error, {:spawn_failed, why}} ->
+          {:error, %Error{reason: :spawn_failed, op: :exec, path: opts[:cwd], detail: why}}
+      end
+    end
+  end
+
+  defp check_command(command) do
+    if String.contains?(command, <<0>>),
+      do: {:error, %Error{reason: :invalid_command, op: :exec}},
+      else: :ok
+  end
+
+  defp exec_dir(state, nil), do: {:ok, state.cwd}
+
+  defp exec_dir(state, dir) do
+    resolved = resolve(state, dir)
+
+    case dir_status(resolved) do
+      :ok -> {:ok, resolved}
+      {:error, reason} -> {:error, %Error{reason: reason, op: :exec, path: dir}}
+    end
+  end
+
+  defp bash(%{bash: nil}),
+    do: {:error, %Error{reason: :spawn_failed, op: :exec, detail: "bash was not found on the PATH"}}
+
+  defp bash(%{bash: bash}), do: {:ok, bash}
+
+  @impl true
+  @spec glob(t(), String.t(), keyword()) :: {:ok, [String.t()]} | {:error, Error.t()}
+  def glob(%__MODULE__{} = state, pattern, opts) do
+    with {:ok, opts} <- validate(opts, Schema.glob(), :glob) do
+      case Search.glob(state.cwd, pattern, opts[:match_dot]) do
+        {:ok, paths} -> {:ok, Enum.take(paths, opts[:max_results])}
+        {:error, why} -> {:error, %Error{reason: :invalid_pattern, op: :glob, path: pattern, detail: why}}
+      end
+    end
+  end
+
+  @impl true
+  @spec grep(t(), String.t(), keyword()) :: {:ok, [Condukt.Sandbox.grep_match()]} | {:error, Error.t()}
+  def grep(%__MODULE__{} = state, pattern, opts) do
+    with {:ok, opts} <- validate(opts, Schema.grep(), :grep) do
+      root = opts[:path]
+
+      case Search.grep(root, resolve(state, root), pattern, Map.new(opts)) do
+        {:ok, matches} ->
+          {:ok, matches}
+
+        {:error, {:invalid_pattern, why}} ->
+          {:error, %Error{reason: :invalid_pattern, op: :grep, path: pattern, detail: why}}
+
+        {:error, reason} ->
+          file_error(reason, :grep, root)
+      end
+    end
+  end
+
+  ## Helpers
+
+  defp validate(opts, schema, op) do
+    if Keyword.keyword?(opts) do
+      case Options.validate(opts, schema) do
+        {:ok, opts} -> {:ok, opts}
+        {:error, error} -> {:error, %Error{reason: :invalid_option, op: op, detail: error}}
+      end
+    else
+      {:error, %Error{reason: :invalid_option, op: op, detail: "expected a keyword list, got: #{inspect(opts)}"}}
+    end
+  end
+
+  defp resolve(%{cwd: cwd}, path) do
+    case Path.type(path) do
+      :absolute -> path
+      _ -> Path.join(cwd, path)
+    end
+  end
+
+  defp dir_status(dir) do
+    case File.stat(dir) do
+      {:ok, %File.Stat{type: :directory}} -> :ok
+      {:ok, _} -> {:error, :enotdir}
+      {:error, reason} -> {:error, reason}
+    end
+  end
+
+  defp file_error(:badarg, op, path), do: {:error, %Error{reason: :invalid_path, op: op, path: path}}
+  defp file_error(reason, op, path), do: {:error, %Error{reason: reason, op: op, path: path}}
+
+  # Follows a chain of symbolic links to the file it ends at, so that a write
+  # replaces that file and keeps the links. 40 is Linux's own limit (ELOOP).
+  defp final_target(path, hops \\ 40)
+  defp final_target(path, 0), do: path
+
+  defp final_target(path, hops) do
+    case File.read_link(path) do
+      {:ok, link} -> final_target(Path.expand(link, Path.dirname(path)), hops - 1)
+      {:error, _not_a_link} -> path
+    end
+  end
+
+  defp atomic_write(target, content) do
+    tmp = Path.join(Path.dirname(target), ".condukt-#{System.unique_integer([:positive])}.tmp")
+
+    result =
+      with :ok <- File.write(tmp, content, [:exclusive]),
+           :ok <- keep_mode(target, tmp) do
+        File.rename(tmp, target)
+      end
+
+    if result != :ok, do: File.rm(tmp)
+    result
+  end
+
+  defp keep_mode(target, tmp) do
+    case File.stat(target) do
+      {:ok, %File.Stat{type: :regular, mode: mode}} -> File.chmod(tmp, Bitwise.band(mode, 0o7777))
+      _ -> :ok
+    end
+  end
+
+  # The offset and length of the one occurrence of `old` in `content`.
+  # Occurrences are counted overlapping ("aa" occurs twice in "aaa"), since
+  # any second match makes the edit ambiguous.
+  defp find_once(_content, ""), do: {:error, :empty_old_text}
+
+  defp find_once(content, old) do
+    case :binary.match(content, old) do
+      :nomatch ->
+        {:error, :old_text_not_found}
+
+      {at, _len} = found ->
+        case count_from(content, old, at + 1, 1) do
+          1 -> {:ok, found}
+          n -> {:error, {:old_text_not_unique, n}}
+        end
+    end
+  end
+
+  defp count_from(content, old, from, count) do
+    case :binary.match(content, old, scope: {from, byte_size(content) - from}) do
+      :nomatch -> count
+      {at, _} -> count_from(content, old, at + 1, count + 1)
+    end
+  end
+
+  defp normalize_env(env), do: Enum.map(env, fn {k, v} -> {k, v} end)
+
+  # Later entries win, so the command's :env overrides the sandbox's.
+  defp port_env(env) do
+    env
+    |> Enum.reverse()
+    |> Enum.uniq_by(&elem(&1, 0))
+    |> Enum.map(fn
+      {k, nil} -> {String.to_charlist(k), false}
+      {k, v} -> {String.to_charlist(k), String.to_charlist(v)}
+    end)
+  end
+end
