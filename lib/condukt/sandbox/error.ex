@@ -25,6 +25,7 @@ defmodule Condukt.Sandbox.Error do
   | `:invalid_pattern`      | `glob/3` or `grep/3`: the pattern does not compile (`:detail` says why) |
   | `:invalid_option`       | an unknown or ill-typed option (`:detail` is a `t:Condukt.Options.error/0`) |
   | `:invalid_network_policy` | the `:network_policy` option was refused (`:detail` is a `Condukt.Sandbox.NetworkPolicy.Error`) |
+  | `:network_policy_unenforceable` | the policy cannot be enforced here and `network_policy_required: true` (`:detail` is a `Condukt.Sandbox.Local.NetworkError`) |
   | `:invalid_sandbox`      | `new/2` was given something that is not a sandbox module (`:detail` says why) |
   | `:exception`            | a sandbox callback raised (`:detail` is the exception) |
   | `:bad_return`           | a sandbox callback returned a value outside its contract (`:detail` is the value) |
@@ -46,6 +47,7 @@ defmodule Condukt.Sandbox.Error do
           | :invalid_pattern
           | :invalid_option
           | :invalid_network_policy
+          | :network_policy_unenforceable
           | :invalid_sandbox
           | :exception
           | :bad_return
@@ -90,6 +92,10 @@ defmodule Condukt.Sandbox.Error do
   defp what(%{reason: :invalid_pattern, detail: detail}), do: "invalid pattern (#{describe(detail)})"
   defp what(%{reason: :invalid_option, detail: detail}), do: option_error(detail)
   defp what(%{reason: :invalid_network_policy, detail: detail}), do: describe(detail)
+
+  defp what(%{reason: :network_policy_unenforceable, detail: detail}),
+    do: "the network policy cannot be enforced: " <> describe(detail)
+
   defp what(%{reason: :invalid_sandbox, detail: detail}), do: describe(detail)
   defp what(%{reason: :exception, detail: detail}), do: "the sandbox raised: " <> describe(detail)
 

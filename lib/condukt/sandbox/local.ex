@@ -77,21 +77,46 @@ defmodule Condukt.Sandbox.Local do
 
   The `:network_policy` option is validated with
   `Condukt.Sandbox.NetworkPolicy.new/1`, so a bad policy fails `init/1`
-  here just as it would on Kubernetes, and the validated policy is kept in
-  the state (`state.network_policy`). Enforcing it for local commands is the
-  job of the network layer, which builds on this state; Local by itself
-  does not restrict the network.
+  here just as it would on Kubernetes.
+
+  The seeds let Local ignore the policy; this Local enforces it where it
+  can. On Linux, when the BEAM holds CAP_NET_ADMIN and CAP_SYS_ADMIN (root)
+  and `ip`, `setpriv` and `iptables` are installed, `init/1` puts the
+  session in a network namespace of its own with the real egress sidecar
+  (`Condukt.Sandbox.Local.Network`, docs/local-network.md): every `exec/3`
+  runs inside it without any capability, its TCP 80/443 goes through the
+  policy, everything else is rejected, and the clients trust the session
+  CA through the six variables of the seeds. `shutdown/1` removes it all.
+  File operations are not network operations and stay on the host.
+
+  Where that is impossible, `init/1` logs one warning and the commands run
+  unenforced (the seeds' portability), unless `network_policy_required:
+  true`, which makes `init/1` fail with
+  `%Condukt.Sandbox.Error{reason: :network_policy_unenforceable}` whose
+  `:detail` is the `Condukt.Sandbox.Local.NetworkError` that says why.
   """
 
   @behaviour Condukt.Sandbox
 
+  require Logger
+
   alias Condukt.Options
   alias Condukt.Sandbox.Error
-  alias Condukt.Sandbox.Local.{Exec, Schema, Search}
+  alias Condukt.Sandbox.Local.{Exec, Network, NetworkError, Schema, Search}
   alias Condukt.Sandbox.NetworkPolicy
 
   @enforce_keys [:cwd]
-  defstruct [:cwd, :bash, :id, :network_policy, env: [], timeout: 120_000, max_output_bytes: 1_048_576]
+  defstruct [
+    :cwd,
+    :bash,
+    :id,
+    :network_policy,
+    :network,
+    :network_pid,
+    env: [],
+    timeout: 120_000,
+    max_output_bytes: 1_048_576
+  ]
 
   @typedoc "The state `init/1` returns; `Condukt.Sandbox` keeps it in its handle."
   @type t :: %__MODULE__{
@@ -99,6 +124,8 @@ defmodule Condukt.Sandbox.Local do
           bash: String.t() | nil,
           id: term(),
           network_policy: NetworkPolicy.t() | nil,
+          network: Network.t() | nil,
+          network_pid: pid() | nil,
           env: [{String.t(), String.t() | nil}],
           timeout: pos_integer(),
           max_output_bytes: pos_integer()
@@ -110,18 +137,48 @@ defmodule Condukt.Sandbox.Local do
     with {:ok, opts} <- validate(opts, Schema.init(), :new),
          {:ok, cwd} <- init_cwd(opts[:cwd]),
          {:ok, policy} <- network_policy(opts[:network_policy]) do
-      {:ok,
-       %__MODULE__{
-         cwd: cwd,
-         bash: System.find_executable("bash"),
-         id: opts[:id],
-         network_policy: policy,
-         env: normalize_env(opts[:env]),
-         timeout: opts[:timeout],
-         max_output_bytes: opts[:max_output_bytes]
-       }}
+      state = %__MODULE__{
+        cwd: cwd,
+        bash: System.find_executable("bash"),
+        id: opts[:id],
+        network_policy: policy,
+        env: normalize_env(opts[:env]),
+        timeout: opts[:timeout],
+        max_output_bytes: opts[:max_output_bytes]
+      }
+
+      enforce(state, opts)
     end
   end
+
+  defp enforce(%{network_policy: nil} = state, _opts), do: {:ok, state}
+
+  defp enforce(state, opts) do
+    required? = opts[:network_policy_required]
+
+    net_opts = Keyword.merge(opts[:network], policy: state.network_policy, session_id: session_id(state.id))
+
+    with :ok <- Network.available?(net_opts),
+         {:ok, pid, net} <- Network.start(net_opts) do
+      {:ok, %{state | network: net, network_pid: pid}}
+    else
+      {:error, %NetworkError{reason: reason} = error}
+      when reason in [:unsupported_os, :not_privileged, :missing_tool] and not required? ->
+        Logger.warning(
+          "condukt: Local sandbox: the network policy is NOT enforced: #{Exception.message(error)}. " <>
+            "Pass network_policy_required: true to refuse to run unenforced."
+        )
+
+        {:ok, state}
+
+      {:error, %NetworkError{} = error} ->
+        {:error, %Error{reason: :network_policy_unenforceable, op: :new, detail: error}}
+    end
+  end
+
+  defp session_id(nil), do: ""
+  defp session_id(id) when is_binary(id), do: id
+  defp session_id(id), do: inspect(id)
 
   defp init_cwd(nil), do: {:ok, File.cwd!()}
 
@@ -145,7 +202,8 @@ defmodule Condukt.Sandbox.Local do
 
   @impl true
   @spec shutdown(t()) :: :ok
-  def shutdown(%__MODULE__{}), do: :ok
+  def shutdown(%__MODULE__{network_pid: nil}), do: :ok
+  def shutdown(%__MODULE__{network_pid: pid}), do: Network.stop(pid)
 
   @impl true
   @spec read_file(t(), String.t()) :: {:ok, binary()} | {:error, Error.t()}
@@ -206,9 +264,10 @@ defmodule Condukt.Sandbox.Local do
       run_opts = %{
         bash: bash,
         cwd: dir,
-        env: port_env(state.env ++ normalize_env(opts[:env])),
+        env: port_env(network_env(state) ++ state.env ++ normalize_env(opts[:env])),
         timeout: opts[:timeout] || state.timeout,
-        max_output_bytes: opts[:max_output_bytes] || state.max_output_bytes
+        max_output_bytes: opts[:max_output_bytes] || state.max_output_bytes,
+        prefix: network_prefix(state)
       }
 
       case Exec.run(command, run_opts) do
@@ -224,6 +283,12 @@ defmodule Condukt.Sandbox.Local do
       end
     end
   end
+
+  defp network_prefix(%{network: nil}), do: []
+  defp network_prefix(%{network: net}), do: Network.prefix(net)
+
+  defp network_env(%{network: nil}), do: []
+  defp network_env(%{network: net}), do: Network.env(net)
 
   defp check_command(command) do
     if String.contains?(command, <<0>>),

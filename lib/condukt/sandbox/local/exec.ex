@@ -15,6 +15,11 @@ defmodule Condukt.Sandbox.Local.Exec do
   #     timeout) or end-of-file (the port closed: the process that owned it
   #     died, or the whole BEAM did).
   #
+  # With a network policy, a prefix (`ip netns exec NS setpriv … --`, see
+  # Condukt.Sandbox.Local.Network.prefix/1) goes in front of the inner
+  # bash. Each program in it execs the next, so the job's process group
+  # is still the command's own.
+  #
   # The command's exit status is the wrapper's. The command itself reads
   # /dev/null, never the port. A process that leaves the group on purpose
   # (setsid, a double fork into a new group) escapes; Local is not an
@@ -25,8 +30,9 @@ defmodule Condukt.Sandbox.Local.Exec do
   # helper monitors the caller to kill the command if the caller dies.
 
   @wrapper ~S"""
+  command=$1; bash=$2; shift 2
   set -m
-  bash -c "$1" </dev/null 2>&1 &
+  "$@" "$bash" -c "$command" </dev/null 2>&1 &
   cmd=$!
   set +m
   exec 2>/dev/null
@@ -45,11 +51,12 @@ defmodule Condukt.Sandbox.Local.Exec do
   @kill_grace_ms 2_000
 
   @type opts :: %{
-          bash: String.t(),
-          cwd: String.t(),
-          env: [{charlist(), charlist() | false}],
-          timeout: pos_integer(),
-          max_output_bytes: pos_integer()
+          optional(:prefix) => [String.t()],
+          required(:bash) => String.t(),
+          required(:cwd) => String.t(),
+          required(:env) => [{charlist(), charlist() | false}],
+          required(:timeout) => pos_integer(),
+          required(:max_output_bytes) => pos_integer()
         }
 
   @type result ::
@@ -82,7 +89,7 @@ defmodule Condukt.Sandbox.Local.Exec do
       :use_stdio,
       :stderr_to_stdout,
       :hide,
-      args: ["-c", @wrapper, "condukt-exec", command],
+      args: ["-c", @wrapper, "condukt-exec", command, opts.bash | Map.get(opts, :prefix, [])],
       cd: opts.cwd,
       env: opts.env
     ]

@@ -1,4 +1,7 @@
 defmodule Condukt.Sandbox.Local.Network do
+  # Debian's tools, never a user's shims.
+  @path "/usr/sbin:/usr/bin:/sbin:/bin"
+
   @schema [
     policy: [type: {:custom, &__MODULE__.check_policy/1}, required: true, doc: "the `%NetworkPolicy{}` to enforce."],
     session_id: [
@@ -31,7 +34,12 @@ defmodule Condukt.Sandbox.Local.Network do
     sidecar_uid: [type: :pos_integer, default: 1337, doc: "the uid the sidecar runs as."],
     user: [type: :non_neg_integer, doc: "the uid (and gid) the session's commands run as (default: the BEAM's)."],
     proxy_args: [type: {:custom, &__MODULE__.check_strings/1}, default: [], doc: "more `condukt-egress proxy` flags."],
-    binary: [type: {:custom, &__MODULE__.check_string/1}, doc: "the `condukt-egress` binary (default: priv/)."]
+    binary: [type: {:custom, &__MODULE__.check_string/1}, doc: "the `condukt-egress` binary (default: priv/)."],
+    tool_path: [
+      type: {:custom, &__MODULE__.check_string/1},
+      default: @path,
+      doc: "where `ip`, `setpriv` and `iptables` are looked up (a PATH-style list)."
+    ]
   ]
 
   @moduledoc """
@@ -87,7 +95,6 @@ defmodule Condukt.Sandbox.Local.Network do
   @mark "0x539"
   @state_dir "/run/condukt/local"
   @name_re ~r/^condukt-([0-9a-f]{10})$/
-  @path "/usr/sbin:/usr/bin:/sbin:/bin"
   @ca_vars ~w(NODE_EXTRA_CA_CERTS REQUESTS_CA_BUNDLE SSL_CERT_FILE PIP_CERT CURL_CA_BUNDLE GIT_SSL_CAINFO)
   # The proxy drains for 10 s on SIGTERM (docs/proxy.md); then it is killed.
   @stop_wait 15_000
@@ -114,6 +121,7 @@ defmodule Condukt.Sandbox.Local.Network do
     :proxy_pid,
     :events_log,
     :stderr_log,
+    tools: %{},
     host_rules: []
   ]
 
@@ -133,6 +141,7 @@ defmodule Condukt.Sandbox.Local.Network do
           proxy_pid: pos_integer() | nil,
           events_log: Path.t() | nil,
           stderr_log: Path.t() | nil,
+          tools: %{optional(String.t()) => Path.t()},
           host_rules: [[String.t()]]
         }
 
@@ -140,15 +149,21 @@ defmodule Condukt.Sandbox.Local.Network do
 
   @doc """
   Whether this machine and this BEAM can enforce a policy: Linux, the two
-  capabilities, and the tools (`ip`, `setpriv`, `iptables`).
+  capabilities, and the tools (`ip`, `setpriv`, `iptables`) in
+  `opts[:tool_path]` (default: Debian's sbin and bin directories).
   """
-  @spec available?() :: :ok | {:error, NetworkError.t()}
-  def available? do
+  @spec available?(keyword()) :: :ok | {:error, NetworkError.t()}
+  def available?(opts \\ []) do
+    with {:ok, _tools} <- check(opts[:tool_path] || @path), do: :ok
+  end
+
+  defp check(path) do
     with :ok <- check_os(), :ok <- check_caps() do
-      Enum.reduce_while(~w(ip setpriv iptables), :ok, fn tool, :ok ->
-        if find_tool(tool),
-          do: {:cont, :ok},
-          else: {:halt, {:error, %NetworkError{reason: :missing_tool, detail: tool}}}
+      Enum.reduce_while(~w(ip setpriv iptables), {:ok, %{}}, fn tool, {:ok, acc} ->
+        case find_tool(tool, path) do
+          nil -> {:halt, {:error, %NetworkError{reason: :missing_tool, detail: tool}}}
+          exe -> {:cont, {:ok, Map.put(acc, tool, exe)}}
+        end
       end)
     end
   end
@@ -160,7 +175,8 @@ defmodule Condukt.Sandbox.Local.Network do
   @spec start(keyword()) :: {:ok, pid(), t()} | {:error, NetworkError.t()}
   def start(opts) do
     with {:ok, opts} <- validate(Keyword.put_new(opts, :owner, self())),
-         :ok <- available?() do
+         {:ok, tools} <- check(opts[:tool_path]) do
+      opts = Keyword.put(opts, :tools, tools)
       spec = %{id: __MODULE__, start: {GenServer, :start_link, [__MODULE__, opts]}, restart: :temporary}
 
       case DynamicSupervisor.start_child(Condukt.Sandbox.Local.NetworkSupervisor, spec) do
@@ -193,9 +209,13 @@ defmodule Condukt.Sandbox.Local.Network do
         uid -> ["--reuid=#{uid}", "--regid=#{uid}", "--clear-groups"]
       end
 
-    [tool!("ip"), "netns", "exec", net.name, tool!("setpriv"), "--no-new-privs", "--bounding-set=-all"] ++
+    [net.tools["ip"], "netns", "exec", net.name, net.tools["setpriv"], "--no-new-privs", "--bounding-set=-all"] ++
       ["--inh-caps=-all"] ++ user ++ ["--"] ++ argv
   end
+
+  @doc "The prefix `wrap/2` puts in front of a command."
+  @spec prefix(t()) :: [String.t()]
+  def prefix(%__MODULE__{} = net), do: net |> wrap(["x"]) |> Enum.drop(-1)
 
   @doc "The environment variables that make the session's clients trust the sidecar's CA."
   @spec env(t()) :: [{String.t(), String.t()}]
@@ -238,7 +258,8 @@ defmodule Condukt.Sandbox.Local.Network do
       dir: Path.join(@state_dir, name),
       session_id: if(opts[:session_id] == "", do: name, else: opts[:session_id]),
       uplink: opts[:uplink],
-      user: opts[:user]
+      user: opts[:user],
+      tools: opts[:tools]
     }
 
     try do
@@ -329,15 +350,15 @@ defmodule Condukt.Sandbox.Local.Network do
     |> make_namespace!(opts)
     |> tap(fn net ->
       run!(
-        [tool!("ip"), "netns", "exec", net.name, copy, "netfilter-setup", "--proxy-port", "#{@proxy_port}"] ++
+        [net.tools["ip"], "netns", "exec", net.name, copy, "netfilter-setup", "--proxy-port", "#{@proxy_port}"] ++
           ["--mark", @mark]
       )
     end)
   end
 
   defp make_namespace!(net, opts) do
-    ip = tool!("ip")
-    {gw, me} = subnet = pick_subnet!(net.uplink)
+    ip = net.tools["ip"]
+    {gw, me} = subnet = pick_subnet!(ip, net.uplink)
     veth = "ck" <> String.replace_prefix(net.name, "condukt-", "")
     net = %{net | veth: veth, subnet: subnet}
 
@@ -371,7 +392,7 @@ defmodule Condukt.Sandbox.Local.Network do
   defp masquerade!(net) do
     {gw, _} = net.subnet
     cidr = cidr30(gw)
-    ipt = tool!("iptables")
+    ipt = net.tools["iptables"]
     comment = ["-m", "comment", "--comment", "condukt:" <> net.name]
 
     rules = [
@@ -393,8 +414,8 @@ defmodule Condukt.Sandbox.Local.Network do
 
   # A /30 from 100.127.0.0/16 (shared address space, RFC 6598, which hosts
   # rarely route) that no interface of the uplink uses yet.
-  defp pick_subnet!(uplink) do
-    used = uplink_addresses(uplink)
+  defp pick_subnet!(ip, uplink) do
+    used = uplink_addresses(ip, uplink)
 
     Enum.find_value(1..64, fn _ ->
       n = :rand.uniform(16_383)
@@ -405,8 +426,8 @@ defmodule Condukt.Sandbox.Local.Network do
     end) || raise %NetworkError{reason: :command_failed, detail: {["pick a /30"], 1, "no free /30 in 100.127.0.0/16"}}
   end
 
-  defp uplink_addresses(uplink) do
-    {out, _} = System.cmd(tool!("ip"), tl(uplink_prefix("ip", uplink)) ++ ["-4", "-o", "addr", "show"])
+  defp uplink_addresses(ip, uplink) do
+    {out, _} = System.cmd(ip, tl(uplink_prefix(ip, uplink)) ++ ["-4", "-o", "addr", "show"])
 
     Regex.scan(~r/inet (\d+\.\d+\.\d+\.\d+)\//, out) |> Enum.map(fn [_, a] -> a end)
   end
@@ -463,7 +484,7 @@ defmodule Condukt.Sandbox.Local.Network do
         Enum.flat_map(opts[:allow_private], &["--allow-private", &1]) ++ opts[:proxy_args]
 
     argv =
-      [tool!("ip"), "netns", "exec", net.name, tool!("setpriv"), "--reuid=#{uid}", "--regid=#{uid}"] ++
+      [net.tools["ip"], "netns", "exec", net.name, net.tools["setpriv"], "--reuid=#{uid}", "--regid=#{uid}"] ++
         ["--clear-groups", "--inh-caps=+net_admin", "--ambient-caps=+net_admin", "--"] ++
         ["/usr/bin/env", "-i", "PATH=#{@path}" | sanitizer_env()] ++ [bin | args]
 
@@ -552,7 +573,7 @@ defmodule Condukt.Sandbox.Local.Network do
       end
     end
 
-    ip = find_tool("ip")
+    ip = net.tools["ip"] || find_tool("ip", @path)
 
     if ip && net.name in namespaces(ip) do
       {pids, _} = System.cmd(ip, ["netns", "pids", net.name], stderr_to_stdout: true)
@@ -563,7 +584,7 @@ defmodule Condukt.Sandbox.Local.Network do
 
     # The host end of the veth pair goes with the namespace's end; a
     # namespace uplink's too. The host rules do not.
-    ipt = find_tool("iptables")
+    ipt = net.tools["iptables"] || find_tool("iptables", @path)
 
     for [flag_t, table, chain | spec] <- net.host_rules, ipt do
       System.cmd(ipt, ["-w", flag_t, table, "-D", chain | spec], stderr_to_stdout: true)
@@ -669,14 +690,12 @@ defmodule Condukt.Sandbox.Local.Network do
     end
   end
 
-  defp find_tool(name) do
-    Enum.find_value(String.split(@path, ":"), fn dir ->
-      path = Path.join(dir, name)
-      if File.regular?(path), do: path
+  defp find_tool(name, path) do
+    Enum.find_value(String.split(path, ":", trim: true), fn dir ->
+      exe = Path.join(dir, name)
+      if File.regular?(exe), do: exe
     end)
   end
-
-  defp tool!(name), do: find_tool(name) || raise(%NetworkError{reason: :missing_tool, detail: name})
 
   defp run!([exe | args] = argv) do
     case System.cmd(exe, args, stderr_to_stdout: true, env: [{"PATH", @path}]) do

@@ -32,10 +32,24 @@ defmodule Condukt.Sandbox.Local.Schema do
           "a `Condukt.Sandbox.NetworkPolicy` (struct, keyword list or map). It is validated and kept in the " <>
             "sandbox state; see \"Network policy\" below."
       ],
+      network_policy_required: [
+        type: :boolean,
+        default: false,
+        doc:
+          "make `init/1` fail when the `:network_policy` cannot be enforced on this machine " <>
+            "(instead of one warning and unenforced commands)."
+      ],
+      network: [
+        type: {:custom, &__MODULE__.keyword/1},
+        default: [],
+        doc:
+          "options of the enforcement plane (`Condukt.Sandbox.Local.Network`): `:uplink`, `:hosts`, `:dns`, " <>
+            "`:allow_private`, `:upstream_ca`, `:user`, `:sidecar_uid`, `:proxy_args`, `:binary`."
+      ],
       id: [
         type: :any,
         default: nil,
-        doc: "the session id. Sessions pass it to every sandbox; Local keeps it but has no use for it."
+        doc: "the session id; with a network policy it is the id the sidecar reports."
       ]
     ]
   end
@@ -110,4 +124,9 @@ defmodule Condukt.Sandbox.Local.Schema do
   end
 
   defp env_pair?(_), do: false
+
+  @doc false
+  def keyword(value) do
+    if Keyword.keyword?(value), do: :ok, else: {:error, "a keyword list"}
+  end
 end
