@@ -4,7 +4,15 @@ defmodule Condukt.Application do
 
   @impl true
   def start(_type, _args) do
-    Supervisor.start_link(offline_telemetry(), strategy: :one_for_one, name: Condukt.Supervisor)
+    children =
+      offline_telemetry() ++
+        [
+          # Deciders run here, never inside a bridge (DecideRuntime).
+          {Task.Supervisor, name: Condukt.Sandbox.NetworkPolicy.TaskSupervisor},
+          Condukt.Sandbox.NetworkPolicy.ControlChannelSupervisor
+        ]
+
+    Supervisor.start_link(children, strategy: :one_for_one, name: Condukt.Supervisor)
   end
 
   # When the build had no Hex, :telemetry is the in-repo stand-in
