@@ -219,18 +219,20 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
   def run(rule, %Request{} = request, opts \\ []) do
     rt = new(Keyword.put(opts, :policy, rules: [decide: rule]))
     {[], rt} = request(rt, "run", 0, request)
-    await(rt)
+    await(rt, rt.by_id["run"])
   end
 
-  defp await(rt) do
-    receive do
-      message ->
-        case handle_info(rt, message) do
-          {:ok, [{:decision, "run", answer, _cache}], _rt} -> result(answer)
-          {:ok, [], rt} -> await(rt)
-          :unknown -> await(rt)
-        end
-    end
+  # Receives only this run's messages: the caller's mailbox is its own.
+  defp await(rt, ref) do
+    message =
+      receive do
+        {^ref, _} = m -> m
+        {:DOWN, ^ref, :process, _, _} = m -> m
+        {__MODULE__, :timeout, ^ref} = m -> m
+      end
+
+    {:ok, [{:decision, "run", answer, _cache}], _rt} = handle_info(rt, message)
+    result(answer)
   end
 
   defp result({:deny, reason}) when reason in [:decider_timeout, :decider_error, :decider_bad_return],
