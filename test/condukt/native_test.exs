@@ -71,8 +71,8 @@ defmodule Condukt.NativeTest do
   end
 
   describe "control channels" do
-    setup %{tmp_dir: dir} do
-      %{listener: ControlListener.start(dir)}
+    setup do
+      %{listener: ControlListener.start()}
     end
 
     defp attach(n, listener, opts) do
@@ -148,9 +148,15 @@ defmodule Condukt.NativeTest do
       task = Task.async(fn -> Native.control_attach(n, {:unix, l.path}, @token, timeout: 30_000) end)
       # The listener never welcomes: the call is pending when the port dies.
       assert_receive {:listener, :hello, _, _conn}, 5_000
-      System.cmd("kill", ["-KILL", "#{os_pid}"])
-      assert {:error, %Error{code: :port_exited, op: :control_attach}} = Task.await(task)
-      assert_receive {:EXIT, ^n, {:port_exited, _}}, 5_000
+
+      log =
+        ExUnit.CaptureLog.capture_log(fn ->
+          System.cmd("kill", ["-KILL", "#{os_pid}"])
+          assert {:error, %Error{code: :port_exited, op: :control_attach}} = Task.await(task)
+          assert_receive {:EXIT, ^n, {:port_exited, 137}}, 5_000
+        end)
+
+      assert log =~ "the port program exited (status 137)"
     end
   end
 

@@ -10,8 +10,11 @@ defmodule Condukt.Test.ControlListener do
   # `send_frames/2`, `close/1`, and receives {:listener, :line, map} for
   # every line the peer writes and {:listener, :closed} when it goes.
 
-  def start(dir) do
-    path = Path.join(dir, "ctl-#{System.unique_integer([:positive])}.sock")
+  # Unix socket paths are limited to 107 bytes, which ExUnit's tmp_dir
+  # paths can exceed: the socket lives in /tmp under a short name.
+  def start do
+    path = "/tmp/ce-ctl-#{System.unique_integer([:positive])}-#{:rand.uniform(1_000_000)}.sock"
+    ExUnit.Callbacks.on_exit(fn -> File.rm(path) end)
     owner = self()
 
     {:ok, listen} =

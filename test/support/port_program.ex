@@ -29,23 +29,58 @@ defmodule Condukt.Test.PortProgram do
     end
   end
 
-  # `condukt-egress port` exits 0 at once on stdin EOF; a binary without
-  # the command exits 2 with "unknown command".
+  # Asks the program for its version the way Condukt.Native does (stdin
+  # and stdout must be pipes); a binary without the command exits 2 with
+  # "unknown command".
   defp compute do
     bin = Condukt.egress_binary()
 
-    cond do
-      not File.exists?(bin) ->
-        "#{bin} is not built (make priv/condukt-egress)"
+    if File.exists?(bin) do
+      port =
+        Port.open({:spawn_executable, bin}, [
+          :binary,
+          {:packet, 4},
+          :exit_status,
+          :use_stdio,
+          :stderr_to_stdout,
+          args: ["port"]
+        ])
 
-      true ->
-        case System.cmd("/bin/sh", ["-c", ~s("$0" port </dev/null 2>&1), bin]) do
-          {_, 0} ->
-            nil
-
-          {out, status} ->
-            "#{bin} has no working `port` command yet (exit #{status}: #{String.trim(out) |> String.split("\n") |> hd()})"
-        end
+      Port.command(port, :erlang.term_to_binary({:call, 1, {:version}}))
+      probe(port, "")
+    else
+      "#{bin} is not built (make priv/condukt-egress)"
     end
   end
+
+  defp probe(port, out) do
+    receive do
+      {^port, {:data, data}} ->
+        case safe_decode(data) do
+          {:reply, 1, {:ok, _}} ->
+            Port.close(port)
+            nil
+
+          _ ->
+            probe(port, out <> data)
+        end
+
+      {^port, {:exit_status, status}} ->
+        "#{Condukt.egress_binary()} has no working `port` command yet (exit #{status}: #{first_line(out)})"
+    after
+      5_000 ->
+        Port.close(port)
+        "#{Condukt.egress_binary()} port did not answer {version} within 5 s"
+    end
+  end
+
+  defp safe_decode(data) do
+    :erlang.binary_to_term(data)
+  rescue
+    ArgumentError -> nil
+  end
+
+  # With {packet, 4}, a stderr line shows up framed oddly; keep it readable.
+  defp first_line(out),
+    do: out |> String.replace(~r/[^[:print:]\n]/u, "") |> String.trim() |> String.split("\n") |> hd()
 end
