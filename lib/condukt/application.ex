@@ -7,6 +7,9 @@ defmodule Condukt.Application do
     children =
       offline_telemetry() ++
         [
+          # Deciders run here, never inside a bridge (DecideRuntime).
+          {Task.Supervisor, name: Condukt.Sandbox.NetworkPolicy.TaskSupervisor},
+          Condukt.Sandbox.NetworkPolicy.ControlChannelSupervisor,
           # One Condukt.Sandbox.Local.Network per enforcing Local session
           # (restart: :temporary: a network is rebuilt by a new session,
           # never behind its owner's back).

@@ -1,0 +1,391 @@
+defmodule Condukt.Native do
+  @moduledoc """
+  The owner of one `condukt-egress port` process: the BEAM's native helper
+  for tokens, session CAs, policy files and sidecar control channels.
+
+  The two sides exchange Erlang terms, one per `{:packet, 4}` frame; the
+  grammar is normative in `docs/port-protocol.md` (and heads
+  `c_src/port/port.c`). In short:
+
+      BEAM → port   {call, Id, Op} | {ack, Chan, N}
+      port → BEAM   {reply, Id, ok | {ok, Value} | {error, {Code, Message}}}
+                    {control, Chan, {frame, Frame} | {closed, Reason}}
+                    {error, Kind, Message}
+
+  Every call carries an integer id; the server keeps `%{id => from}` and
+  answers with `GenServer.reply/2` when the matching `reply` arrives, so it
+  never blocks on the port and many calls can be outstanding.
+
+  ## Control channels
+
+  `control_attach/4` connects the port to a sidecar's control listener.
+  The channel's frames then arrive at the channel's owner (the caller, or
+  the `:owner` option) as
+
+      {:condukt_control, native :: pid(), chan :: pos_integer(), {:frame, map()}}
+      {:condukt_control, native, chan, {:closed, reason :: String.t()}}
+
+  Frames are credited: the port sends at most `:window` (default 256)
+  frames the owner has not acknowledged with `ack/3`. An owner that dies
+  has its channels detached.
+
+  ## Lifetime
+
+  The port program exits when its stdin closes, so it never outlives this
+  process. When the program exits (or is killed) the server answers every
+  pending call with `{:error, %Condukt.Native.Error{code: :port_exited}}`,
+  tells every channel owner `{:closed, "the port program exited ..."}`, and
+  stops with `{:port_exited, status}` so that whoever supervises it (for a
+  session, its `ControlBridge`) restarts what needs restarting.
+  `stop/1` closes the port and waits (at most 2 s, then SIGKILL) for the
+  OS process to be gone.
+  """
+
+  use GenServer
+  require Logger
+
+  alias Condukt.Native.Error
+
+  @typedoc "A control channel number, given out by the port."
+  @type chan :: pos_integer()
+
+  @typedoc "A sidecar control address: a Unix socket or loopback TCP."
+  @type address :: {:unix, Path.t()} | {:tcp, String.t(), :inet.port_number()}
+
+  @type server :: GenServer.server()
+  @type error :: {:error, Error.t()}
+
+  # Margin over an operation's own timeout for the GenServer.call, so that
+  # the port's {error, {timedout, _}} wins over the caller's exit.
+  @call_margin 5_000
+  @default_call_timeout 15_000
+  @exit_wait 2_000
+
+  ## Public API ---------------------------------------------------------------
+
+  @doc """
+  Starts the port program and links it to the caller.
+
+  Options: `:bin` (the executable; default the `condukt-egress` in
+  `:condukt`'s priv directory), `:name`.
+  """
+  @spec start_link(keyword()) :: GenServer.on_start()
+  def start_link(opts \\ []) do
+    {gen_opts, opts} = Keyword.split(opts, [:name])
+    GenServer.start_link(__MODULE__, opts, gen_opts)
+  end
+
+  @doc "Closes the port program and waits for it to exit. Idempotent."
+  @spec stop(server()) :: :ok
+  def stop(server) do
+    GenServer.stop(server, :normal, @exit_wait + @call_margin)
+  catch
+    :exit, _ -> :ok
+  end
+
+  @doc "The OS process id of the port program."
+  @spec os_pid(server()) :: non_neg_integer()
+  def os_pid(server), do: GenServer.call(server, :os_pid)
+
+  @doc "The program's version: `%{version: binary(), protocol: 1}`."
+  @spec version(server()) :: {:ok, %{version: String.t(), protocol: pos_integer()}} | error()
+  def version(server) do
+    with {:ok, value} <- call(server, {:version}) do
+      {:ok, atomize(value, [:version, :protocol])}
+    end
+  end
+
+  @doc "A fresh random token of `bytes` (16..128) bytes, as lowercase hex."
+  @spec token_new(server(), 16..128) :: {:ok, String.t()} | error()
+  def token_new(server, bytes \\ 32), do: call(server, {:token_new, bytes})
+
+  @doc """
+  A fresh ECDSA P-256 session CA. Options: `:common_name` (required),
+  `:days` (1..3650, default 3), `:cert_path` and `:key_path` (also write
+  the files; the key `0600`, never over an existing file).
+  """
+  @spec ca_new(server(), keyword() | map()) :: {:ok, %{cert_pem: String.t(), key_pem: String.t()}} | error()
+  def ca_new(server, opts) do
+    opts = Map.new(opts)
+    ca_opts = Map.merge(%{days: 3}, Map.take(opts, [:common_name, :days, :cert_path, :key_path]))
+
+    with {:ok, value} <- call(server, {:ca_new, ca_opts}) do
+      {:ok, atomize(value, [:cert_pem, :key_pem])}
+    end
+  end
+
+  @doc """
+  Validates `json` with the sidecar's own policy loader and writes it to
+  `path` (atomically, `0600`).
+  """
+  @spec policy_write(server(), Path.t(), iodata()) :: :ok | error()
+  def policy_write(server, path, json) do
+    call(server, {:policy_write, IO.iodata_to_binary(Path.expand(path)), IO.iodata_to_binary(json)})
+  end
+
+  @doc """
+  Attaches a control channel to the sidecar at `address` with `token`
+  (lowercase hex) and returns its number and the sidecar's `welcome` frame.
+
+  Options: `:timeout` (ms to connect and get the welcome, default 5000),
+  `:window` (frame credit, default 256), `:owner` (the process that gets
+  the channel's frames; default the caller).
+  """
+  @spec control_attach(server(), address(), String.t(), keyword()) :: {:ok, {chan(), map()}} | error()
+  def control_attach(server, address, token, opts \\ []) do
+    {owner, opts} = Keyword.pop(opts, :owner, self())
+    attach = Map.new(Keyword.take(opts, [:timeout, :window]))
+    timeout = Map.get(attach, :timeout, 5_000) + @call_margin
+    call(server, {:control_attach, encode_address(address), token, attach}, timeout, owner)
+  end
+
+  @doc "Queues `frame` (a map; docs/port-protocol.md maps it to JSON) on channel `chan`."
+  @spec control_send(server(), chan(), map()) :: :ok | error()
+  def control_send(server, chan, frame) when is_map(frame), do: call(server, {:control_send, chan, frame})
+
+  @doc "Closes channel `chan`; no `{:closed, _}` message follows."
+  @spec control_detach(server(), chan()) :: :ok | error()
+  def control_detach(server, chan), do: call(server, {:control_detach, chan})
+
+  @doc "Gives channel `chan` credit for `n` more frames."
+  @spec ack(server(), chan(), pos_integer()) :: :ok
+  def ack(server, chan, n) when is_integer(n) and n > 0, do: GenServer.cast(server, {:ack, chan, n})
+
+  defp call(server, op, timeout \\ @default_call_timeout, owner \\ nil) do
+    GenServer.call(server, {:call, op, owner}, timeout)
+  end
+
+  defp encode_address({:unix, path}), do: {:unix, IO.iodata_to_binary(path)}
+  defp encode_address({:tcp, host, port}), do: {:tcp, IO.iodata_to_binary(host), port}
+
+  # The port writes maps with atom keys; accept binary keys too, as the
+  # JSON mapping of the protocol allows either.
+  defp atomize(map, keys) when is_map(map) do
+    Map.new(keys, fn key -> {key, Map.get(map, key, Map.get(map, Atom.to_string(key)))} end)
+  end
+
+  ## Server -------------------------------------------------------------------
+
+  @impl true
+  def init(opts) do
+    Process.flag(:trap_exit, true)
+    bin = Keyword.get_lazy(opts, :bin, &Condukt.egress_binary/0)
+
+    try do
+      port = Port.open({:spawn_executable, bin}, [:binary, {:packet, 4}, :exit_status, :use_stdio, args: ["port"]])
+
+      {:os_pid, os_pid} = Port.info(port, :os_pid)
+
+      {:ok,
+       %{
+         port: port,
+         os_pid: os_pid,
+         next_id: 1,
+         # id => {from | nil, op, owner | nil}
+         pending: %{},
+         # chan => owner pid
+         chans: %{},
+         # owner pid => monitor ref
+         owners: %{}
+       }}
+    rescue
+      e in ErlangError ->
+        {:stop, %Error{code: :port_exited, op: :start, message: "cannot start #{bin}: #{inspect(e.original)}"}}
+    end
+  end
+
+  @impl true
+  def handle_call({:call, op, owner}, from, state) do
+    id = state.next_id
+    send_term(state, {:call, id, op})
+    pending = Map.put(state.pending, id, {from, elem(op, 0), owner})
+    {:noreply, %{state | next_id: id + 1, pending: pending}}
+  end
+
+  def handle_call(:os_pid, _from, state), do: {:reply, state.os_pid, state}
+
+  @impl true
+  def handle_cast({:ack, chan, n}, state) do
+    if Map.has_key?(state.chans, chan), do: send_term(state, {:ack, chan, n})
+    {:noreply, state}
+  end
+
+  @impl true
+  def handle_info({port, {:data, data}}, %{port: port} = state) do
+    # The port is our own program, so its atoms (error codes) are trusted;
+    # :safe would refuse an error code this VM has not seen yet.
+    data |> :erlang.binary_to_term() |> handle_term(state)
+  end
+
+  def handle_info({port, {:exit_status, status}}, %{port: port} = state) do
+    port_gone(state, status)
+  end
+
+  def handle_info({:EXIT, port, reason}, %{port: port} = state) do
+    port_gone(state, reason)
+  end
+
+  def handle_info({:DOWN, _ref, :process, owner, _reason}, state) do
+    {chans, kept} = Enum.split_with(state.chans, fn {_chan, pid} -> pid == owner end)
+
+    # Detach the dead owner's channels; the replies are dropped (from = nil).
+    state =
+      Enum.reduce(chans, %{state | chans: Map.new(kept), owners: Map.delete(state.owners, owner)}, fn {chan, _}, acc ->
+        send_term(acc, {:call, acc.next_id, {:control_detach, chan}})
+        %{acc | next_id: acc.next_id + 1, pending: Map.put(acc.pending, acc.next_id, {nil, :control_detach, nil})}
+      end)
+
+    {:noreply, state}
+  end
+
+  def handle_info(_other, state), do: {:noreply, state}
+
+  @impl true
+  def terminate(_reason, %{port: port, os_pid: os_pid} = state) do
+    fail_pending(state, "the port owner stopped")
+
+    if Port.info(port) != nil do
+      Port.close(port)
+      await_os_exit(os_pid, @exit_wait)
+    end
+
+    :ok
+  catch
+    # The port may already be closed.
+    :error, _ -> :ok
+  end
+
+  defp handle_term({:reply, id, result}, state) when is_map_key(state.pending, id) do
+    {{from, op, owner}, pending} = Map.pop(state.pending, id)
+    state = %{state | pending: pending}
+    {reply, state} = reply(op, result, owner, state)
+    if from, do: GenServer.reply(from, reply)
+    {:noreply, state}
+  end
+
+  defp handle_term({:control, chan, message}, state) when is_map_key(state.chans, chan) do
+    owner = state.chans[chan]
+    send(owner, {:condukt_control, self(), chan, message})
+
+    case message do
+      {:closed, _} -> {:noreply, forget_chan(state, chan)}
+      _ -> {:noreply, state}
+    end
+  end
+
+  defp handle_term({:control, chan, _message}, state) do
+    # A channel whose owner died and that we detached; its last frames
+    # may still be in flight.
+    Logger.debug("condukt-egress port: frame for unowned channel #{chan} dropped")
+    {:noreply, state}
+  end
+
+  defp handle_term({:error, kind, message}, state) do
+    Logger.error("condukt-egress port refused a packet (#{inspect(kind)}): #{message}")
+    {:noreply, state}
+  end
+
+  defp handle_term(other, state) do
+    Logger.error("condukt-egress port sent a term outside the protocol: #{inspect(other, limit: 20)}")
+    {:noreply, state}
+  end
+
+  defp reply(:control_attach, {:ok, {chan, welcome}}, owner, state) when is_integer(chan) do
+    owners =
+      if Map.has_key?(state.owners, owner),
+        do: state.owners,
+        else: Map.put(state.owners, owner, Process.monitor(owner))
+
+    {{:ok, {chan, welcome}}, %{state | chans: Map.put(state.chans, chan, owner), owners: owners}}
+  end
+
+  defp reply(:control_detach, :ok, _owner, state), do: {:ok, state}
+
+  defp reply(op, result, _owner, state) do
+    reply =
+      case result do
+        :ok ->
+          :ok
+
+        {:ok, value} ->
+          {:ok, value}
+
+        {:error, {code, message}} when is_atom(code) ->
+          {:error, %Error{code: code, message: to_string(message), op: op}}
+
+        other ->
+          {:error, %Error{code: :bad_reply, message: "unexpected reply #{inspect(other)}", op: op}}
+      end
+
+    {reply, state}
+  end
+
+  defp forget_chan(state, chan) do
+    {owner, chans} = Map.pop(state.chans, chan)
+
+    if owner in Map.values(chans) do
+      %{state | chans: chans}
+    else
+      if ref = state.owners[owner], do: Process.demonitor(ref, [:flush])
+      %{state | chans: chans, owners: Map.delete(state.owners, owner)}
+    end
+  end
+
+  defp port_gone(state, how) do
+    message = "the port program exited (#{format_exit(how)})"
+    fail_pending(state, message)
+    for {chan, owner} <- state.chans, do: send(owner, {:condukt_control, self(), chan, {:closed, message}})
+    state = %{state | pending: %{}, chans: %{}}
+    Logger.error("condukt-egress port: #{message}")
+    {:stop, {:port_exited, how}, state}
+  end
+
+  defp format_exit(status) when is_integer(status), do: "status #{status}"
+  defp format_exit(reason), do: inspect(reason)
+
+  defp fail_pending(state, message) do
+    for {_id, {from, op, _owner}} <- state.pending, from != nil do
+      GenServer.reply(from, {:error, %Error{code: :port_exited, message: message, op: op}})
+    end
+  end
+
+  defp send_term(state, term) do
+    Port.command(state.port, :erlang.term_to_binary(term))
+  end
+
+  # The program exits as soon as it reads EOF on stdin; wait for that, so
+  # that a stopped owner never leaves the process behind, and SIGKILL it
+  # if it does not go in time.
+  defp await_os_exit(os_pid, wait) do
+    deadline = System.monotonic_time(:millisecond) + wait
+
+    if poll_exit(os_pid, deadline) == :alive do
+      Logger.warning("condukt-egress port (os pid #{os_pid}) ignored EOF on stdin; killing it")
+      System.cmd("kill", ["-KILL", Integer.to_string(os_pid)], stderr_to_stdout: true)
+    end
+
+    :ok
+  end
+
+  defp poll_exit(os_pid, deadline) do
+    cond do
+      not os_alive?(os_pid) ->
+        :gone
+
+      System.monotonic_time(:millisecond) >= deadline ->
+        :alive
+
+      true ->
+        Process.sleep(10)
+        poll_exit(os_pid, deadline)
+    end
+  end
+
+  # Zombies count as gone: erl_child_setup reaps them.
+  defp os_alive?(os_pid) do
+    case File.read("/proc/#{os_pid}/stat") do
+      {:ok, stat} -> not String.match?(stat, ~r/^\d+ \(.*\) [ZX] /s)
+      {:error, _} -> false
+    end
+  end
+end

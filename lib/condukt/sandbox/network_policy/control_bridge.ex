@@ -1,0 +1,456 @@
+defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
+  @moduledoc """
+  The BEAM's end of one session's sidecar control channel
+  (docs/control-channel.md, docs/beam-side.md).
+
+  One bridge per gated session, started with `start/1` under
+  `Condukt.Sandbox.NetworkPolicy.ControlChannelSupervisor`:
+
+      Condukt.Supervisor (application root)
+        ControlChannelSupervisor   DynamicSupervisor, one_for_one
+          ControlBridge            1 per session, restart: :transient
+            Condukt.Native         linked: the `condukt-egress port` process
+
+  The bridge
+
+    * **attaches** to the sidecar's control address with the session token
+      through its own `Condukt.Native` (the port program speaks the
+      channel's NDJSON; the bridge sees terms);
+    * turns every `event` frame into a `:telemetry` event
+      (`Condukt.Sandbox.NetworkPolicy.Telemetry`);
+    * answers every `decision_request` by running the policy's decide rule
+      in `Condukt.Sandbox.NetworkPolicy.DecideRuntime` (a task per
+      decision, never in the bridge's own loop) and sends the `decision`
+      back;
+    * acknowledges frames in batches (the port's credit window), so a
+      bridge that falls behind slows the channel, never the sidecar.
+
+  ## Lifetime
+
+    * It **monitors** (does not link to) the session's `:owner` and stops
+      `:normal` when the owner goes: a `:transient` child that stops
+      `:normal` is not restarted, and its port process goes with it.
+    * A dial that fails (unreachable address, refused token, no welcome in
+      time) is retried after a capped exponential backoff; after
+      `:attempts` consecutive failures the bridge emits `:control_gave_up`
+      and stops `:normal` (dropped, not restarted): `:decide` then fails
+      closed through the sidecar's decide timeout. A successful welcome
+      resets the count.
+    * A channel that drops is re-dialled (after the first backoff step).
+      Decisions in flight keep running; an answer that finds no channel is
+      held and sent when the sidecar asks again (it re-sends every pending
+      request to a new peer).
+    * If the port program dies the bridge starts a new one and re-dials;
+      more than five port deaths within a minute count as a dead port and
+      the bridge gives up `:normal` as above.
+    * A genuine crash of the bridge is restarted by the supervisor, whose
+      restart intensity is bounded.
+
+  `stop/1` ends a bridge and is idempotent.
+
+  ## Options
+
+  #{Condukt.Options.docs(Condukt.Sandbox.NetworkPolicy.ControlBridge.Options.schema())}
+  """
+
+  use GenServer, restart: :transient, shutdown: 10_000
+  require Logger
+
+  alias Condukt.Native
+  alias Condukt.Sandbox.NetworkPolicy.{ControlChannelSupervisor, DecideRuntime, Request, Telemetry}
+  alias Condukt.Sandbox.NetworkPolicy.ControlBridge.Options
+
+  @max_port_deaths 5
+  @port_death_window 60_000
+  # The sidecar refuses a decision reason over 512 bytes (and closes the
+  # channel for it), so longer reasons are cut at a character boundary.
+  @max_reason_bytes 512
+
+  @type t :: pid()
+
+  @typedoc "What `info/1` reports."
+  @type info :: %{
+          status: :connecting | :connected,
+          chan: Native.chan() | nil,
+          failures: non_neg_integer(),
+          native: pid() | nil,
+          os_pid: non_neg_integer() | nil,
+          running_deciders: non_neg_integer()
+        }
+
+  ## Public API ---------------------------------------------------------------
+
+  @doc """
+  Starts a bridge for a session under `ControlChannelSupervisor`.
+
+  Returns `{:error, %Condukt.Options.Error{}}` for bad options (naming
+  the option and the value) without starting anything.
+  """
+  @spec start(keyword()) :: {:ok, t()} | {:error, Condukt.Options.Error.t() | term()}
+  def start(opts) do
+    with {:ok, opts} <- Options.validate(opts) do
+      DynamicSupervisor.start_child(ControlChannelSupervisor, {__MODULE__, opts})
+    end
+  end
+
+  @doc """
+  Stops a bridge (detaching its channel and closing its port program).
+  Idempotent: a bridge that already went away is `:ok`.
+  """
+  @spec stop(t() | nil) :: :ok
+  def stop(nil), do: :ok
+
+  def stop(bridge) when is_pid(bridge) do
+    case DynamicSupervisor.terminate_child(ControlChannelSupervisor, bridge) do
+      :ok ->
+        :ok
+
+      {:error, :not_found} ->
+        # Started outside the supervisor (start_link/1), or already gone.
+        try do
+          GenServer.stop(bridge, :normal, 15_000)
+        catch
+          :exit, _ -> :ok
+        end
+    end
+  end
+
+  @doc "The bridge's connection state, for operators and tests."
+  @spec info(t()) :: info()
+  def info(bridge), do: GenServer.call(bridge, :info)
+
+  @doc """
+  Starts a bridge linked to the caller, outside the supervisor (tests,
+  custom trees). Options as for `start/1`; raises
+  `Condukt.Options.Error` on bad options.
+  """
+  @spec start_link(keyword()) :: GenServer.on_start()
+  def start_link(opts) do
+    opts =
+      case Options.validate(opts) do
+        {:ok, opts} -> opts
+        {:error, error} -> raise error
+      end
+
+    GenServer.start_link(__MODULE__, opts)
+  end
+
+  ## Server -------------------------------------------------------------------
+
+  @impl true
+  def init(opts) do
+    # Trapping exits turns the death of our Native (linked) into a message
+    # we recover from; the supervisor's own EXIT still stops us.
+    Process.flag(:trap_exit, true)
+    Process.monitor(opts[:owner])
+
+    runtime =
+      DecideRuntime.new(
+        policy: opts[:policy],
+        session_id: opts[:session_id],
+        messages: opts[:messages],
+        supervisor: opts[:task_supervisor]
+      )
+
+    state = %{
+      opts: opts,
+      owner: opts[:owner],
+      session_id: opts[:session_id],
+      native: nil,
+      chan: nil,
+      failures: 0,
+      dial_timer: nil,
+      runtime: runtime,
+      unacked: 0,
+      ack_batch: max(1, div(opts[:window], 4)),
+      held: %{},
+      port_deaths: []
+    }
+
+    {:ok, state, {:continue, :dial}}
+  end
+
+  @impl true
+  def handle_continue(:dial, state), do: dial(state)
+
+  @impl true
+  def handle_call(:info, _from, state) do
+    os_pid =
+      try do
+        state.native && Native.os_pid(state.native)
+      catch
+        :exit, _ -> nil
+      end
+
+    info = %{
+      status: if(state.chan, do: :connected, else: :connecting),
+      chan: state.chan,
+      failures: state.failures,
+      native: state.native,
+      os_pid: os_pid,
+      running_deciders: DecideRuntime.running(state.runtime)
+    }
+
+    {:reply, info, state}
+  end
+
+  @impl true
+  def handle_info(:dial, state), do: dial(%{state | dial_timer: nil})
+
+  def handle_info({:condukt_control, native, chan, {:frame, frame}}, %{native: native, chan: chan} = state) do
+    state = frame(frame, state)
+    {:noreply, credit(state)}
+  end
+
+  def handle_info({:condukt_control, native, chan, {:closed, reason}}, %{native: native, chan: chan} = state) do
+    Logger.info("network policy (session #{inspect(state.session_id)}): control channel closed: #{reason}")
+    Telemetry.control_disconnected(state.session_id, reason)
+    {:noreply, schedule_dial(%{state | chan: nil, unacked: 0})}
+  end
+
+  def handle_info({:condukt_control, _native, _chan, _message}, state) do
+    # From a channel or port we already left behind.
+    {:noreply, state}
+  end
+
+  def handle_info({:EXIT, native, reason}, %{native: native} = state) do
+    if state.chan, do: Telemetry.control_disconnected(state.session_id, {:port_exited, reason})
+    now = System.monotonic_time(:millisecond)
+    deaths = [now | Enum.filter(state.port_deaths, &(now - &1 < @port_death_window))]
+    state = %{state | native: nil, chan: nil, unacked: 0, port_deaths: deaths}
+
+    if length(deaths) > @max_port_deaths do
+      give_up(state, {:port_exited, reason})
+    else
+      Logger.warning(
+        "network policy (session #{inspect(state.session_id)}): the port program exited " <>
+          "(#{inspect(reason)}); restarting it and re-dialling"
+      )
+
+      {:noreply, schedule_dial(state)}
+    end
+  end
+
+  def handle_info({:DOWN, _ref, :process, owner, _reason}, %{owner: owner} = state) do
+    # Nothing left to gate: stop :normal so the :transient child is dropped.
+    {:stop, :normal, state}
+  end
+
+  def handle_info(message, state) do
+    case DecideRuntime.handle_info(state.runtime, message) do
+      {:ok, replies, runtime} ->
+        {:noreply, send_decisions(%{state | runtime: runtime}, replies)}
+
+      :unknown ->
+        {:noreply, state}
+    end
+  end
+
+  @impl true
+  def terminate(_reason, state) do
+    DecideRuntime.cancel_all(state.runtime)
+
+    if state.native do
+      if state.chan do
+        try do
+          Native.control_detach(state.native, state.chan)
+        catch
+          :exit, _ -> :ok
+        end
+      end
+
+      Native.stop(state.native)
+    end
+
+    :ok
+  end
+
+  ## Dialling -----------------------------------------------------------------
+
+  defp dial(state) do
+    opts = state.opts
+
+    with {:ok, state} <- ensure_native(state),
+         {:ok, {chan, welcome}} <- attach(state) do
+      check_welcome(state, welcome)
+      attempt = state.failures + 1
+      Telemetry.control_connected(state.session_id, attempt, welcome_dropped(welcome))
+      {:noreply, %{state | chan: chan, failures: 0, unacked: 0, held: expire_held(state.held)}}
+    else
+      {:error, reason, state} ->
+        failures = state.failures + 1
+        state = %{state | failures: failures}
+
+        if failures >= opts[:attempts] do
+          give_up(state, reason)
+        else
+          Logger.info(
+            "network policy (session #{inspect(state.session_id)}): control channel attempt #{failures} " <>
+              "of #{opts[:attempts]} failed: #{describe(reason)}"
+          )
+
+          {:noreply, schedule_dial(state)}
+        end
+    end
+  end
+
+  defp ensure_native(%{native: nil} = state) do
+    case Native.start_link(state.opts[:native]) do
+      {:ok, native} -> {:ok, %{state | native: native}}
+      {:error, reason} -> {:error, reason, state}
+    end
+  end
+
+  defp ensure_native(state), do: {:ok, state}
+
+  defp attach(state) do
+    opts = state.opts
+
+    result =
+      Native.control_attach(state.native, opts[:address], opts[:token],
+        timeout: opts[:attach_timeout],
+        window: opts[:window],
+        owner: self()
+      )
+
+    case result do
+      {:ok, _} = ok -> ok
+      {:error, reason} -> {:error, reason, state}
+    end
+  catch
+    # The port died under the call; its EXIT message follows and restarts it.
+    :exit, reason -> {:error, {:native_exited, reason}, state}
+  end
+
+  defp schedule_dial(%{dial_timer: nil} = state) do
+    {initial, max} = state.opts[:backoff]
+    %{state | dial_timer: Process.send_after(self(), :dial, backoff(initial, max, state.failures))}
+  end
+
+  defp schedule_dial(state), do: state
+
+  @doc false
+  # Capped exponential backoff with jitter: the nth consecutive failure
+  # waits a random time in [d/2, d] where d = min(max, initial * 2^n).
+  @spec backoff(pos_integer(), pos_integer(), non_neg_integer()) :: pos_integer()
+  def backoff(initial, max, failures) do
+    d = min(max, initial * Integer.pow(2, min(failures, 30)))
+    half = div(d, 2)
+    Kernel.max(1, half + :rand.uniform(d - half + 1) - 1)
+  end
+
+  defp give_up(state, reason) do
+    Logger.error(
+      "network policy (session #{inspect(state.session_id)}): giving up on the control channel after " <>
+        "#{state.failures} failed attempts (#{describe(reason)}); decide rules now fail closed"
+    )
+
+    Telemetry.control_gave_up(state.session_id, state.failures, reason)
+    {:stop, :normal, state}
+  end
+
+  defp check_welcome(state, welcome) do
+    case welcome do
+      %{"session_id" => sid} when sid not in ["", nil] and sid != state.session_id ->
+        Logger.warning(
+          "network policy (session #{inspect(state.session_id)}): the sidecar says it gates session #{inspect(sid)}"
+        )
+
+      _ ->
+        :ok
+    end
+  end
+
+  defp welcome_dropped(%{"dropped" => n}) when is_integer(n), do: n
+  defp welcome_dropped(_), do: 0
+
+  defp describe(%{__exception__: true} = e), do: Exception.message(e)
+  defp describe(other), do: inspect(other)
+
+  ## Frames -------------------------------------------------------------------
+
+  defp frame(%{"type" => "event"} = frame, state) do
+    Telemetry.emit_frame(frame, state.session_id)
+    state
+  end
+
+  defp frame(%{"type" => "decision_request", "id" => id} = frame, state) when is_binary(id) do
+    fields = if is_map(frame["request"]), do: frame["request"], else: frame
+    # The decision id names the question; the request's own id is the proxy's.
+    request = Request.from_sidecar(Map.put_new(fields, "id", frame["request_id"]))
+    rule_index = get_in(frame, ["rule", "index"])
+
+    case Map.pop(state.held, id) do
+      {{answer, cache, _at}, held} ->
+        send_decisions(%{state | held: held}, [{:decision, id, answer, cache}])
+
+      {nil, _} ->
+        {replies, runtime} = DecideRuntime.request(state.runtime, id, rule_index, request)
+        send_decisions(%{state | runtime: runtime}, replies)
+    end
+  end
+
+  defp frame(_other, state), do: state
+
+  defp credit(state) do
+    unacked = state.unacked + 1
+
+    if unacked >= state.ack_batch do
+      Native.ack(state.native, state.chan, unacked)
+      %{state | unacked: 0}
+    else
+      %{state | unacked: unacked}
+    end
+  end
+
+  defp send_decisions(state, replies) do
+    Enum.reduce(replies, state, fn {:decision, id, answer, cache} = reply, state ->
+      if state.chan && send_decision(state, reply) == :ok do
+        state
+      else
+        # No channel now: hold the answer for the sidecar's re-sent request.
+        %{state | held: Map.put(state.held, id, {answer, cache, System.monotonic_time(:millisecond)})}
+      end
+    end)
+  end
+
+  defp send_decision(state, {:decision, id, answer, cache}) do
+    frame =
+      case answer do
+        :allow -> %{type: "decision", id: id, decision: "allow", cache: cache}
+        {:deny, reason} -> %{type: "decision", id: id, decision: "deny", reason: wire_reason(reason), cache: cache}
+      end
+
+    case Native.control_send(state.native, state.chan, frame) do
+      :ok ->
+        :ok
+
+      {:error, error} ->
+        Logger.warning("network policy (session #{inspect(state.session_id)}): #{Exception.message(error)}")
+        :error
+    end
+  catch
+    :exit, _ -> :error
+  end
+
+  defp wire_reason(reason) when is_atom(reason), do: wire_reason(Atom.to_string(reason))
+  defp wire_reason(reason) when byte_size(reason) <= @max_reason_bytes, do: reason
+
+  defp wire_reason(reason) do
+    reason
+    |> String.graphemes()
+    |> Enum.reduce_while({[], 0}, fn g, {acc, n} ->
+      if n + byte_size(g) > @max_reason_bytes, do: {:halt, {acc, n}}, else: {:cont, {[g | acc], n + byte_size(g)}}
+    end)
+    |> elem(0)
+    |> Enum.reverse()
+    |> IO.iodata_to_binary()
+  end
+
+  # A held answer is useless once its request has certainly timed out at
+  # the sidecar (no rule waits longer than the sidecar's one-hour cap).
+  defp expire_held(held) do
+    now = System.monotonic_time(:millisecond)
+    Map.reject(held, fn {_id, {_answer, _cache, at}} -> now - at > 3_600_000 end)
+  end
+end

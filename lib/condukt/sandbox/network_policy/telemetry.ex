@@ -1,0 +1,172 @@
+defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
+  @moduledoc """
+  Every `:telemetry` event of the network policy, in one place.
+
+  Attach handlers with `:telemetry.attach/4` or `:telemetry.attach_many/4`.
+  Handlers run in the session's `Condukt.Sandbox.NetworkPolicy.ControlBridge`
+  process: keep them quick (a slow handler delays the session's decisions;
+  the sidecar buffers events meanwhile and never blocks its data plane).
+
+  ## Request lifecycle (from the sidecar)
+
+  Each `event` frame the sidecar sends on the control channel
+  (docs/control-channel.md) becomes one event:
+
+  | event | when |
+  |-------|------|
+  | `[:condukt, :sandbox, :network_policy, :request_opened]` | the request line and headers were read |
+  | `[:condukt, :sandbox, :network_policy, :request_allowed]` | a rule or the default allowed it |
+  | `[:condukt, :sandbox, :network_policy, :request_denied]` | a rule, the default, a decider or a decider failure refused it (the client got a 403) |
+  | `[:condukt, :sandbox, :network_policy, :request_closed]` | an allowed request finished cleanly |
+  | `[:condukt, :sandbox, :network_policy, :request_failed]` | an allowed request never completed cleanly (the workspace rejected the session CA, the upstream was unreachable, the stream broke) |
+
+  Measurements: `%{bytes_in: non_neg_integer(), bytes_out: non_neg_integer()}`
+  (bytes received from / sent to the upstream for this request so far).
+
+  Metadata:
+
+  | key | type | meaning |
+  |-----|------|---------|
+  | `:request` | `Condukt.Sandbox.NetworkPolicy.Request.t()` | everything the sidecar knew at that step |
+  | `:reason` | `atom() \\| String.t() \\| nil` | why it was denied or failed (see below) |
+  | `:matched_rule` | `%{index: non_neg_integer(), kind: :allow \\| :deny \\| :decide} \\| nil` | the rule that decided, on `:request_allowed` and `:request_denied`; `nil` when the policy default fired and on lifecycle-only events |
+  | `:at` | `DateTime.t() \\| nil` | when the step happened (sidecar clock) |
+  | `:session_id` | `String.t()` | the gated session (additive to the seed's metadata) |
+  | `:seq` | `pos_integer() \\| nil` | the sidecar's event sequence number; a gap is a loss |
+
+  **Reasons.** The refusal reasons that the policy itself defines are atoms,
+  the same atoms `Condukt.Sandbox.NetworkPolicy.evaluate/2` and the decide
+  runtime use: `:default_deny`, `:denied_by_rule`, `:invalid_host`,
+  `:decider_timeout`, `:decider_error`, `:decider_bad_return` and
+  `:control_channel_unavailable`. Every other reason stays the sidecar's
+  string: a decider's own words (`{:deny, :too_risky}` arrives as
+  `"too_risky"`, since it crossed the wire as text), and the transport
+  reasons such as `"tls_client_rejected_ca"` or
+  `"upstream_unreachable: ..."` (docs/proxy.md lists them). Atoms are never
+  created from the wire.
+
+  ## Decider failures (from the decide runtime)
+
+  | event | measurements | metadata |
+  |-------|--------------|----------|
+  | `[:condukt, :sandbox, :network_policy, :decider_failure]` | `%{count: 1}` | `%{reason: :decider_timeout \\| :decider_error \\| :decider_bad_return, session_id: String.t() \\| nil, request: Request.t(), rule_index: non_neg_integer()}` |
+
+  The request itself still surfaces as `:request_denied` with the same
+  reason; this event tracks decider health apart from policy denials.
+
+  ## The control channel (from the bridge; additive)
+
+  | event | measurements | metadata |
+  |-------|--------------|----------|
+  | `[:condukt, :sandbox, :network_policy, :control_connected]` | `%{dropped: non_neg_integer()}` (the welcome's cumulative count of events the sidecar lost) | `%{session_id: String.t(), attempt: pos_integer()}` |
+  | `[:condukt, :sandbox, :network_policy, :control_disconnected]` | `%{}` | `%{session_id: String.t(), reason: term()}` |
+  | `[:condukt, :sandbox, :network_policy, :control_gave_up]` | `%{attempts: non_neg_integer()}` | `%{session_id: String.t(), reason: term()}` (the bridge stops `:normal`) |
+  """
+
+  alias Condukt.Sandbox.NetworkPolicy.Request
+
+  @prefix [:condukt, :sandbox, :network_policy]
+
+  @lifecycle ~w(request_opened request_allowed request_denied request_closed request_failed)
+  @lifecycle_atoms Map.new(@lifecycle, &{&1, String.to_atom(&1)})
+
+  # Refusal reasons the policy layer itself defines (NetworkPolicy.evaluate/2,
+  # the decide runtime, docs/proxy.md's policy refusals). Only these become
+  # atoms; the table is fixed at compile time so the wire never mints atoms.
+  @atom_reasons ~w(default_deny denied_by_rule invalid_host decider_timeout decider_error
+                   decider_bad_return control_channel_unavailable)
+  @reason_atoms Map.new(@atom_reasons, &{&1, String.to_atom(&1)})
+
+  @kinds %{"allow" => :allow, "deny" => :deny, "decide" => :decide}
+
+  @typedoc "The lifecycle event names (the last element of the event)."
+  @type lifecycle_event ::
+          :request_opened | :request_allowed | :request_denied | :request_closed | :request_failed
+
+  @doc "The full names of the five lifecycle events."
+  @spec lifecycle_events() :: [[atom()]]
+  def lifecycle_events, do: Enum.map(@lifecycle, &(@prefix ++ [@lifecycle_atoms[&1]]))
+
+  @doc "Every event this module emits, for `:telemetry.attach_many/4`."
+  @spec events() :: [[atom()]]
+  def events do
+    lifecycle_events() ++
+      Enum.map([:decider_failure, :control_connected, :control_disconnected, :control_gave_up], &(@prefix ++ [&1]))
+  end
+
+  @doc """
+  Emits the lifecycle event of one sidecar `event` frame (a map with string
+  keys). Returns `:ok`, or `{:error, :unknown_event}` for an event name this
+  version does not know (nothing is emitted then).
+  """
+  @spec emit_frame(map(), String.t() | nil) :: :ok | {:error, :unknown_event}
+  def emit_frame(%{"event" => name} = frame, session_id) do
+    case @lifecycle_atoms do
+      %{^name => event} ->
+        measurements = %{bytes_in: count(frame["bytes_in"]), bytes_out: count(frame["bytes_out"])}
+
+        metadata = %{
+          request: Request.from_sidecar(frame),
+          reason: reason(frame["reason"]),
+          matched_rule: matched_rule(frame["matched_rule"]),
+          at: Request.timestamp(frame["at"]),
+          session_id: session_id,
+          seq: frame["seq"]
+        }
+
+        :telemetry.execute(@prefix ++ [event], measurements, metadata)
+
+      _ ->
+        {:error, :unknown_event}
+    end
+  end
+
+  def emit_frame(_frame, _session_id), do: {:error, :unknown_event}
+
+  @doc """
+  The metadata form of a sidecar reason: one of the policy's own reasons as
+  an atom, any other string as it came, `nil` for none.
+  """
+  @spec reason(term()) :: atom() | String.t() | nil
+  def reason(value) when is_binary(value), do: Map.get(@reason_atoms, value, value)
+  def reason(_), do: nil
+
+  @doc false
+  @spec decider_failure(atom(), map()) :: :ok
+  def decider_failure(reason, metadata) do
+    :telemetry.execute(@prefix ++ [:decider_failure], %{count: 1}, Map.put(metadata, :reason, reason))
+  end
+
+  @doc false
+  @spec control_connected(String.t(), pos_integer(), non_neg_integer()) :: :ok
+  def control_connected(session_id, attempt, dropped) do
+    :telemetry.execute(@prefix ++ [:control_connected], %{dropped: dropped}, %{
+      session_id: session_id,
+      attempt: attempt
+    })
+  end
+
+  @doc false
+  @spec control_disconnected(String.t(), term()) :: :ok
+  def control_disconnected(session_id, reason) do
+    :telemetry.execute(@prefix ++ [:control_disconnected], %{}, %{session_id: session_id, reason: reason})
+  end
+
+  @doc false
+  @spec control_gave_up(String.t(), non_neg_integer(), term()) :: :ok
+  def control_gave_up(session_id, attempts, reason) do
+    :telemetry.execute(@prefix ++ [:control_gave_up], %{attempts: attempts}, %{session_id: session_id, reason: reason})
+  end
+
+  defp count(n) when is_integer(n) and n >= 0, do: n
+  defp count(_), do: 0
+
+  defp matched_rule(%{"index" => index, "kind" => kind}) when is_integer(index) and index >= 0 do
+    case @kinds do
+      %{^kind => atom} -> %{index: index, kind: atom}
+      _ -> nil
+    end
+  end
+
+  defp matched_rule(_), do: nil
+end

@@ -1,0 +1,185 @@
+defmodule Condukt.NativeTest do
+  # Against the real `condukt-egress port` (docs/port-protocol.md).
+  use ExUnit.Case, async: true
+
+  alias Condukt.Native
+  alias Condukt.Native.Error
+  alias Condukt.Test.ControlListener
+
+  @moduletag :port_program
+  @moduletag :tmp_dir
+  if reason = Condukt.Test.PortProgram.skip_reason(), do: @moduletag(skip: reason)
+
+  @token String.duplicate("5a", 16)
+
+  setup do
+    {:ok, native} = Native.start_link()
+    %{native: native}
+  end
+
+  test "version", %{native: n} do
+    assert {:ok, %{version: v, protocol: 1}} = Native.version(n)
+    assert is_binary(v) and v != ""
+  end
+
+  test "many calls outstanding at once all get their own answer", %{native: n} do
+    tasks = for bytes <- 16..64, do: Task.async(fn -> {bytes, Native.token_new(n, bytes)} end)
+
+    for {bytes, {:ok, hex}} <- Task.await_many(tasks) do
+      assert byte_size(hex) == 2 * bytes
+      assert hex =~ ~r/\A[0-9a-f]+\z/
+    end
+  end
+
+  test "token_new refuses a size out of range, naming it", %{native: n} do
+    assert {:error, %Error{op: :token_new, code: code, message: msg}} = Native.token_new(n, 8)
+    assert code in [:inval, :badarg]
+    assert msg =~ "8"
+  end
+
+  test "ca_new returns PEMs and writes the files when asked", %{native: n, tmp_dir: dir} do
+    assert {:ok, %{cert_pem: "-----BEGIN CERTIFICATE-----" <> _, key_pem: "-----BEGIN " <> _}} =
+             Native.ca_new(n, common_name: "condukt test CA")
+
+    cert = Path.join(dir, "ca.pem")
+    key = Path.join(dir, "ca.key")
+    assert {:ok, %{cert_pem: pem}} = Native.ca_new(n, common_name: "files", days: 2, cert_path: cert, key_path: key)
+    assert File.read!(cert) == pem
+    assert Bitwise.band(File.stat!(key).mode, 0o777) == 0o600
+
+    # The key is created exclusively.
+    assert {:error, %Error{code: :io, message: msg}} =
+             Native.ca_new(n, common_name: "again", cert_path: cert, key_path: key)
+
+    assert msg =~ key or msg =~ "exist"
+  end
+
+  test "policy_write loads the policy with the sidecar's loader before writing", %{native: n, tmp_dir: dir} do
+    path = Path.join(dir, "policy.json")
+    json = Condukt.Sandbox.NetworkPolicy.to_sidecar_json(rules: [allow: ["a.test"]])
+    assert :ok = Native.policy_write(n, path, json)
+    assert File.read!(path) == json
+    assert Bitwise.band(File.stat!(path).mode, 0o777) == 0o600
+
+    assert {:error, %Error{code: :inval}} = Native.policy_write(n, Path.join(dir, "bad.json"), ~s({"version":99}))
+    refute File.exists?(Path.join(dir, "bad.json"))
+  end
+
+  test "control_attach to nothing is an error, not a hang", %{native: n, tmp_dir: dir} do
+    assert {:error, %Error{op: :control_attach}} =
+             Native.control_attach(n, {:unix, Path.join(dir, "nobody.sock")}, @token, timeout: 1_000)
+  end
+
+  describe "control channels" do
+    setup do
+      %{listener: ControlListener.start()}
+    end
+
+    defp attach(n, listener, opts) do
+      task =
+        Task.async(fn ->
+          Native.control_attach(
+            n,
+            {:unix, listener.path},
+            @token,
+            [owner: opts[:owner]] ++ Keyword.delete(opts, :owner)
+          )
+        end)
+
+      assert_receive {:listener, :hello, hello, conn}, 5_000
+      assert hello == %{"type" => "hello", "version" => 1, "token" => @token}
+      ControlListener.welcome(conn)
+      assert {:ok, {chan, welcome}} = Task.await(task)
+      assert %{"type" => "welcome", "version" => 1} = welcome
+      {chan, conn}
+    end
+
+    test "frames both ways, as terms", %{native: n, listener: l} do
+      {chan, conn} = attach(n, l, owner: self())
+      ControlListener.send_frames(conn, [%{type: "event", seq: 1, event: "request_opened", query: nil, ok: true}])
+      assert_receive {:condukt_control, ^n, ^chan, {:frame, frame}}, 5_000
+      assert frame == %{"type" => "event", "seq" => 1, "event" => "request_opened", "query" => nil, "ok" => true}
+
+      assert :ok =
+               Native.control_send(n, chan, %{type: "decision", id: "1", decision: "allow", cache: false, reason: nil})
+
+      assert_receive {:listener, :line, line}, 5_000
+      assert line["type"] == "decision" and line["id"] == "1" and line["cache"] == false
+
+      assert {:error, %Error{code: :badarg, message: msg}} = Native.control_send(n, chan, %{type: "x", bad: {:tuple}})
+      assert msg =~ "bad"
+    end
+
+    test "credit: at most :window unacknowledged frames", %{native: n, listener: l} do
+      {chan, conn} = attach(n, l, owner: self(), window: 4)
+      ControlListener.send_frames(conn, for(i <- 1..10, do: %{type: "event", seq: i}))
+
+      for i <- 1..4, do: assert_receive({:condukt_control, ^n, ^chan, {:frame, %{"seq" => ^i}}}, 5_000)
+      refute_receive {:condukt_control, ^n, ^chan, {:frame, _}}, 300
+
+      Native.ack(n, chan, 4)
+      for i <- 5..8, do: assert_receive({:condukt_control, ^n, ^chan, {:frame, %{"seq" => ^i}}}, 5_000)
+      refute_receive {:condukt_control, ^n, ^chan, {:frame, _}}, 300
+    end
+
+    test "the sidecar closing is reported once", %{native: n, listener: l} do
+      {chan, conn} = attach(n, l, owner: self())
+      ControlListener.close(conn)
+      assert_receive {:condukt_control, ^n, ^chan, {:closed, reason}}, 5_000
+      assert is_binary(reason)
+      assert {:error, %Error{}} = Native.control_send(n, chan, %{type: "ping"})
+    end
+
+    test "detach closes the socket; an owner that dies has its channels detached", %{native: n, listener: l} do
+      {chan, _conn} = attach(n, l, owner: self())
+      assert :ok = Native.control_detach(n, chan)
+      assert_receive {:listener, :closed}, 5_000
+
+      owner = spawn(fn -> Process.sleep(:infinity) end)
+      {_chan, _conn} = attach(n, l, owner: owner)
+      Process.exit(owner, :kill)
+      assert_receive {:listener, :closed}, 5_000
+    end
+
+    test "the port dying fails pending calls and stops the server", %{listener: l} do
+      Process.flag(:trap_exit, true)
+      {:ok, n} = Native.start_link()
+      os_pid = Native.os_pid(n)
+      task = Task.async(fn -> Native.control_attach(n, {:unix, l.path}, @token, timeout: 30_000) end)
+      # The listener never welcomes: the call is pending when the port dies.
+      assert_receive {:listener, :hello, _, _conn}, 5_000
+
+      log =
+        ExUnit.CaptureLog.capture_log(fn ->
+          System.cmd("kill", ["-KILL", "#{os_pid}"])
+          assert {:error, %Error{code: :port_exited, op: :control_attach}} = Task.await(task)
+          assert_receive {:EXIT, ^n, {:port_exited, 137}}, 5_000
+        end)
+
+      assert log =~ "the port program exited (status 137)"
+    end
+  end
+
+  test "stop closes the program: the OS process is gone", %{native: n} do
+    os_pid = Native.os_pid(n)
+    assert File.exists?("/proc/#{os_pid}")
+    :ok = Native.stop(n)
+    refute Process.alive?(n)
+    refute os_alive?(os_pid)
+    assert Native.stop(n) == :ok
+  end
+
+  # A zombie waiting for erl_child_setup to reap it counts as gone.
+  def os_alive?(os_pid) do
+    case File.read("/proc/#{os_pid}/stat") do
+      {:ok, stat} -> not String.match?(stat, ~r/^\d+ \(.*\) [ZX] /s)
+      {:error, _} -> false
+    end
+  end
+
+  test "a missing binary is an error naming it" do
+    Process.flag(:trap_exit, true)
+    assert {:error, %Error{code: :port_exited, message: msg}} = Native.start_link(bin: "/nonexistent/condukt-egress")
+    assert msg =~ "/nonexistent/condukt-egress"
+  end
+end

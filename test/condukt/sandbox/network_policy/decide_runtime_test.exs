@@ -1,0 +1,337 @@
+defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntimeTest do
+  use ExUnit.Case, async: true
+
+  import ExUnit.CaptureLog
+
+  alias Condukt.Sandbox.NetworkPolicy.{Context, DecideRuntime, Request}
+
+  defmodule Shapes do
+    @moduledoc false
+    @behaviour Condukt.Sandbox.NetworkPolicy.Decider
+
+    @impl true
+    def decide(_ctx, %Request{host: host}, opts) do
+      case Keyword.get(opts, :deny) do
+        nil -> :allow
+        reason -> {:deny, "#{reason} #{host}"}
+      end
+    end
+
+    def by_function(_ctx, %Request{host: "evil.test"}), do: {:deny, :evil}
+    def by_function(_ctx, _req), do: :allow
+  end
+
+  @failure [:condukt, :sandbox, :network_policy, :decider_failure]
+
+  setup do
+    session = "s-#{System.unique_integer([:positive])}"
+    me = self()
+    id = {__MODULE__, session}
+
+    # Handlers are global and tests run concurrently: forward only this
+    # test's session.
+    :telemetry.attach(
+      id,
+      @failure,
+      fn
+        _event, measurements, %{session_id: ^session} = meta, _ -> send(me, {:failure, measurements, meta})
+        _event, _measurements, _meta, _ -> :ok
+      end,
+      nil
+    )
+
+    on_exit(fn -> :telemetry.detach(id) end)
+    %{session: session}
+  end
+
+  defp req(host), do: %Request{host: host, method: "GET", path: "/", scheme: :https, port: 443}
+
+  defp run(rule, host, session), do: DecideRuntime.run(rule, req(host), session_id: session)
+
+  # Feeds this process's messages to the runtime until `n` replies came.
+  defp drain(rt, n, acc \\ [], timeout \\ 2_000)
+  defp drain(rt, n, acc, _timeout) when length(acc) >= n, do: {Enum.reverse(acc), rt}
+
+  defp drain(rt, n, acc, timeout) do
+    runs = rt.runs
+
+    # Only the runtime's own messages: the test's stay in the mailbox.
+    receive do
+      {ref, _} = message when is_map_key(runs, ref) -> step(rt, n, acc, timeout, message)
+      {:DOWN, ref, _, _, _} = message when is_map_key(runs, ref) -> step(rt, n, acc, timeout, message)
+      {DecideRuntime, :timeout, ref} = message when is_map_key(runs, ref) -> step(rt, n, acc, timeout, message)
+    after
+      timeout -> flunk("only #{length(acc)} of #{n} replies: #{inspect(Enum.reverse(acc))}")
+    end
+  end
+
+  defp step(rt, n, acc, timeout, message) do
+    {:ok, replies, rt} = DecideRuntime.handle_info(rt, message)
+    drain(rt, n, Enum.reverse(replies) ++ acc, timeout)
+  end
+
+  describe "the four callable shapes" do
+    test "a 2-arity function", %{session: s} do
+      assert run(fn _ctx, _req -> :allow end, "a.test", s) == {:ok, :allow}
+      assert run(fn _ctx, req -> {:deny, "no " <> req.host} end, "a.test", s) == {:ok, {:deny, "no a.test"}}
+    end
+
+    test "{module, function}", %{session: s} do
+      assert run({Shapes, :by_function}, "ok.test", s) == {:ok, :allow}
+      assert run({Shapes, :by_function}, "evil.test", s) == {:ok, {:deny, :evil}}
+    end
+
+    test "a module alone is called with opts = []", %{session: s} do
+      assert run(Shapes, "ok.test", s) == {:ok, :allow}
+    end
+
+    test "{module, opts} passes the opts", %{session: s} do
+      assert run({Shapes, deny: "not"}, "x.test", s) == {:ok, {:deny, "not x.test"}}
+    end
+
+    test "the configured form", %{session: s} do
+      assert run([call: {Shapes, deny: "cfg"}, timeout: 1_000, cache: false], "y.test", s) ==
+               {:ok, {:deny, "cfg y.test"}}
+    end
+  end
+
+  test "the context: session, last :context_messages oldest first, request, metadata", %{session: s} do
+    me = self()
+    history = Enum.map(1..8, &"message #{&1}")
+
+    rule = [
+      call: fn ctx, req -> send(me, {:ctx, ctx, req}) && :allow end,
+      context_messages: 3,
+      context_metadata: %{tenant: "acme"}
+    ]
+
+    request = req("ctx.test")
+    assert DecideRuntime.run(rule, request, session_id: s, messages: fn -> history end) == {:ok, :allow}
+    assert_received {:ctx, %Context{} = ctx, ^request}
+    assert ctx.session_id == s
+    assert ctx.recent_messages == ["message 6", "message 7", "message 8"]
+    assert ctx.request == request
+    assert ctx.metadata == %{tenant: "acme"}
+
+    # A list and {m, f, a} work too; 0 messages means none; the default is 5.
+    assert {:ok, :allow} = DecideRuntime.run(Keyword.put(rule, :context_messages, 0), request, messages: history)
+    assert_received {:ctx, %Context{recent_messages: []}, _}
+
+    assert {:ok, :allow} =
+             DecideRuntime.run(Keyword.delete(rule, :context_messages), request, messages: {Enum, :to_list, [1..10]})
+
+    assert_received {:ctx, %Context{recent_messages: [6, 7, 8, 9, 10]}, _}
+  end
+
+  describe "failures deny and emit :decider_failure" do
+    test "timeout: the decider is killed", %{session: s} do
+      me = self()
+
+      rule = [
+        call: fn _, _ ->
+          send(me, {:decider, self()})
+          Process.sleep(:infinity)
+        end,
+        timeout: 50
+      ]
+
+      assert run(rule, "slow.test", s) == {:error, :decider_timeout}
+      assert_received {:decider, pid}
+      refute Process.alive?(pid)
+      assert_received {:failure, %{count: 1}, %{reason: :decider_timeout, request: %Request{host: "slow.test"}}}
+    end
+
+    test "crash", %{session: s} do
+      log =
+        capture_log(fn ->
+          assert run(fn _, _ -> raise "boom" end, "crash.test", s) == {:error, :decider_error}
+          assert run(fn _, _ -> exit(:bye) end, "crash.test", s) == {:error, :decider_error}
+          assert run(fn _, _ -> throw(:up) end, "crash.test", s) == {:error, :decider_error}
+        end)
+
+      assert log =~ "boom"
+      assert log =~ "crash.test"
+
+      for _ <- 1..3 do
+        assert_received {:failure, %{count: 1}, %{reason: :decider_error, rule_index: 0}}
+      end
+    end
+
+    test "a crashing :messages provider is a decider error", %{session: s} do
+      capture_log(fn ->
+        assert DecideRuntime.run(fn _, _ -> :allow end, req("m.test"), session_id: s, messages: fn -> :nope end) ==
+                 {:error, :decider_error}
+      end)
+
+      assert_received {:failure, _, %{reason: :decider_error}}
+    end
+
+    test "bad return", %{session: s} do
+      capture_log(fn ->
+        for bad <- [:deny, :maybe, {:deny, 42}, {:allow, "x"}, {:deny, <<0xFF>>}, nil] do
+          assert run(fn _, _ -> bad end, "bad.test", s) == {:error, :decider_bad_return}, inspect(bad)
+          assert_received {:failure, %{count: 1}, %{reason: :decider_bad_return}}
+        end
+      end)
+    end
+
+    test "a rule index that is not a decide rule is denied at once", %{session: s} do
+      rt = DecideRuntime.new(policy: [rules: [allow: ["a.test"], decide: fn _, _ -> :allow end]], session_id: s)
+
+      capture_log(fn ->
+        assert {[{:decision, "7", {:deny, :decider_error}, false}], _} =
+                 DecideRuntime.request(rt, "7", 0, req("a.test"))
+      end)
+
+      assert_received {:failure, _, %{reason: :decider_error, rule_index: 0}}
+    end
+  end
+
+  describe "caching" do
+    defp counting_runtime(session, rule_opts) do
+      me = self()
+
+      call = fn _ctx, req ->
+        send(me, {:called, req.host})
+        if req.host == "evil.test", do: {:deny, "no"}, else: :allow
+      end
+
+      DecideRuntime.new(policy: [rules: [decide: Keyword.put(rule_opts, :call, call)]], session_id: session)
+    end
+
+    test "definitive answers are cached per host; the decision says so", %{session: s} do
+      rt = counting_runtime(s, [])
+      {[], rt} = DecideRuntime.request(rt, "1", 0, req("evil.test"))
+      {[{:decision, "1", {:deny, "no"}, true}], rt} = drain(rt, 1)
+      assert_received {:called, "evil.test"}
+
+      # Same host (any case): answered at once, no call.
+      assert {[{:decision, "2", {:deny, "no"}, true}], rt} = DecideRuntime.request(rt, "2", 0, req("EVIL.test"))
+      refute_received {:called, _}
+
+      # Another host asks again.
+      {[], rt} = DecideRuntime.request(rt, "3", 0, req("good.test"))
+      {[{:decision, "3", :allow, true}], _rt} = drain(rt, 1)
+      assert_received {:called, "good.test"}
+    end
+
+    test "cache: false asks every time and tells the sidecar not to cache", %{session: s} do
+      rt = counting_runtime(s, cache: false)
+
+      rt =
+        Enum.reduce(1..2, rt, fn i, rt ->
+          {[], rt} = DecideRuntime.request(rt, "#{i}", 0, req("evil.test"))
+          {[{:decision, _, {:deny, "no"}, false}], rt} = drain(rt, 1)
+          rt
+        end)
+
+      assert_received {:called, "evil.test"}
+      assert_received {:called, "evil.test"}
+      assert DecideRuntime.running(rt) == 0
+    end
+
+    test "failures are never cached", %{session: s} do
+      me = self()
+      {:ok, calls} = Agent.start_link(fn -> 0 end)
+
+      call = fn _, _ ->
+        n = Agent.get_and_update(calls, &{&1, &1 + 1})
+        send(me, {:called, n})
+        if n == 0, do: raise("first call fails"), else: :allow
+      end
+
+      rt = DecideRuntime.new(policy: [rules: [decide: call]], session_id: s)
+
+      capture_log(fn ->
+        {[], rt} = DecideRuntime.request(rt, "1", 0, req("flaky.test"))
+        {[{:decision, "1", {:deny, :decider_error}, false}], rt} = drain(rt, 1)
+        {[], rt} = DecideRuntime.request(rt, "2", 0, req("flaky.test"))
+        {[{:decision, "2", :allow, true}], rt} = drain(rt, 1)
+        # Now it is cached.
+        assert {[{:decision, "3", :allow, true}], _} = DecideRuntime.request(rt, "3", 0, req("flaky.test"))
+      end)
+
+      assert_received {:called, 0}
+      assert_received {:called, 1}
+      refute_received {:called, 2}
+    end
+
+    test "requests for a host being decided wait for that decision", %{session: s} do
+      me = self()
+
+      call = fn _, req ->
+        send(me, {:started, req.host, self()})
+
+        receive do
+          :go -> :allow
+        end
+      end
+
+      rt = DecideRuntime.new(policy: [rules: [decide: call]], session_id: s)
+      {[], rt} = DecideRuntime.request(rt, "1", 0, req("same.test"))
+      {[], rt} = DecideRuntime.request(rt, "2", 0, req("same.test"))
+      # The sidecar re-sends a pending id after a re-dial: nothing new starts.
+      {[], rt} = DecideRuntime.request(rt, "1", 0, req("same.test"))
+      assert DecideRuntime.running(rt) == 1
+      assert_receive {:started, "same.test", pid}
+      send(pid, :go)
+      {replies, _} = drain(rt, 2)
+      assert replies == [{:decision, "1", :allow, true}, {:decision, "2", :allow, true}]
+      refute_received {:started, _, _}
+    end
+  end
+
+  test "deciders run concurrently, each under its own timeout", %{session: s} do
+    me = self()
+
+    call = fn _, req ->
+      send(me, {:started, req.host, self()})
+
+      receive do
+        :go -> :allow
+      end
+    end
+
+    rt = DecideRuntime.new(policy: [rules: [decide: [call: call, timeout: 1_000]]], session_id: s)
+    {[], rt} = DecideRuntime.request(rt, "1", 0, req("one.test"))
+    {[], rt} = DecideRuntime.request(rt, "2", 0, req("two.test"))
+    {[], rt} = DecideRuntime.request(rt, "3", 0, req("three.test"))
+
+    # All three are running at once: each waits for :go, which only comes
+    # after every one has started.
+    pids = for host <- ~w(one.test two.test three.test), do: assert_receive({:started, ^host, pid}) && pid
+    assert DecideRuntime.running(rt) == 3
+    [p1, p2, _p3] = pids
+    send(p2, :go)
+    send(p1, :go)
+    # The third never gets :go and times out on its own.
+    {replies, rt} = drain(rt, 3)
+
+    assert Enum.sort(replies) == [
+             {:decision, "1", :allow, true},
+             {:decision, "2", :allow, true},
+             {:decision, "3", {:deny, :decider_timeout}, false}
+           ]
+
+    # The answered ones came back before the third timed out.
+    assert List.last(replies) == {:decision, "3", {:deny, :decider_timeout}, false}
+
+    assert DecideRuntime.running(rt) == 0
+  end
+
+  test "cancel_all kills every running decider", %{session: s} do
+    me = self()
+
+    rt =
+      DecideRuntime.new(
+        policy: [rules: [decide: fn _, _ -> send(me, {:pid, self()}) && Process.sleep(:infinity) end]],
+        session_id: s
+      )
+
+    {[], rt} = DecideRuntime.request(rt, "1", 0, req("a.test"))
+    assert_receive {:pid, pid}
+    rt = DecideRuntime.cancel_all(rt)
+    refute Process.alive?(pid)
+    assert DecideRuntime.running(rt) == 0
+  end
+end

@@ -1,0 +1,75 @@
+defmodule Condukt.Test.ControlListener do
+  @moduledoc false
+  # A scripted stand-in for the sidecar's control listener on a Unix
+  # socket, for the port program's own tests: the real sidecar cannot be
+  # told to stall its welcome, burst 300 frames or watch for the peer's
+  # close. (End-to-end tests use the real sidecar in the netns tier.)
+  #
+  # Every accepted connection is reported to the owner as
+  # {:listener, :hello, frame, conn}; the owner then calls `welcome/1`,
+  # `send_frames/2`, `close/1`, and receives {:listener, :line, map} for
+  # every line the peer writes and {:listener, :closed} when it goes.
+
+  # Unix socket paths are limited to 107 bytes, which ExUnit's tmp_dir
+  # paths can exceed: the socket lives in /tmp under a short name.
+  def start do
+    path = "/tmp/ce-ctl-#{System.unique_integer([:positive])}-#{:rand.uniform(1_000_000)}.sock"
+    ExUnit.Callbacks.on_exit(fn -> File.rm(path) end)
+    owner = self()
+
+    {:ok, listen} =
+      :gen_tcp.listen(0, [:binary, ifaddr: {:local, String.to_charlist(path)}, packet: :line, active: false])
+
+    pid = spawn_link(fn -> accept_loop(listen, owner) end)
+    :ok = :gen_tcp.controlling_process(listen, pid)
+    %{path: path, pid: pid}
+  end
+
+  defp accept_loop(listen, owner) do
+    case :gen_tcp.accept(listen) do
+      {:ok, sock} ->
+        conn = spawn(fn -> conn_loop(sock, owner) end)
+        :ok = :gen_tcp.controlling_process(sock, conn)
+        send(conn, :go)
+        accept_loop(listen, owner)
+
+      {:error, _} ->
+        :ok
+    end
+  end
+
+  defp conn_loop(sock, owner) do
+    receive do
+      :go -> :ok
+    end
+
+    {:ok, line} = :gen_tcp.recv(sock, 0, 5_000)
+    send(owner, {:listener, :hello, Condukt.JSON.decode!(line), self()})
+    :inet.setopts(sock, active: true)
+    serve(sock, owner)
+  end
+
+  defp serve(sock, owner) do
+    receive do
+      {:send, frames} ->
+        Enum.each(frames, &:gen_tcp.send(sock, Condukt.JSON.encode!(&1) <> "\n"))
+        serve(sock, owner)
+
+      :close ->
+        :gen_tcp.close(sock)
+
+      {:tcp, _, line} ->
+        send(owner, {:listener, :line, Condukt.JSON.decode!(line)})
+        serve(sock, owner)
+
+      {:tcp_closed, _} ->
+        send(owner, {:listener, :closed})
+    end
+  end
+
+  def welcome(conn, session_id \\ "test"),
+    do: send(conn, {:send, [%{type: "welcome", version: 1, session_id: session_id, dropped: 0}]})
+
+  def send_frames(conn, frames), do: send(conn, {:send, frames})
+  def close(conn), do: send(conn, :close)
+end
