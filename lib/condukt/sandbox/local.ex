@@ -86,7 +86,11 @@ defmodule Condukt.Sandbox.Local do
   (`Condukt.Sandbox.Local.Network`, docs/local-network.md): every `exec/3`
   runs inside it without any capability, its TCP 80/443 goes through the
   policy, everything else is rejected, and the clients trust the session
-  CA through the six variables of the seeds. `shutdown/1` removes it all.
+  CA through the six variables of the seeds. A
+  `Condukt.Sandbox.NetworkPolicy.ControlBridge` attaches to the sidecar's
+  control channel: decide rules run here, on the BEAM, and every request's
+  events become `:telemetry` events (`Condukt.Sandbox.NetworkPolicy.Telemetry`).
+  `shutdown/1` removes it all.
   File operations are not network operations and stay on the host.
 
   Where that is impossible, `init/1` logs one warning and the commands run
@@ -104,6 +108,7 @@ defmodule Condukt.Sandbox.Local do
   alias Condukt.Sandbox.Error
   alias Condukt.Sandbox.Local.{Exec, Network, NetworkError, Schema, Search}
   alias Condukt.Sandbox.NetworkPolicy
+  alias Condukt.Sandbox.NetworkPolicy.ControlBridge
 
   @enforce_keys [:cwd]
   defstruct [
@@ -113,6 +118,7 @@ defmodule Condukt.Sandbox.Local do
     :network_policy,
     :network,
     :network_pid,
+    :bridge,
     env: [],
     timeout: 120_000,
     max_output_bytes: 1_048_576
@@ -126,6 +132,7 @@ defmodule Condukt.Sandbox.Local do
           network_policy: NetworkPolicy.t() | nil,
           network: Network.t() | nil,
           network_pid: pid() | nil,
+          bridge: pid() | nil,
           env: [{String.t(), String.t() | nil}],
           timeout: pos_integer(),
           max_output_bytes: pos_integer()
@@ -159,8 +166,9 @@ defmodule Condukt.Sandbox.Local do
     net_opts = Keyword.merge(opts[:network], policy: state.network_policy, session_id: session_id(state.id))
 
     with :ok <- Network.available?(net_opts),
-         {:ok, pid, net} <- Network.start(net_opts) do
-      {:ok, %{state | network: net, network_pid: pid}}
+         {:ok, pid, net} <- Network.start(net_opts),
+         {:ok, bridge} <- start_bridge(state, net, pid, opts) do
+      {:ok, %{state | network: net, network_pid: pid, bridge: bridge}}
     else
       {:error, %NetworkError{reason: reason} = error}
       when reason in [:unsupported_os, :not_privileged, :missing_tool] and not required? ->
@@ -173,6 +181,28 @@ defmodule Condukt.Sandbox.Local do
 
       {:error, %NetworkError{} = error} ->
         {:error, %Error{reason: :network_policy_unenforceable, op: :new, detail: error}}
+    end
+  end
+
+  # The control channel is always on when a policy is set (DESIGN §5):
+  # telemetry is the product, and decide rules are answered here.
+  defp start_bridge(state, net, net_pid, opts) do
+    bridge_opts = [
+      session_id: net.session_id,
+      owner: self(),
+      policy: state.network_policy,
+      address: net.control,
+      token: net.token,
+      messages: opts[:messages]
+    ]
+
+    case ControlBridge.start(bridge_opts) do
+      {:ok, bridge} ->
+        {:ok, bridge}
+
+      {:error, reason} ->
+        Network.stop(net_pid)
+        {:error, %NetworkError{reason: :sidecar_failed, detail: "the control bridge did not start: #{inspect(reason)}"}}
     end
   end
 
@@ -203,7 +233,11 @@ defmodule Condukt.Sandbox.Local do
   @impl true
   @spec shutdown(t()) :: :ok
   def shutdown(%__MODULE__{network_pid: nil}), do: :ok
-  def shutdown(%__MODULE__{network_pid: pid}), do: Network.stop(pid)
+
+  def shutdown(%__MODULE__{network_pid: pid, bridge: bridge}) do
+    ControlBridge.stop(bridge)
+    Network.stop(pid)
+  end
 
   @impl true
   @spec read_file(t(), String.t()) :: {:ok, binary()} | {:error, Error.t()}

@@ -55,6 +55,70 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
     refute net.name in Testbed.list_namespaces()
   end
 
+  def decider(_ctx, %{host: "decide.test"}), do: :allow
+  def decider(_ctx, %{host: host}), do: {:deny, "#{host} is not needed for this task"}
+
+  test "an Elixir decider and :telemetry handlers, through the real sidecar", %{tb: tb} do
+    test = self()
+    id = "telemetry-#{System.unique_integer([:positive])}"
+
+    events =
+      Enum.map(
+        ~w(request_opened request_allowed request_denied request_closed request_failed decider_failure)a,
+        &[:condukt, :sandbox, :network_policy, &1]
+      )
+
+    :ok =
+      :telemetry.attach_many(
+        id,
+        events,
+        fn name, measurements, metadata, _ -> send(test, {:telemetry, name, measurements, metadata}) end,
+        nil
+      )
+
+    on_exit(fn -> :telemetry.detach(id) end)
+
+    policy =
+      NetworkPolicy.new!(
+        rules: [deny: ["denied.test"], allow: ["allowed.test"], decide: &__MODULE__.decider/2],
+        default: :deny
+      )
+
+    hosts = Map.new(~w(allowed.test denied.test decide.test other.test), &{&1, tb.inet.v4})
+    {:ok, sb} = Sandbox.new({Sandbox.Local, id: id, network_policy: policy, network: network(tb, hosts: hosts)})
+    on_exit(fn -> Sandbox.shutdown(sb) end)
+
+    curl = "curl -sS --max-time 10 -w '\\n%{http_code}' "
+    assert {:ok, %{output: out}} = Sandbox.exec(sb, curl <> "https://decide.test/")
+    assert out =~ "hello from decide.test"
+
+    assert_receive {:telemetry, [_, _, _, :request_allowed], %{bytes_in: _, bytes_out: _},
+                    %{request: %{host: "decide.test"}, matched_rule: %{index: 2, kind: :decide}}},
+                   10_000
+
+    assert {:ok, %{output: out}} = Sandbox.exec(sb, curl <> "https://other.test/")
+    assert out =~ ~r/\n403$/
+    assert out =~ "other.test is not needed for this task"
+
+    assert_receive {:telemetry, [_, _, _, :request_denied], _,
+                    %{request: %{host: "other.test"}, reason: reason, matched_rule: %{kind: :decide}}},
+                   10_000
+
+    assert reason =~ "not needed"
+
+    assert {:ok, %{output: out}} = Sandbox.exec(sb, curl <> "https://denied.test/")
+    assert out =~ ~r/\n403$/
+
+    assert_receive {:telemetry, [_, _, _, :request_denied], _,
+                    %{request: %{host: "denied.test"}, matched_rule: %{index: 0, kind: :deny}}},
+                   10_000
+
+    assert_receive {:telemetry, [_, _, _, :request_closed], %{bytes_in: bytes}, %{request: %{host: "decide.test"}}},
+                   10_000
+
+    assert bytes > 0
+  end
+
   test "unenforceable: one warning and unenforced, or an error when required", %{tb: tb} do
     # No `setpriv` in this tool path: enforcement is impossible.
     empty = Path.join(tb.dir, "no-tools-#{System.unique_integer([:positive])}")

@@ -46,6 +46,13 @@ defmodule Condukt.Sandbox.Local.Schema do
           "options of the enforcement plane (`Condukt.Sandbox.Local.Network`): `:uplink`, `:hosts`, `:dns`, " <>
             "`:allow_private`, `:upstream_ca`, `:user`, `:sidecar_uid`, `:proxy_args`, `:binary`."
       ],
+      messages: [
+        type: :any,
+        default: nil,
+        doc:
+          "the session's message history, oldest first, for the context of decide rules: a list, " <>
+            "a 0-arity function or `{m, f, a}`."
+      ],
       id: [
         type: :any,
         default: nil,
