@@ -1,93 +1,156 @@
-# The main job, until the data plane exists: the seeds' example policy,
-# validated on the BEAM, compiled to the sidecar document, and evaluated by
-# both engines — NetworkPolicy.evaluate/2 in Elixir and the real
-# `condukt-egress policy eval` in C — on a handful of URLs, side by side.
-# Exits non-zero if the two ever disagree.
+# The main job: the embedded default, for real, on one machine.
+#
+# A Condukt.Sandbox.Local session with the seeds' kind of policy (a deny,
+# an allow, and an Elixir function decider) runs real clients (curl,
+# Python requests, Node fetch, git) against a small local "internet": a
+# network namespace with nginx, a git server and a few names, built by the
+# same testbed the end-to-end tests use (test/support/netns, docs/
+# e2e-testbed.md). The session's commands run in their own namespace behind
+# the real condukt-egress sidecar (docs/local-network.md); every request is
+# decided there or, for the decide rule, by the function below on this
+# BEAM, and comes back as :telemetry events, printed as a live table.
+#
+# Needs root (network namespaces, iptables). Works offline.
 
-alias Condukt.Sandbox.NetworkPolicy
-
-# The seed uses {AgentDecider, agent: MyApp.NetGuard}; the agent runtime is
-# not part of this build yet, so the decide rule here is a plain function.
-policy =
-  NetworkPolicy.new!(%NetworkPolicy{
-    rules: [
-      deny: ["*.internal.example.com"],
-      allow: ["api.github.com", "*.openai.com"],
-      decide: [call: fn _ctx, req -> if req.host =~ "pypi", do: :allow, else: {:deny, :not_needed} end, timeout: 2_000]
-    ],
-    default: :deny
-  })
-
-urls = [
-  "https://api.github.com/repos/elixir-lang/elixir",
-  "https://API.GitHub.com./graphql",
-  "https://api.openai.com/v1/chat/completions",
-  "https://db.internal.example.com/admin",
-  "https://api.github.com.evil.net/exfil",
-  "https://api.github.com@evil.net/",
-  "https://evil.net\\@api.github.com/",
-  "https://127.1/",
-  "http://[::ffff:10.0.0.1]:8080/",
-  "https://pypi.org/simple/requests/",
-  "ftp://api.github.com/"
-]
-
-dir = Path.join(System.tmp_dir!(), "condukt-demo-#{System.unique_integer([:positive])}")
-File.mkdir_p!(dir)
-file = Path.join(dir, "policy.json")
-File.write!(file, NetworkPolicy.to_sidecar_json(policy))
-
-IO.puts("Sidecar policy document (#{file}):\n  #{File.read!(file)}\n")
-
-show = fn
-  :allow -> "allow"
-  {:deny, reason} -> "deny (#{reason})"
-  {:decide, i} -> "decide (rule #{i})"
+for file <- ~w(cmd tier pki nginx client testbed) do
+  Code.require_file(Path.join([__DIR__, "..", "test", "support", "netns", file <> ".ex"]))
 end
 
-from_c = fn out ->
-  case Condukt.JSON.decode!(out) do
-    %{"decision" => "deny", "reason" => r} -> "deny (#{r})"
-    %{"decision" => "decide", "matched_rule" => %{"index" => i}} -> "decide (rule #{i})"
-    %{"decision" => d} -> d
+alias Condukt.Sandbox
+alias Condukt.Sandbox.NetworkPolicy
+alias Condukt.Test.Netns.{Testbed, Tier}
+
+case Tier.check() do
+  :ok ->
+    :ok
+
+  {:error, reason} ->
+    IO.puts(:stderr, "The demo needs what the end-to-end tier needs: #{reason}")
+    System.halt(1)
+end
+
+# ── the live table ─────────────────────────────────────────────────────────
+defmodule Demo.Table do
+  @columns [{"event", 16}, {"method", 6}, {"url", 34}, {"status", 6}, {"rule", 11}, {"in/out", 13}, {"reason", 44}]
+
+  def header do
+    IO.puts(row(Enum.map(@columns, &elem(&1, 0))))
+    IO.puts(String.duplicate("─", Enum.sum(Enum.map(@columns, &(elem(&1, 1) + 1)))))
+  end
+
+  def handle([_, _, _, :decider_failure], %{count: n}, meta, _) do
+    IO.puts(row(["decider_failure", "", "", "", "", "#{n}", inspect(meta.reason)]))
+  end
+
+  def handle([_, _, _, event], measurements, meta, _) do
+    req = meta.request
+
+    url =
+      if req.host,
+        do: "#{req.scheme}://#{req.host}#{if req.port in [80, 443], do: "", else: ":#{req.port}"}#{req.path}",
+        else: ""
+
+    rule =
+      case meta.matched_rule do
+        %{index: i, kind: kind} -> "#{i} (#{kind})"
+        nil when event in [:request_allowed, :request_denied] -> "default"
+        nil -> ""
+      end
+
+    bytes = if event in [:request_closed, :request_failed], do: "#{measurements.bytes_in}/#{measurements.bytes_out}", else: ""
+    IO.puts(row([to_string(event), req.method || "", url, to_string(req.status || ""), rule, bytes, reason(meta.reason)]))
+  end
+
+  defp reason(nil), do: ""
+  defp reason(r) when is_atom(r), do: inspect(r)
+  defp reason(r), do: r
+
+  defp row(cells) do
+    @columns
+    |> Enum.zip(cells)
+    |> Enum.map_join(" ", fn {{_, w}, c} -> c |> to_string() |> String.slice(0, w) |> String.pad_trailing(w) end)
   end
 end
 
-row = fn cols ->
-  cols |> Enum.zip([50, 22, 14, 22]) |> Enum.map_join(" ", fn {c, w} -> String.pad_trailing(c, w) end)
-end
+# ── the local internet ─────────────────────────────────────────────────────
+IO.puts("Building a small local internet (nginx, a git server) in a network namespace…")
+tb = Testbed.start(on_exit: false, big_size: 64 * 1024)
 
-IO.puts(row.(["URL", "Elixir evaluate/2", "matched rule", "C policy eval"]))
-IO.puts(String.duplicate("-", 111))
+try do
+  names = ~w(allowed.test denied.test decide.test other.test git.test)
 
-disagreements =
-  Enum.count(urls, fn url ->
-    {decision, matched} = NetworkPolicy.evaluate(policy, url)
-    {out, 0} = System.cmd(Condukt.egress_binary(), ["policy", "eval", file, url])
-    c = from_c.(out)
+  # ── the policy: a deny, an allow and an Elixir function decider ──────────
+  decider = fn ctx, req ->
+    if req.host == "decide.test" and ctx.metadata.purpose == "demo",
+      do: :allow,
+      else: {:deny, "#{req.host} is not needed for this task"}
+  end
 
-    rule =
-      cond do
-        matched -> "#{matched.index} (#{matched.kind})"
-        match?({:deny, r} when r in [:invalid_host, :invalid_url], decision) -> "none"
-        true -> "default"
-      end
+  policy =
+    NetworkPolicy.new!(
+      rules: [
+        deny: ["denied.test"],
+        allow: ["allowed.test", "git.test"],
+        decide: [call: decider, timeout: 2_000, context_metadata: %{purpose: "demo"}]
+      ],
+      default: :deny
+    )
 
-    IO.puts(row.([url, show.(decision), rule, c]))
-    show.(decision) != c
-  end)
+  events = ~w(request_opened request_allowed request_denied request_closed request_failed decider_failure)a
+  :ok = :telemetry.attach_many("demo", Enum.map(events, &[:condukt, :sandbox, :network_policy, &1]), &Demo.Table.handle/4, nil)
 
-IO.puts("\nA bad policy is refused before it can reach a sidecar:")
+  work = Testbed.scratch_dir(tb)
 
-case NetworkPolicy.new(rules: [allow: ["https://api.github.com"]]) do
-  {:error, error} -> IO.puts("  " <> Exception.message(error))
-end
+  {:ok, sb} =
+    Sandbox.new(
+      {Sandbox.Local,
+       id: "demo-session",
+       cwd: work,
+       network_policy: policy,
+       network_policy_required: true,
+       network: [
+         uplink: {:netns, tb.inet_ns},
+         hosts: Map.new(names, &{&1, tb.inet.v4}),
+         allow_private: [tb.inet.v4 <> "/32"],
+         upstream_ca: tb.ca_cert
+       ]}
+    )
 
-File.rm_rf!(dir)
+  IO.puts("Session namespace #{sb.state.network.name}; sidecar pid #{sb.state.network.proxy_pid}.\n")
 
-if disagreements > 0 do
-  IO.puts(:stderr, "\n#{disagreements} disagreement(s) between the Elixir and C evaluators")
-  System.halt(1)
-else
-  IO.puts("\nBoth evaluators agree on all #{length(urls)} URLs.")
+  commands = [
+    {"curl, an allowed host", "curl -sS https://allowed.test/"},
+    {"curl, plain HTTP (the proxy resolves Host itself)", "curl -sS http://allowed.test/"},
+    {"Python requests, decided by the Elixir function: allow",
+     ~S|python3 -c 'import requests; r = requests.get("https://decide.test/"); print(r.status_code, r.text.strip())'|},
+    {"Node fetch, decided by the Elixir function: deny",
+     ~S|node -e 'fetch("https://other.test/x").then(async r => console.log(r.status, (await r.text()).trim()))'|},
+    {"curl, a denied host", "curl -sS https://denied.test/"},
+    {"git clone over HTTPS", "git clone -q https://git.test/repo.git && head -1 repo/README.md"},
+    {"a port the policy cannot see (TCP 8080): rejected by the kernel",
+     "curl -sS --max-time 3 http://#{tb.inet.v4}:8080/ || echo \"exit $?\""},
+    {"flushing the rules from inside the session", "iptables -t nat -F 2>&1 || echo \"exit $?\""}
+  ]
+
+  Demo.Table.header()
+
+  results =
+    for {title, command} <- commands do
+      {:ok, %{output: out, exit_code: code}} = Sandbox.exec(sb, command, timeout: 30_000)
+      # Let the request's last events print before the next command.
+      Process.sleep(150)
+      {title, command, code, out}
+    end
+
+  IO.puts("\nWhat each command saw:")
+
+  for {title, command, code, out} <- results do
+    IO.puts("\n  #{title}\n  $ #{command}\n  exit #{code}: " <> (out |> String.trim() |> String.replace("\n", "\n    ")))
+  end
+
+  :ok = Sandbox.shutdown(sb)
+  :telemetry.detach("demo")
+  IO.puts("\nSession shut down: namespace, sidecar and secrets removed.")
+after
+  Testbed.stop(tb)
 end
