@@ -8,7 +8,6 @@
  */
 #include "support/failalloc.h"
 
-#include <jansson.h>
 #include <openssl/crypto.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -92,14 +91,6 @@ char *__wrap_strndup(const char *s, size_t n) {
   return should_fail(CE_FAILALLOC_LIBC) ? NULL : __real_strndup(s, n);
 }
 
-/* ---- jansson ------------------------------------------------------------- */
-
-static void *json_malloc(size_t n) {
-  return should_fail(CE_FAILALLOC_JANSSON) ? NULL : __real_malloc(n);
-}
-
-static void json_free(void *p) { free(p); }
-
 /* ---- OpenSSL ------------------------------------------------------------- */
 
 static void *ssl_malloc(size_t n, const char *file, int line) {
@@ -114,9 +105,8 @@ static void *ssl_realloc(void *p, size_t n, const char *file, int line) {
 
 static void ssl_free(void *p, const char *file, int line) { free(p); }
 
-/* Runs before main() and before any test code: jansson accepts new
- * functions at any time, but OpenSSL only before its first allocation. */
+/* Runs before main() and before any test code: OpenSSL accepts new
+ * functions only before its first allocation. */
 __attribute__((constructor)) static void failalloc_install(void) {
-  json_set_alloc_funcs(json_malloc, json_free);
   openssl_hooked = CRYPTO_set_mem_functions(ssl_malloc, ssl_realloc, ssl_free) == 1;
 }

@@ -7,7 +7,8 @@
  *   - malloc, calloc, realloc, strdup and strndup called from our own
  *     objects, because the test binary (and only it) is linked with
  *     -Wl,--wrap=... for each (Makefile, TEST_WRAP);
- *   - jansson's allocations, through json_set_alloc_funcs();
+ *   - jansson's allocations, because c_src/common/json.c gives jansson an
+ *     allocator that calls malloc from our objects;
  *   - OpenSSL's allocations, through CRYPTO_set_mem_functions(), installed
  *     by a constructor before OpenSSL allocates anything (it refuses once it
  *     has). ce_failalloc_openssl_hooked() says whether that worked.
@@ -30,13 +31,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Where an allocation came from, for tests that must tell apart a failure
- * inside a library that hides it (see ce_failalloc_last_source). */
+/* Where the failed allocation came from (ce_failalloc_last_source). */
 typedef enum {
   CE_FAILALLOC_NONE = 0,
-  CE_FAILALLOC_LIBC,    /* our objects: malloc, calloc, realloc, str(n)dup */
-  CE_FAILALLOC_JANSSON, /* jansson, through json_set_alloc_funcs */
-  CE_FAILALLOC_OPENSSL  /* OpenSSL, through CRYPTO_set_mem_functions */
+  CE_FAILALLOC_LIBC,   /* our objects (jansson included): malloc & co. */
+  CE_FAILALLOC_OPENSSL /* OpenSSL, through CRYPTO_set_mem_functions */
 } ce_failalloc_source_t;
 
 /* Fails the n-th allocation from now (counting from 0) and only that one. */
