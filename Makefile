@@ -86,8 +86,12 @@ $(BUILD)/san/%.o: %.c
 $(SAN_BIN): $(LIB_SRCS:%.c=$(BUILD)/san/%.o) $(BUILD)/san/c_src/main.o $(SAN_STAMP)
 	$(CC) $(SAN_FLAGS) -o $@ $(LIB_SRCS:%.c=$(BUILD)/san/%.o) $(BUILD)/san/c_src/main.o $(PKG_LIBS)
 
+# The test binary alone routes our objects' allocations through the
+# fault injector of native_test/support/failalloc.c.
+TEST_WRAP := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup,--wrap=strndup
+
 $(TEST_BIN): $(SAN_OBJS) $(SAN_STAMP)
-	$(CC) $(SAN_FLAGS) -o $@ $(SAN_OBJS) $(PKG_LIBS) -lcriterion
+	$(CC) $(SAN_FLAGS) $(TEST_WRAP) -o $@ $(SAN_OBJS) $(PKG_LIBS) -lcriterion
 
 # ASan and UBSan abort the test process (a failed test); LSan reports after
 # the test was counted, so scripts/run-native-tests.sh also fails the run on

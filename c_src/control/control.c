@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/trace.h"
 #include "control/frame.h"
 #include "control/listen.h"
 
@@ -188,15 +189,19 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
   va_end(ap);
 }
 
-static void ctl_log(ce_control_t *ctl, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+/* Log lines go through common/trace.h at `level`, under a burst limit
+ * (LOG_BURST a second) because a misbehaving peer can cause one per frame. */
+static void ctl_log(ce_control_t *ctl, ce_trace_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
-static void ctl_log(ce_control_t *ctl, const char *fmt, ...) {
+static void ctl_log(ce_control_t *ctl, ce_trace_level_t level, const char *fmt, ...) {
+  if (level > ce_trace_level())
+    return;
   uint64_t now = uv_now(ctl->loop);
   if (now - ctl->log_window >= 1000) {
     if (ctl->log_suppressed > 0)
-      fprintf(stderr, "condukt-egress: control: %llu log lines suppressed\n",
-              (unsigned long long)ctl->log_suppressed);
+      CE_TRACE_W("control", 0, 0, "%llu log lines suppressed",
+                 (unsigned long long)ctl->log_suppressed);
     ctl->log_window = now;
     ctl->log_count = 0;
     ctl->log_suppressed = 0;
@@ -206,14 +211,12 @@ static void ctl_log(ce_control_t *ctl, const char *fmt, ...) {
     return;
   }
   ctl->log_count++;
-  /* One fprintf per line so that concurrent writers to the pod log do not
-   * interleave inside it. */
   char msg[LOG_LINE_MAX];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  fprintf(stderr, "condukt-egress: control: %s\n", msg);
+  CE_TRACE(level, "control", 0, 0, "%s", msg);
 }
 
 static void close_if_open(uv_handle_t *h, uv_close_cb cb) {
@@ -255,14 +258,14 @@ static void out_write_cb(uv_write_t *req, int status) {
   free(w);
   if (status < 0 && status != UV_ECANCELED && !ctl->out_broken) {
     ctl->out_broken = true;
-    ctl_log(ctl, "stdout write failed (%s); events are no longer written there",
+    ctl_log(ctl, CE_TRACE_WARN, "stdout write failed (%s); events are no longer written there",
             uv_strerror(status));
   }
 }
 
 static void out_drop(ce_control_t *ctl, const char *why) {
   if (ctl->stdout_dropped++ == 0)
-    ctl_log(ctl, "dropping events from stdout: %s", why);
+    ctl_log(ctl, CE_TRACE_WARN, "dropping events from stdout: %s", why);
 }
 
 /* Regular files (and character devices) are not pollable, and a write to
@@ -280,7 +283,7 @@ static void out_write_file(ce_control_t *ctl, const ce__line_t *line) {
     if (n <= 0) {
       ctl->out_broken = true;
       ctl->stdout_dropped++;
-      ctl_log(ctl, "stdout write failed (%s); events are no longer written there",
+      ctl_log(ctl, CE_TRACE_WARN, "stdout write failed (%s); events are no longer written there",
               n < 0 ? strerror(errno) : "wrote nothing");
       return;
     }
@@ -316,7 +319,7 @@ static void out_write(ce_control_t *ctl, ce__line_t *line) {
     free(w);
     ctl->out_broken = true;
     ctl->stdout_dropped++;
-    ctl_log(ctl, "stdout write failed (%s); events are no longer written there",
+    ctl_log(ctl, CE_TRACE_WARN, "stdout write failed (%s); events are no longer written there",
             uv_strerror(rc));
   }
 }
@@ -467,7 +470,7 @@ static void peer_close(peer_t *p, const char *why) {
   p->closing = true;
   peer_unlink(p);
   if (why != NULL)
-    ctl_log(p->ctl, "peer %llu: %s; closed", (unsigned long long)p->num, why);
+    ctl_log(p->ctl, CE_TRACE_INFO, "peer %llu: %s; closed", (unsigned long long)p->num, why);
   uv_close(&p->io.handle, peer_handle_closed);
   uv_close((uv_handle_t *)&p->hello_timer, peer_handle_closed);
 }
@@ -477,7 +480,7 @@ static void peer_close(peer_t *p, const char *why) {
 static void auth_fail(peer_t *p, const char *why) {
   ce_control_t *ctl = p->ctl;
   ctl->auth_failures++;
-  ctl_log(ctl, "peer %llu dropped before authenticating: %s",
+  ctl_log(ctl, CE_TRACE_INFO, "peer %llu dropped before authenticating: %s",
           (unsigned long long)p->num, why);
   peer_close(p, NULL);
 }
@@ -487,7 +490,7 @@ static void peer_fail(peer_t *p, const char *why) {
     auth_fail(p, why);
     return;
   }
-  ctl_log(p->ctl, "peer %llu: protocol violation (%s); closed",
+  ctl_log(p->ctl, CE_TRACE_WARN, "peer %llu: protocol violation (%s); closed",
           (unsigned long long)p->num, why);
   peer_close(p, NULL);
 }
@@ -573,7 +576,7 @@ static void peer_authenticate(peer_t *p) {
   if (ctl->peer != NULL)
     peer_close(ctl->peer, "replaced by a newly authenticated peer");
   ctl->peer = p;
-  ctl_log(ctl, "peer %llu authenticated", (unsigned long long)p->num);
+  ctl_log(ctl, CE_TRACE_INFO, "peer %llu authenticated", (unsigned long long)p->num);
 
   /* The welcome first, then the asks still waiting (they are urgent: a
    * request is on hold for each), then the buffered events in order. */
@@ -731,7 +734,7 @@ static void hello_timeout_cb(uv_timer_t *t) {
 static void on_connection(uv_stream_t *server, int status) {
   ce_control_t *ctl = server->data;
   if (status < 0) {
-    ctl_log(ctl, "accept failed: %s", uv_strerror(status));
+    ctl_log(ctl, CE_TRACE_ERROR, "accept failed: %s", uv_strerror(status));
     return;
   }
   peer_t *p = calloc(1, sizeof(*p));
@@ -739,7 +742,7 @@ static void on_connection(uv_stream_t *server, int status) {
     /* Without a handle the connection cannot be accepted, and libuv stops
      * watching the listener until it is. The process is out of memory;
      * the peer's hello times out on its side and the bridge re-dials. */
-    ctl_log(ctl, "out of memory for a new peer; accepting paused");
+    ctl_log(ctl, CE_TRACE_ERROR, "out of memory for a new peer; accepting paused");
     return;
   }
   p->ctl = ctl;
@@ -931,7 +934,7 @@ void ce_control_emit(ce_control_t *ctl, json_t *event) {
   if (rc != 0) {
     ctl->dropped++;
     ctl->stdout_dropped++;
-    ctl_log(ctl, "event %llu dropped: %s", (unsigned long long)seq,
+    ctl_log(ctl, CE_TRACE_WARN, "event %llu dropped: %s", (unsigned long long)seq,
             rc == CE_EINVAL ? "not an encodable JSON object" : ce_strerror(rc));
     return;
   }

@@ -76,8 +76,8 @@ typedef struct {
  * members (docs/control-channel.md, "Peer to sidecar"). Returns CE_OK,
  * CE_EPARSE (not JSON, nested deeper than 16, duplicate member, not an
  * object, unknown type, missing or mistyped member, member too long,
- * unsupported version), CE_ETOOBIG (longer than CE_CONTROL_MAX_FRAME).
- * On failure *out is untouched and *why (when why is not NULL) names the
+ * unsupported version), CE_ETOOBIG (longer than CE_CONTROL_MAX_FRAME),
+ * CE_ENOMEM (out of memory). On failure *out is untouched and *why (when why is not NULL) names the
  * problem in a static string; on success *why is NULL.
  */
 int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,

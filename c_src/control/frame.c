@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/json.h"
 #include "control/control.h"
 
 /* Frames are flat objects; unknown members may nest a little for future
@@ -182,7 +183,16 @@ int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
    * string copied below is free of NUL bytes and its C length is its JSON
    * length. It also checks UTF-8. */
   json_error_t jerr;
+  /* jansson may hide a failed allocation, even behind a successful parse
+   * with a byte missing from a string (common/json.h). */
+  ce_json_oom_reset();
   json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+  if (ce_json_oom()) {
+    json_decref(root);
+    if (why != NULL)
+      *why = "out of memory";
+    return CE_ENOMEM;
+  }
   if (root == NULL && json_error_code(&jerr) == json_error_duplicate_key)
     return refuse(why, "duplicate member");
   if (root == NULL)
@@ -240,9 +250,14 @@ int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
 int ce__line_encode(const json_t *obj, ce__line_t **out) {
   /* Two passes (measure, then write) so the line is one allocation whose
    * size is exact. */
+  if (!json_is_object(obj) && !json_is_array(obj))
+    return CE_EINVAL; /* json_dumpb needs JSON_ENCODE_ANY for the rest */
   size_t n = json_dumpb(obj, NULL, 0, JSON_COMPACT);
+  /* On a container, json_dumpb fails only when an allocation of its own
+   * fails (its loop detection allocates) or on a reference cycle, which
+   * nothing here builds. */
   if (n == 0)
-    return CE_EINVAL;
+    return CE_ENOMEM;
   if (n > CE_CONTROL_MAX_FRAME - 1)
     return CE_ETOOBIG;
   ce__line_t *line = malloc(sizeof(*line) + n + 1);

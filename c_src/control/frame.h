@@ -23,8 +23,8 @@ typedef struct {
 /*
  * Encodes obj as one compact JSON line ending in '\n' (jansson escapes
  * every control character inside strings, so the only raw newline is the
- * last byte) with one reference. Returns CE_OK, CE_EINVAL (obj cannot be
- * encoded), CE_ETOOBIG (the line would exceed CE_CONTROL_MAX_FRAME),
+ * last byte) with one reference. Returns CE_OK, CE_EINVAL (obj is not an
+ * object or an array), CE_ETOOBIG (the line would exceed CE_CONTROL_MAX_FRAME),
  * CE_ENOMEM. On failure *out is untouched.
  */
 int ce__line_encode(const json_t *obj, ce__line_t **out);

@@ -26,6 +26,7 @@
 #include <unistr.h>
 
 #include "common/error.h"
+#include "common/json.h"
 #include "common/text.h"
 #include "policy/glob.h"
 #include "policy/url.h"
@@ -387,7 +388,14 @@ int ce_policy_load_buffer(const char *buf, size_t len, ce_policy_t **out,
 
   /* RFC 8259 §4 leaves duplicate names to the implementation; two readers
    * could pick different values, so a duplicate is an error. */
+  /* jansson may hide a failed allocation, even behind a successful parse
+   * with a byte missing from a string (common/json.h). */
+  ce_json_oom_reset();
   json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+  if (ce_json_oom()) {
+    json_decref(root);
+    return fail(e, CE_ENOMEM, NULL, "%s", ce_strerror(CE_ENOMEM));
+  }
   if (root == NULL) {
     /* jansson quotes the offending token raw, which may hold control
      * bytes or broken UTF-8; the message must stay one clean line. */

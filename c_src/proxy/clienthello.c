@@ -6,8 +6,10 @@
  * 1. walk_records() steps over record headers only. It validates each
  *    record header, reads the 4-byte handshake header (which may itself be
  *    split over records) to learn the message length, and stops with
- *    CE_EAGAIN as soon as a byte is missing. While the hello is incomplete
- *    this is all a call does: O(records) work, nothing copied or written.
+ *    CE_EAGAIN as soon as a byte is missing. It resumes where the previous
+ *    call stopped (ce_clienthello_state_t remembers the whole records
+ *    walked and the handshake-header bytes they held), so while the hello
+ *    is incomplete a call costs O(new records), nothing copied.
  *
  * 2. Once every record of the message is buffered, parse_hello() reads the
  *    message exactly once through a cursor (hs_cursor_t) that steps over the
@@ -122,19 +124,25 @@ static int check_record_header(const uint8_t *rec, size_t avail, int first) {
 }
 
 /*
- * Walks the record headers at the start of buf[0..len). On CE_OK,
- * *records_end is the offset just past the last record of the hello and
- * *msg_len the handshake message length, header included.
+ * Walks the record headers of buf[0..len), resuming where st left off.
+ * Only whole records are committed to *st, so a record cut short is looked
+ * at again on the next call: O(1) work for its header and the at most four
+ * handshake-header bytes it may carry. Each call therefore costs O(records
+ * completed since the last call + 1), and a hello fed in any number of
+ * calls costs O(its records) in total.
+ *
+ * On CE_OK, *records_end is the offset just past the last record of the
+ * hello and *msg_len the handshake message length, header included.
  */
-static int walk_records(const uint8_t *buf, size_t len, size_t *records_end,
-                        size_t *msg_len) {
-  size_t pos = 0;       /* offset of the record being looked at */
-  size_t got = 0;       /* handshake bytes in the whole records before it */
-  size_t total = 0;     /* message length with its header; 0 until known */
-  uint8_t hs[HANDSHAKE_HEADER_LEN];
-  size_t hs_have = 0;
-
+static int walk_records(ce_clienthello_state_t *st, const uint8_t *buf, size_t len,
+                        size_t *records_end, size_t *msg_len) {
   for (;;) {
+    if (st->total != 0 && st->got == st->total) {
+      *records_end = st->pos;
+      *msg_len = st->total;
+      return CE_OK;
+    }
+    size_t pos = st->pos;
     size_t avail = len - pos;
     if (avail == 0)
       return CE_EAGAIN;
@@ -154,7 +162,12 @@ static int walk_records(const uint8_t *buf, size_t len, size_t *records_end,
 
     /* The handshake header can be spread over several records (RFC 8446
      * §5.1 allows any fragmentation), down to one byte per record. Bytes
-     * collected before this record are always whole records. */
+     * collected before this record are always whole records; this one's
+     * are kept in a copy until the record is whole. */
+    uint8_t hs[HANDSHAKE_HEADER_LEN];
+    size_t hs_have = st->hs_have;
+    size_t total = st->total;
+    memcpy(hs, st->hs, sizeof(hs));
     const uint8_t *frag = buf + pos + RECORD_HEADER_LEN;
     for (size_t i = 0; i < present && hs_have < HANDSHAKE_HEADER_LEN; i++)
       hs[hs_have++] = frag[i];
@@ -169,7 +182,7 @@ static int walk_records(const uint8_t *buf, size_t len, size_t *records_end,
        * change, implementations MUST send these messages in alignment with
        * a record boundary", and no other handshake message follows it
        * before the server has answered. */
-      if (rec_len > total - got)
+      if (rec_len > total - st->got)
         return CE_EPARSE;
       /* The hello needs this whole record and the bytes still due in the
        * fewest records that can carry them. This is known from headers
@@ -177,20 +190,19 @@ static int walk_records(const uint8_t *buf, size_t len, size_t *records_end,
        * as that is certain, not after 64 KiB have been buffered. (Before
        * the handshake header is complete, no record can end past the limit:
        * at most three 1-byte records precede one of at most 2^14 bytes.) */
-      size_t rest = total - got - rec_len;
+      size_t rest = total - st->got - rec_len;
       if (rec_end + min_framed(rest) > CE_CLIENTHELLO_MAX_BYTES)
         return CE_ETOOBIG;
     }
     if (present < rec_len)
       return CE_EAGAIN;
 
-    got += rec_len;
-    pos = rec_end;
-    if (total != 0 && got == total) {
-      *records_end = pos;
-      *msg_len = total;
-      return CE_OK;
-    }
+    /* The record is whole and valid: commit it. */
+    memcpy(st->hs, hs, sizeof(hs));
+    st->hs_have = hs_have;
+    st->total = total;
+    st->got += rec_len;
+    st->pos = rec_end;
   }
 }
 
@@ -486,9 +498,14 @@ static int parse_hello(const uint8_t *buf, size_t msg_len, ce_clienthello_t *out
   return parse_extensions(&c, out);
 }
 
-int ce_clienthello_parse(const uint8_t *buf, size_t len, ce_clienthello_t *out) {
+void ce_clienthello_init(ce_clienthello_state_t *st) { memset(st, 0, sizeof(*st)); }
+
+int ce_clienthello_resume(ce_clienthello_state_t *st, const uint8_t *buf, size_t len,
+                          ce_clienthello_t *out) {
+  if (len < st->pos)
+    return CE_EINVAL; /* not the buffer the state has walked */
   size_t records_end, msg_len;
-  int rc = walk_records(buf, len, &records_end, &msg_len);
+  int rc = walk_records(st, buf, len, &records_end, &msg_len);
   if (rc != 0)
     return rc;
   memset(out, 0, sizeof(*out));
@@ -497,4 +514,10 @@ int ce_clienthello_parse(const uint8_t *buf, size_t len, ce_clienthello_t *out) 
     return rc;
   out->record_bytes = records_end;
   return CE_OK;
+}
+
+int ce_clienthello_parse(const uint8_t *buf, size_t len, ce_clienthello_t *out) {
+  ce_clienthello_state_t st;
+  ce_clienthello_init(&st);
+  return ce_clienthello_resume(&st, buf, len, out);
 }

@@ -6,12 +6,15 @@
  * and mint a leaf, and the ALPN list to choose the upstream protocol. The
  * ClientHello may span several TCP reads and several TLS records (records
  * carry at most 16 KiB; post-quantum key shares make hellos larger than one
- * record), so the proxy buffers what it reads and calls
- * ce_clienthello_parse() on the whole buffer after each read.
+ * record), so the proxy buffers what it reads and calls the parser on the
+ * whole buffer after each read.
  *
- * Repeated calls are cheap while the hello is incomplete: the parser walks
- * record headers only (O(number of records)) until the declared handshake
- * message is fully buffered, then parses it once.
+ * ce_clienthello_resume() keeps a small state between those calls: it walks
+ * only the record headers it has not walked yet, so a hello arriving one
+ * byte per read in 1-byte records costs linear time in total, not
+ * quadratic. ce_clienthello_parse() is the same with a fresh state (one
+ * call on a complete buffer, tests, the fuzzer). Either way, the message
+ * is parsed once, when it is complete.
  */
 #ifndef CE_PROXY_CLIENTHELLO_H
 #define CE_PROXY_CLIENTHELLO_H
@@ -48,6 +51,22 @@ typedef struct {
   size_t record_bytes;      /* bytes of the buffer taken by the hello's records */
 } ce_clienthello_t;
 
+/* What ce_clienthello_resume() remembers between calls: the whole records
+ * walked so far and the handshake-header bytes they carried. No pointer
+ * into the buffer is kept, so the caller may move (realloc) its buffer
+ * between calls as long as the bytes stay the same. Plain data: copy or
+ * discard it freely; nothing to free. */
+typedef struct {
+  size_t pos;     /* buffer offset just past the last whole record walked */
+  size_t got;     /* handshake bytes in those records */
+  size_t total;   /* handshake message length with its header; 0 until known */
+  uint8_t hs[4];  /* the handshake header bytes seen so far */
+  size_t hs_have;
+} ce_clienthello_state_t;
+
+/* Starts a state for a new connection. */
+void ce_clienthello_init(ce_clienthello_state_t *st);
+
 /*
  * Parses the ClientHello at the start of buf[0..len). buf may be NULL when
  * len is 0; out must not be NULL. docs/clienthello.md lists every rule with
@@ -76,8 +95,21 @@ typedef struct {
  * A prefix of any input gives CE_EAGAIN or the same result as the whole
  * input. Each call costs O(records in buf) while the hello is incomplete
  * and one pass over it when complete; it never allocates, keeps no state
- * between calls and is safe to call from several threads at once.
+ * between calls and is safe to call from several threads at once (as is
+ * ce_clienthello_resume() on distinct states).
  */
 int ce_clienthello_parse(const uint8_t *buf, size_t len, ce_clienthello_t *out);
+
+/*
+ * ce_clienthello_parse() for a buffer that grows between calls: buf[0..len)
+ * must start with the same bytes as on every earlier call with st, and len
+ * may not shrink. Returns what ce_clienthello_parse() returns on the same
+ * bytes, plus CE_EINVAL when len is shorter than what st has walked. The
+ * state is updated on every return and may be used again (a final result
+ * is given again). The work of all calls together is O(len) walking plus
+ * one parse of the complete message per CE_OK.
+ */
+int ce_clienthello_resume(ce_clienthello_state_t *st, const uint8_t *buf, size_t len,
+                          ce_clienthello_t *out);
 
 #endif

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/trace.h"
 #include "http1/parser.h"
 #include "http1/writer.h"
 #include "proxy/clienthello.h"
@@ -126,17 +127,11 @@ struct ce_conn {
 
 /* ---- tracing ------------------------------------------------------------ */
 
-static void trace(const ce_conn_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void trace(const ce_conn_t *c, const char *fmt, ...) {
-  if (!c->proxy->opts->verbose)
-    return;
-  char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "condukt-egress: conn %llu [%s] %s\n", (unsigned long long)c->id, state_names[c->state], msg);
-}
+/* Every state change goes through set_state() and is traced at debug
+ * level with the connection id (common/trace.h). The macro wrapper keeps
+ * the arguments unevaluated when debug traces are off. */
+#define trace(c, fmt, ...) \
+  CE_TRACE_D("proxy", 'c', (c)->id, "[%s] " fmt, state_names[(c)->state], ##__VA_ARGS__)
 
 static void set_state(ce_conn_t *c, conn_state_t s) {
   if (c->state != s)
@@ -158,7 +153,7 @@ static void answer(ce_conn_t *c, int status, const char *body, bool keep);
 static void emit(ce_conn_t *c, const char *name, const char *reason) {
   json_t *ev = ce_event_new(name, &c->req, reason);
   if (ev == NULL) {
-    fprintf(stderr, "condukt-egress: out of memory building a %s event\n", name);
+    CE_TRACE_E("proxy", 'c', c->id, "out of memory building a %s event", name);
     return;
   }
   ce_control_emit(c->proxy->control, ev);
@@ -1644,7 +1639,7 @@ void ce_conn_accept(ce_proxy_t *p, uv_stream_t *listener) {
     if (uv_accept(listener, (uv_stream_t *)&tmp) == 0)
       uv_close((uv_handle_t *)&tmp, NULL);
     uv_run(p->loop, UV_RUN_NOWAIT);
-    fprintf(stderr, "condukt-egress: out of memory accepting a connection\n");
+    CE_TRACE_E("proxy", 0, 0, "out of memory accepting a connection");
     return;
   }
   c->proxy = p;
@@ -1675,8 +1670,8 @@ void ce_conn_accept(ce_proxy_t *p, uv_stream_t *listener) {
     return;
   }
   if (p->conn_count > p->opts->max_connections || p->draining) {
-    fprintf(stderr, "condukt-egress: connection limit (%u) reached; resetting a new connection\n",
-            (unsigned)p->opts->max_connections);
+    CE_TRACE_W("proxy", 'c', c->id, "connection limit (%u) reached; resetting a new connection",
+               (unsigned)p->opts->max_connections);
     uv_tcp_close_reset(&c->c.tcp, on_handle_closed);
     c->c.open = false;
     conn_abort(c);
@@ -1691,8 +1686,7 @@ void ce_conn_accept(ce_proxy_t *p, uv_stream_t *listener) {
   if (rc != CE_OK || ce_addr_equal((struct sockaddr *)&c->orig_dst, (struct sockaddr *)&local)) {
     /* Not redirected: someone dialled the proxy port itself. There is no
      * destination to go to, and looping into ourselves must not happen. */
-    fprintf(stderr, "condukt-egress: connection %llu was not redirected (no original destination); closing\n",
-            (unsigned long long)c->id);
+    CE_TRACE_W("proxy", 'c', c->id, "not redirected (no original destination); closing");
     conn_abort(c);
     return;
   }

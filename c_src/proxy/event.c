@@ -213,10 +213,12 @@ json_t *ce_event_new(const char *name, const ce_reqinfo_t *r, const char *reason
       "matched_rule", rule, "reason", maybe_string(reason));
   if (ev == NULL)
     return NULL;
-  if (r->body_preview_len > 0) {
-    json_t *b = base64(r->body_preview, r->body_preview_len);
-    if (b != NULL)
-      json_object_set_new(ev, "body_preview", b);
+  /* All or nothing: an event without its preview would read as a request
+   * without a body. json_object_set_new consumes b, even NULL. */
+  if (r->body_preview_len > 0 &&
+      json_object_set_new(ev, "body_preview", base64(r->body_preview, r->body_preview_len)) != 0) {
+    json_decref(ev);
+    return NULL;
   }
   return ev;
 }

@@ -16,7 +16,10 @@
  *   early verdict never contradicts the final one;
  * - on CE_OK, the same handshake message framed in other record sizes
  *   parses to the same fields (RFC 8446 §5.1 lets a client fragment it
- *   any way), or is CE_ETOOBIG when the framing itself exceeds the limit.
+ *   any way), or is CE_ETOOBIG when the framing itself exceeds the limit;
+ * - ce_clienthello_resume() fed the input in growing steps (sizes taken
+ *   from the input) asks for more until its last call, which gives what a
+ *   fresh parse of the whole input gives, at the same length.
  *
  * Any violation aborts, which libFuzzer reports as a crash with the input.
  */
@@ -106,10 +109,38 @@ static void check_reframed(const uint8_t *data, const ce_clienthello_t *h, size_
   CHECK(same_hello(h, &again));
 }
 
+/* Feeds data[0..size) to ce_clienthello_resume() in steps of 1 to 8
+ * bytes (chosen by the data itself, so the fuzzer explores splits) and
+ * checks the resumed walk agrees with the fresh parse's answer rc. */
+static void check_resumed(const uint8_t *data, size_t size, int rc, const ce_clienthello_t *h) {
+  ce_clienthello_state_t st;
+  ce_clienthello_init(&st);
+  ce_clienthello_t r;
+  int rrc = CE_EAGAIN;
+  size_t len = 0;
+  for (;;) {
+    rrc = ce_clienthello_resume(&st, data, len, &r);
+    if (rrc != CE_EAGAIN || len == size)
+      break;
+    size_t step = 1 + (len < size ? data[len] % 8 : 0);
+    len = size - len < step ? size : len + step;
+  }
+  if (rrc != CE_EAGAIN) {
+    /* An answer before the end is the answer for the whole input: a fresh
+     * parse of this prefix must say the same. */
+    ce_clienthello_t p;
+    CHECK(ce_clienthello_parse(data, len, &p) == rrc);
+  }
+  CHECK(rrc == rc);
+  if (rc == CE_OK)
+    CHECK(r.record_bytes == h->record_bytes && same_hello(h, &r));
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ce_clienthello_t h;
   int rc = ce_clienthello_parse(data, size, &h);
   CHECK(known_code(rc));
+  check_resumed(data, size, rc, &h);
 
   if (rc == CE_OK) {
     check_output(&h, size);

@@ -16,6 +16,7 @@
 
 #include "common/error.h"
 #include "proxy/clienthello.h"
+#include "support/failalloc.h"
 
 #define FIXTURE_DIR CE_SOURCE_ROOT "/native_test/proxy/fixtures/"
 /* Captured hellos are under 600 bytes; the cap only bounds the loader. */
@@ -1323,6 +1324,167 @@ Test(clienthello, byte_by_byte_in_one_byte_records, .timeout = 60) {
   ce_clienthello_t h;
   cr_expect_eq(ce_clienthello_parse(rec, rn, &h), CE_OK);
   cr_expect_str_eq(h.sni, "size.example");
+  free(rec);
+  b_free(b);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The resumable walk (ce_clienthello_resume).                              */
+
+/* Fields that do not depend on the framing, as the fuzz target compares. */
+static bool same_fields(const ce_clienthello_t *a, const ce_clienthello_t *b) {
+  ce_clienthello_t x = *a, y = *b;
+  x.record_bytes = y.record_bytes = 0;
+  return memcmp(&x, &y, sizeof(x)) == 0;
+}
+
+/* Feeds rec[0..n) growing by `step` bytes per call; every call before the
+ * last must ask for more. Returns the last result. */
+static int resume_in_steps(const uint8_t *rec, size_t n, size_t step, ce_clienthello_t *h) {
+  ce_clienthello_state_t st;
+  ce_clienthello_init(&st);
+  int rc = CE_EAGAIN;
+  for (size_t len = 0; len <= n && rc == CE_EAGAIN; len = len == n ? n + 1 : (len + step < n ? len + step : n))
+    rc = ce_clienthello_resume(&st, rec, len, h);
+  return rc;
+}
+
+Test(clienthello, resume_max_size_in_one_byte_records_one_byte_per_call) {
+  /* The worst case the state exists for: the largest hello that 1-byte
+   * records can carry (6 bytes of buffer per message byte) arriving one
+   * byte per read. Without the state every call re-walked every record
+   * so far: about 64 Ki calls times 10 Ki records. */
+  const size_t m = CE_CLIENTHELLO_MAX_BYTES / 6;
+  builder_t *b = b_new();
+  hello_of_size(b, m);
+  uint8_t *rec = xmalloc(FRAMED_CAP);
+  size_t rn = frame(b->b, b->n, 1, rec);
+  cr_assert_leq(rn, CE_CLIENTHELLO_MAX_BYTES);
+  ce_clienthello_state_t st;
+  ce_clienthello_init(&st);
+  ce_clienthello_t h, whole;
+  size_t first_ok = 0;
+  for (size_t len = 0; len <= rn; len++) {
+    int rc = ce_clienthello_resume(&st, rec, len, &h);
+    if (rc != CE_EAGAIN) {
+      cr_assert_eq(rc, CE_OK, "at %zu bytes: %s", len, ce_err_name(rc));
+      first_ok = len;
+      break;
+    }
+  }
+  cr_expect_eq(first_ok, rn);
+  cr_assert_eq(ce_clienthello_parse(rec, rn, &whole), CE_OK);
+  cr_expect_eq(h.record_bytes, rn);
+  cr_expect(same_fields(&h, &whole));
+  cr_expect_str_eq(h.sni, "size.example");
+  /* A final answer is given again. */
+  cr_expect_eq(ce_clienthello_resume(&st, rec, rn, &h), CE_OK);
+  cr_expect_eq(h.record_bytes, rn);
+
+  /* One message byte more does not fit in 1-byte records. */
+  builder_t *big = b_new();
+  hello_of_size(big, m + 1);
+  rn = frame(big->b, big->n, 1, rec);
+  cr_expect_eq(resume_in_steps(rec, rn, 1, &h), CE_ETOOBIG);
+  free(rec);
+  b_free(big);
+  b_free(b);
+}
+
+Test(clienthello, resume_agrees_with_parse_on_real_hellos) {
+  uint8_t *raw = xmalloc(FIXTURE_CAP);
+  uint8_t *msg = xmalloc(FIXTURE_CAP);
+  uint8_t *rec = xmalloc(FRAMED_CAP);
+  static const size_t records[] = {1, 2, 5, 100, RECORD_MAX};
+  static const size_t steps[] = {1, 3, 7, 64, 4096};
+  for (size_t f = 0; f < sizeof(fixtures) / sizeof(fixtures[0]); f++) {
+    size_t n = load_fixture(fixtures[f].file, raw, FIXTURE_CAP);
+    size_t m = unframe(raw, n, msg);
+    for (size_t r = 0; r < sizeof(records) / sizeof(records[0]); r++) {
+      size_t rn = frame(msg, m, records[r], rec);
+      ce_clienthello_t want, got;
+      cr_assert_eq(ce_clienthello_parse(rec, rn, &want), CE_OK);
+      for (size_t s = 0; s < sizeof(steps) / sizeof(steps[0]); s++) {
+        int rc = resume_in_steps(rec, rn, steps[s], &got);
+        cr_assert_eq(rc, CE_OK, "%s, records of %zu, steps of %zu: %s", fixtures[f].file,
+                     records[r], steps[s], ce_err_name(rc));
+        cr_assert(same_fields(&want, &got) && got.record_bytes == rn);
+      }
+    }
+  }
+  free(raw);
+  free(msg);
+  free(rec);
+}
+
+Test(clienthello, resume_reports_errors_where_parse_does) {
+  /* Corrupt a byte of a record header, then of the handshake header, at
+   * several places: the resumed walk must fail at the same prefix and with
+   * the same code as a fresh parse of that prefix. */
+  builder_t *b = b_new();
+  std_hello(b, "err.example", h2_http11);
+  uint8_t *rec = xmalloc(FRAMED_CAP);
+  size_t rn = frame(b->b, b->n, 3, rec);
+  static const size_t at[] = {0, 1, 2, 3, 5, 8, 13, 16, 40, 80};
+  static const uint8_t with[] = {0x17, 0x04, 0x09, 0x40, 0x02, 0x00};
+  for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+    for (size_t w = 0; w < sizeof(with) / sizeof(with[0]); w++) {
+      uint8_t saved = rec[at[i]];
+      rec[at[i]] = with[w];
+      size_t fresh_at = first_non_eagain_prefix(rec, rn);
+      ce_clienthello_t h;
+      int fresh = fresh_at <= rn ? ce_clienthello_parse(rec, fresh_at, &h) : CE_EAGAIN;
+      ce_clienthello_state_t st;
+      ce_clienthello_init(&st);
+      int rc = CE_EAGAIN;
+      size_t len = 0;
+      while (len <= rn && (rc = ce_clienthello_resume(&st, rec, len, &h)) == CE_EAGAIN)
+        len++;
+      cr_expect_eq(rc, fresh, "byte %zu = %#x: %s vs %s", at[i], with[w], ce_err_name(rc),
+                   ce_err_name(fresh));
+      if (rc != CE_EAGAIN) {
+        cr_expect_eq(len, fresh_at, "byte %zu = %#x", at[i], with[w]);
+        /* The verdict stays. */
+        cr_expect_eq(ce_clienthello_resume(&st, rec, rn, &h), rc);
+      }
+      rec[at[i]] = saved;
+    }
+  }
+  free(rec);
+  b_free(b);
+}
+
+Test(clienthello, resume_refuses_a_shorter_buffer) {
+  builder_t *b = b_new();
+  std_hello(b, "short.example", NULL);
+  uint8_t *rec = xmalloc(FRAMED_CAP);
+  size_t rn = frame(b->b, b->n, 10, rec);
+  ce_clienthello_state_t st;
+  ce_clienthello_init(&st);
+  ce_clienthello_t h;
+  cr_expect_eq(ce_clienthello_resume(&st, rec, 40, &h), CE_EAGAIN);
+  cr_expect_eq(ce_clienthello_resume(&st, rec, 10, &h), CE_EINVAL);
+  cr_expect_eq(ce_clienthello_resume(&st, rec, rn, &h), CE_OK);
+  free(rec);
+  b_free(b);
+}
+
+Test(clienthello, parsing_allocates_nothing) {
+  /* clienthello.h: "it never allocates". */
+  builder_t *b = b_new();
+  std_hello(b, "alloc.example", h2_http11);
+  uint8_t *rec = xmalloc(FRAMED_CAP);
+  size_t rn = frame(b->b, b->n, 2, rec);
+  ce_clienthello_t h;
+  ce_clienthello_state_t st;
+  ce_clienthello_init(&st);
+  ce_failalloc_arm_from(0);
+  int rc1 = ce_clienthello_parse(rec, rn, &h);
+  int rc2 = resume_in_steps(rec, rn, 1, &h);
+  ce_failalloc_disarm();
+  cr_expect_eq(rc1, CE_OK);
+  cr_expect_eq(rc2, CE_OK);
+  cr_expect_eq(ce_failalloc_count(), 0);
   free(rec);
   b_free(b);
 }
