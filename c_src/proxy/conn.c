@@ -49,6 +49,7 @@ typedef struct side {
   struct ce_conn *conn;
   const char *name;        /* "client" or "upstream", for traces */
   bool open;               /* tcp initialised and not yet closing */
+  bool closing;            /* uv_close called, its callback not yet run */
   bool connected;
   bool reading;
   bool eof;                /* the peer finished sending */
@@ -79,6 +80,7 @@ struct ce_conn {
   uv_timer_t timer;
   int handles;             /* open handles still to be closed */
   bool resolving;          /* a uv_getaddrinfo is in flight */
+  bool connect_pending;    /* connect_next waits for the old upstream handle */
   uv_getaddrinfo_t gai;
   bool dead;               /* aborting: handles closing */
   bool processing;         /* conn_process is on the stack */
@@ -238,6 +240,14 @@ static void maybe_free(ce_conn_t *c) {
 static void on_handle_closed(uv_handle_t *h) {
   ce_conn_t *c = h->data;
   c->handles--;
+  if (h == (uv_handle_t *)&c->u.tcp) {
+    c->u.closing = false;
+    /* The next upstream address (or host) may use the handle now. */
+    if (c->connect_pending && !c->dead) {
+      c->connect_pending = false;
+      connect_next(c);
+    }
+  }
   maybe_free(c);
 }
 
@@ -246,6 +256,7 @@ static void side_close(side_t *s) {
     return;
   s->open = false;
   s->reading = false;
+  s->closing = true;
   uv_close((uv_handle_t *)&s->tcp, on_handle_closed);
 }
 
@@ -678,6 +689,13 @@ static void on_connected(uv_connect_t *req, int status) {
 }
 
 static void connect_next(ce_conn_t *c) {
+  /* A uv_tcp_t may be initialised again only after its close callback:
+   * until then the loop still holds it (after a failed connect, or an
+   * upstream dropped for another host). on_handle_closed resumes here. */
+  if (c->u.closing) {
+    c->connect_pending = true;
+    return;
+  }
   struct addrinfo *ai = c->next_addr;
   c->next_addr = ai != NULL ? ai->ai_next : NULL;
   if (ai == NULL)
