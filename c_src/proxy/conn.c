@@ -112,6 +112,7 @@ struct ce_conn {
   ce_h1_body_t req_body;
   bool req_keep_alive;
   bool req_upgrade;
+  bool req_expect_continue; /* Expect: 100-continue: the body may never come */
   bool req_done;
   bool resp_head_done;
   bool resp_done;
@@ -498,10 +499,14 @@ static void refuse(ce_conn_t *c, int status, const char *event_reason, const cha
   c->req.status = status;
   emit(c, "request_denied", event_reason);
   /* A request whose body has not been read cannot be followed by another
-   * on this connection unless the body is small enough to skip. */
+   * on this connection unless the body is small enough to skip. A client
+   * that sent Expect: 100-continue gets no 100 from a refusal and need not
+   * send the body at all (RFC 9110 §10.1.1): waiting to skip it would take
+   * its next request for the body, so that connection closes. */
   bool keep = c->req_keep_alive && !c->req_upgrade &&
               (c->req_framing == CE_H1_BODY_NONE ||
-               (c->req_framing == CE_H1_BODY_LENGTH && c->req_body.remaining <= CE_CONN_DISCARD_MAX));
+               (c->req_framing == CE_H1_BODY_LENGTH && !c->req_expect_continue &&
+                c->req_body.remaining <= CE_CONN_DISCARD_MAX));
   answer(c, status, text, keep);
   if (keep && c->req_framing != CE_H1_BODY_NONE) {
     c->denied_discard = true;
@@ -939,6 +944,7 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
   ce_h1_body_init(&c->req_body, h->framing, h->content_length);
   c->req_keep_alive = h->keep_alive;
   c->req_upgrade = h->upgrade && h->upgrade_websocket;
+  c->req_expect_continue = h->expect_continue;
   c->req_done = h->framing == CE_H1_BODY_NONE;
   c->resp_head_done = c->resp_done = false;
   c->denied_discard = false;
