@@ -509,7 +509,11 @@ static void refuse(ce_conn_t *c, int status, const char *event_reason, const cha
                 c->req_body.remaining <= CE_CONN_DISCARD_MAX));
   answer(c, status, text, keep);
   if (keep && c->req_framing != CE_H1_BODY_NONE) {
+    /* The body is skipped in ST_HEAD, whichever state refused (a decider
+     * answers in ST_DECIDING), and under a timer like any wait for bytes. */
     c->denied_discard = true;
+    set_state(c, ST_HEAD);
+    arm(c, c->proxy->opts->idle_ms);
     return;
   }
   end_request(c);
