@@ -17,10 +17,15 @@ defmodule Condukt.Netns.SidecarHttpTest do
 
   alias Condukt.Test.Netns.{ControlPeer, Sidecar}
 
+  # The decide rule (matching every other host) is answered by the test's
+  # ControlPeer, which refuses.
+  def decider(_ctx, _req), do: {:deny, "decided on the BEAM"}
+
   @policy [
     rules: [
       deny: ["denied.test"],
-      allow: ~w(allowed.test v4.test pod.test nxdomain.test 10.233.0.2)
+      allow: ~w(allowed.test v4.test pod.test nxdomain.test 10.233.0.2),
+      decide: &__MODULE__.decider/2
     ],
     default: :deny
   ]
@@ -150,7 +155,7 @@ defmodule Condukt.Netns.SidecarHttpTest do
 
     unless ctx[:drain], do: on_exit(fn -> Sidecar.stop(sc) end)
 
-    {:ok, peer} = ControlPeer.start_link(sc, self(), fn _ -> {:deny, "no decide rule here"} end)
+    {:ok, peer} = ControlPeer.start_link(sc, self(), fn _ -> {:deny, "the decider says no"} end)
     assert_receive {:egress_frame, %{"type" => "welcome", "version" => 1}}, 10_000
     on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
     %{sc: sc, peer: peer}
@@ -415,6 +420,51 @@ defmodule Condukt.Netns.SidecarHttpTest do
     end
   end
 
+  describe "refusals on a keep-alive connection" do
+    test "a refused request's small body is skipped and the next request is answered (rule and decider)",
+         %{tb: tb, sc: sc} do
+      script = ~S'''
+      q = sys.argv[2]
+      out = {}
+      for port in (80, 443):
+          host = "allowed.test"
+          s = connect(host, port) if port == 80 else None
+          r = Reader(s) if s else None
+          seq = []
+          # On 443 the SNI is the host, so each host gets its own connection
+          # there; on 80 all of it goes over one.
+          for i, (h, body) in enumerate([("denied.test", b"d" * 100), ("allowed.test", None),
+                                         ("decide.test", b"x" * 100), ("allowed.test", None)]):
+              if port == 443:
+                  s = connect(h, 443)
+                  r = Reader(s)
+              path = "/?%s-%d-%d" % (q, port, i)
+              if body is None:
+                  s.sendall(request("GET", path, h))
+              else:
+                  s.sendall(request("POST", path, h, "Content-Length: %d\r\n" % len(body)) + body)
+              resp = r.response("POST" if body else "GET")
+              seq.append(resp)
+              if port == 443 and body is not None:
+                  # The same connection goes on after the refusal.
+                  s.sendall(request("GET", "/?%s-%d-%d-again" % (q, port, i), h))
+                  seq.append(r.response())
+          out[str(port)] = [x["status"] for x in seq]
+      print(json.dumps(out))
+      '''
+
+      q = tag()
+      out = py(tb, sc, script, [q])
+      assert out["80"] == [403, 200, 403, 200], inspect(out)
+      # On 443 the follow-up names the refused host again: refused again.
+      assert out["443"] == [403, 403, 200, 403, 403, 200], inspect(out)
+
+      denied = List.last(events_for(sc, "#{q}-80-2"))
+      assert denied["event"] == "request_denied" and denied["reason"] == "the decider says no"
+      assert denied["matched_rule"] == %{"index" => 2, "kind" => "decide"}
+    end
+  end
+
   ## 4. The TCP control port, from the workspace
 
   describe "TCP control port" do
@@ -516,7 +566,18 @@ defmodule Condukt.Netns.SidecarHttpTest do
           e = ending(s, 20)
           e["status"] = resp["status"]
           res["idle_%d" % port] = e
-      jobs = [(silent, 80), (silent, 443), (half_head, 80), (half_head, 443), (trickle,), (idle, 80), (idle, 443)]
+      def body_never_sent():
+          # A refused request announces a body it never sends: the proxy
+          # waits to skip it only as long as the idle timeout.
+          s = connect("allowed.test", 80)
+          r = Reader(s)
+          s.sendall(request("POST", "/?%s-unsent" % q, "denied.test", "Content-Length: 1000\r\n"))
+          resp = r.response("POST")
+          e = ending(s, 20)
+          e["status"] = resp["status"]
+          res["body_never_sent"] = e
+      jobs = [(silent, 80), (silent, 443), (half_head, 80), (half_head, 443), (trickle,), (idle, 80), (idle, 443),
+              (body_never_sent,)]
       threads = [threading.Thread(target=j[0], args=j[1:]) for j in jobs]
       for t in threads: t.start()
       for t in threads: t.join()
@@ -525,7 +586,7 @@ defmodule Condukt.Netns.SidecarHttpTest do
 
       q = tag()
       res = py(tb, sc, script, [q])
-      assert map_size(res) == 7, inspect(res)
+      assert map_size(res) == 8, inspect(res)
 
       for {name, ending} <- res do
         # Closed by the proxy, well before the client's own 20 s.
@@ -534,6 +595,7 @@ defmodule Condukt.Netns.SidecarHttpTest do
       end
 
       assert res["idle_80"]["status"] == 200 and res["idle_443"]["status"] == 200
+      assert res["body_never_sent"]["status"] == 403
 
       failed = await_events(sc, 5, &(&1["event"] == "request_failed"))
       hello = Enum.filter(failed, &(&1["reason"] == "client_hello_timeout"))
