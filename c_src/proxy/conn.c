@@ -50,6 +50,7 @@ typedef struct side {
   struct ce_conn *conn;
   const char *name;        /* "client" or "upstream", for traces */
   bool open;               /* tcp initialised and not yet closing */
+  bool closing;            /* uv_close called, its callback not yet run */
   bool connected;
   bool reading;
   bool eof;                /* the peer finished sending */
@@ -80,6 +81,7 @@ struct ce_conn {
   uv_timer_t timer;
   int handles;             /* open handles still to be closed */
   bool resolving;          /* a uv_getaddrinfo is in flight */
+  bool connect_pending;    /* connect_next waits for the old upstream handle */
   uv_getaddrinfo_t gai;
   bool dead;               /* aborting: handles closing */
   bool processing;         /* conn_process is on the stack */
@@ -111,6 +113,7 @@ struct ce_conn {
   ce_h1_body_t req_body;
   bool req_keep_alive;
   bool req_upgrade;
+  bool req_expect_continue; /* Expect: 100-continue: the body may never come */
   bool req_done;
   bool resp_head_done;
   bool resp_done;
@@ -233,6 +236,14 @@ static void maybe_free(ce_conn_t *c) {
 static void on_handle_closed(uv_handle_t *h) {
   ce_conn_t *c = h->data;
   c->handles--;
+  if (h == (uv_handle_t *)&c->u.tcp) {
+    c->u.closing = false;
+    /* The next upstream address (or host) may use the handle now. */
+    if (c->connect_pending && !c->dead) {
+      c->connect_pending = false;
+      connect_next(c);
+    }
+  }
   maybe_free(c);
 }
 
@@ -241,6 +252,7 @@ static void side_close(side_t *s) {
     return;
   s->open = false;
   s->reading = false;
+  s->closing = true;
   uv_close((uv_handle_t *)&s->tcp, on_handle_closed);
 }
 
@@ -482,13 +494,21 @@ static void refuse(ce_conn_t *c, int status, const char *event_reason, const cha
   c->req.status = status;
   emit(c, "request_denied", event_reason);
   /* A request whose body has not been read cannot be followed by another
-   * on this connection unless the body is small enough to skip. */
+   * on this connection unless the body is small enough to skip. A client
+   * that sent Expect: 100-continue gets no 100 from a refusal and need not
+   * send the body at all (RFC 9110 §10.1.1): waiting to skip it would take
+   * its next request for the body, so that connection closes. */
   bool keep = c->req_keep_alive && !c->req_upgrade &&
               (c->req_framing == CE_H1_BODY_NONE ||
-               (c->req_framing == CE_H1_BODY_LENGTH && c->req_body.remaining <= CE_CONN_DISCARD_MAX));
+               (c->req_framing == CE_H1_BODY_LENGTH && !c->req_expect_continue &&
+                c->req_body.remaining <= CE_CONN_DISCARD_MAX));
   answer(c, status, text, keep);
   if (keep && c->req_framing != CE_H1_BODY_NONE) {
+    /* The body is skipped in ST_HEAD, whichever state refused (a decider
+     * answers in ST_DECIDING), and under a timer like any wait for bytes. */
     c->denied_discard = true;
+    set_state(c, ST_HEAD);
+    arm(c, c->proxy->opts->idle_ms);
     return;
   }
   end_request(c);
@@ -673,6 +693,13 @@ static void on_connected(uv_connect_t *req, int status) {
 }
 
 static void connect_next(ce_conn_t *c) {
+  /* A uv_tcp_t may be initialised again only after its close callback:
+   * until then the loop still holds it (after a failed connect, or an
+   * upstream dropped for another host). on_handle_closed resumes here. */
+  if (c->u.closing) {
+    c->connect_pending = true;
+    return;
+  }
   struct addrinfo *ai = c->next_addr;
   c->next_addr = ai != NULL ? ai->ai_next : NULL;
   if (ai == NULL)
@@ -916,6 +943,7 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
   ce_h1_body_init(&c->req_body, h->framing, h->content_length);
   c->req_keep_alive = h->keep_alive;
   c->req_upgrade = h->upgrade && h->upgrade_websocket;
+  c->req_expect_continue = h->expect_continue;
   c->req_done = h->framing == CE_H1_BODY_NONE;
   c->resp_head_done = c->resp_done = false;
   c->denied_discard = false;

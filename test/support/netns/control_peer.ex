@@ -6,7 +6,9 @@ defmodule Condukt.Test.Netns.ControlPeer do
   # answers decision requests with `decide.(request)`, which returns
   # :allow, {:deny, reason}, :ignore (never answer: the sidecar times out)
   # or {:allow | {:deny, reason}, cache?}. Frames that are neither are sent
-  # to the owner as {:egress_frame, map}.
+  # to the owner as {:egress_frame, map}. Options: `:token` (another token),
+  # `:path` (the Unix socket to dial; default the sidecar's `unix:` control
+  # address, or its port-forward relay when the control channel is TCP).
   use GenServer
 
   alias Condukt.Test.Netns.Sidecar
@@ -19,7 +21,12 @@ defmodule Condukt.Test.Netns.ControlPeer do
 
   @impl true
   def init({sc, owner, decide, opts}) do
-    "unix:" <> path = sc.control
+    path =
+      case {opts[:path], sc.control} do
+        {nil, "unix:" <> path} -> path
+        {nil, _tcp} -> sc.control_relay || raise("TCP control channel: start Sidecar.port_forward/1 first")
+        {path, _} -> path
+      end
 
     case :gen_tcp.connect(
            {:local, String.to_charlist(path)},

@@ -137,6 +137,12 @@ defmodule Condukt.Test.Netns.Nginx do
         location = /big.bin { alias #{c.big_file.path}; }
         location = /204 { return 204; }
         location = /redirect { return 302 https://other.test/; }
+        location = /set-cookie {
+          default_type text/plain;
+          add_header Set-Cookie "session=s3cret-cookie; Path=/";
+          add_header X-Session "s3cret-session";
+          return 200 "cookie set\n";
+        }
         location = /headers {
           default_type text/plain;
           return 200 "host=$host\\nsni=$ssl_server_name\\nalpn=$ssl_alpn_protocol\\nprotocol=$server_protocol\\nscheme=$scheme\\nmethod=$request_method\\nuri=$request_uri\\nremote=$remote_addr\\nserver_addr=$server_addr\\nuser_agent=$http_user_agent\\nx_test=$http_x_test\\n";

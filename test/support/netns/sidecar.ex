@@ -19,7 +19,7 @@ defmodule Condukt.Test.Netns.Sidecar do
   @mark "0x539"
   @port 15001
 
-  defstruct [:tb, :dir, :bin, :pid, :stdout, :stderr, :control, :token, :ca_cert, :bundle, :policy_path]
+  defstruct [:tb, :dir, :bin, :pid, :stdout, :stderr, :control, :token, :ca_cert, :bundle, :policy_path, :control_relay]
 
   @type t :: %__MODULE__{}
 
@@ -146,10 +146,19 @@ defmodule Condukt.Test.Netns.Sidecar do
   @spec stop(t()) :: String.t()
   def stop(%__MODULE__{} = sc) do
     System.cmd("kill", ["-TERM", "#{sc.pid}"])
+    await_exit(sc)
+  end
 
-    case Cmd.poll(fn -> not Cmd.alive?(sc.pid) end, 15_000) do
+  @doc """
+  Waits (at most `timeout` ms) for a proxy that was sent SIGTERM to exit
+  (never signal it twice: during the drain a second SIGTERM kills it), then
+  checks its stderr as `stop/1` does and returns it.
+  """
+  @spec await_exit(t(), non_neg_integer()) :: String.t()
+  def await_exit(%__MODULE__{} = sc, timeout \\ 15_000) do
+    case Cmd.poll(fn -> not Cmd.alive?(sc.pid) end, timeout) do
       :ok -> :ok
-      {:error, :timeout} -> raise "the sidecar did not drain within 15 s:\n" <> File.read!(sc.stderr)
+      {:error, :timeout} -> raise "the sidecar did not drain within #{timeout} ms:\n" <> File.read!(sc.stderr)
     end
 
     err = File.read!(sc.stderr)
@@ -163,6 +172,35 @@ defmodule Condukt.Test.Netns.Sidecar do
   end
 
   defp kill(sc), do: Cmd.kill([sc.pid])
+
+  @doc """
+  For a sidecar started with `control: "tcp"`: starts, inside the pod, the
+  testbed's stand-in for `kubectl port-forward` (servers/port_forward.py),
+  which joins every connection to a Unix socket outside the pod to the
+  control port 127.0.0.1:15002 inside it. Returns the sidecar with
+  `control_relay` set, which `ControlPeer` then dials. The relay is killed
+  with everything else in the pod by `Testbed.stop/1`, or by `Cmd.kill/1`
+  through the on_exit registered here.
+  """
+  @spec port_forward(t()) :: t()
+  def port_forward(%__MODULE__{control: "127.0.0.1:" <> port} = sc) do
+    path = Path.join(sc.dir, "control-forward.sock")
+    py = Tier.tool!("python3")
+    log = Path.join(sc.dir, "port_forward.log")
+
+    pid =
+      Testbed.spawn_in(sc.tb, :pod, [py, Path.join(sc.tb.bin_dir, "port_forward.py"), path, "127.0.0.1", port], log: log)
+
+    ExUnit.Callbacks.on_exit({__MODULE__, path}, fn -> Cmd.kill([pid]) end)
+
+    case Cmd.poll(fn -> File.exists?(path) or not Cmd.alive?(pid) end, 10_000) do
+      :ok -> :ok
+      {:error, :timeout} -> raise "the control port-forward did not start:\n" <> File.read!(log)
+    end
+
+    unless Cmd.alive?(pid), do: raise("the control port-forward exited:\n" <> File.read!(log))
+    %{sc | control_relay: path}
+  end
 
   @doc "Every event the proxy wrote to stdout so far, decoded."
   @spec stdout_events(t()) :: [map()]
