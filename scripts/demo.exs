@@ -57,8 +57,12 @@ defmodule Demo.Table do
         nil -> ""
       end
 
-    bytes = if event in [:request_closed, :request_failed], do: "#{measurements.bytes_in}/#{measurements.bytes_out}", else: ""
-    IO.puts(row([to_string(event), req.method || "", url, to_string(req.status || ""), rule, bytes, reason(meta.reason)]))
+    bytes =
+      if event in [:request_closed, :request_failed], do: "#{measurements.bytes_in}/#{measurements.bytes_out}", else: ""
+
+    IO.puts(
+      row([to_string(event), req.method || "", url, to_string(req.status || ""), rule, bytes, reason(meta.reason)])
+    )
   end
 
   defp reason(nil), do: ""
@@ -97,7 +101,14 @@ try do
     )
 
   events = ~w(request_opened request_allowed request_denied request_closed request_failed decider_failure)a
-  :ok = :telemetry.attach_many("demo", Enum.map(events, &[:condukt, :sandbox, :network_policy, &1]), &Demo.Table.handle/4, nil)
+
+  :ok =
+    :telemetry.attach_many(
+      "demo",
+      Enum.map(events, &[:condukt, :sandbox, :network_policy, &1]),
+      &Demo.Table.handle/4,
+      nil
+    )
 
   work = Testbed.scratch_dir(tb)
 
@@ -145,7 +156,9 @@ try do
   IO.puts("\nWhat each command saw:")
 
   for {title, command, code, out} <- results do
-    IO.puts("\n  #{title}\n  $ #{command}\n  exit #{code}: " <> (out |> String.trim() |> String.replace("\n", "\n    ")))
+    IO.puts(
+      "\n  #{title}\n  $ #{command}\n  exit #{code}: " <> (out |> String.trim() |> String.replace("\n", "\n    "))
+    )
   end
 
   :ok = Sandbox.shutdown(sb)
