@@ -316,11 +316,13 @@ static void op_ca_new(ce_port_t *p, const char *buf, int i, uint64_t id) {
   if (o.cert_path != NULL) {
     rc = write_file(o.cert_path, 0644, true, cert_pem, cert_len, err, sizeof(err));
     if (rc != CE_OK) {
+      /* Removed before the reply goes out: the BEAM may look at once. */
+      if (key_written)
+        unlink(o.key_path);
       ce__port_reply_error(p, id, rc, "ca_new: cert_path: %s", err);
       goto done;
     }
   }
-  key_written = false; /* done: the files stay */
   ei_x_buff x;
   if (ce__port_reply_begin(&x, id) != 0 || ei_x_encode_tuple_header(&x, 2) != 0 ||
       ei_x_encode_atom(&x, "ok") != 0 || ei_x_encode_map_header(&x, 2) != 0 ||
@@ -334,8 +336,6 @@ static void op_ca_new(ce_port_t *p, const char *buf, int i, uint64_t id) {
   }
   ce__port_send(p, &x);
 done:
-  if (key_written)
-    unlink(o.key_path);
   if (key_pem != NULL)
     OPENSSL_clear_free(key_pem, key_len);
   free(cert_pem);
@@ -386,10 +386,12 @@ static void op_policy_write(ce_port_t *p, const char *buf, int i, uint64_t id) {
     goto done;
   }
   if (rename(tmp, path) != 0) {
+    int e = errno;
     char where[4 * CE_TEXT_QUOTE_MAX + 8];
-    ce__port_reply_error(p, id, CE_EIO, "policy_write: cannot rename to \"%s\": %s",
-                         shown(where, sizeof(where), path, n), strerror(errno));
+    /* Removed before the reply goes out: the BEAM may look at once. */
     unlink(tmp);
+    ce__port_reply_error(p, id, CE_EIO, "policy_write: cannot rename to \"%s\": %s",
+                         shown(where, sizeof(where), path, n), strerror(e));
     goto done;
   }
   ce__port_reply_ok(p, id);
