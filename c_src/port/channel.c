@@ -388,7 +388,10 @@ static void pump(ce__chan_t *c) {
     end(c, true, "the sidecar sent a line longer than %u bytes", CE_CONTROL_MAX_FRAME);
     return;
   }
-  set_reading(c, !has_line && c->state != CONNECTING);
+  /* At zero credit the socket is not read at all: what the sidecar sends
+   * meanwhile waits in its own buffers, where it is counted if dropped. */
+  bool credit = c->state == WELCOME || c->unacked < c->window;
+  set_reading(c, !has_line && credit && c->state != CONNECTING);
 }
 
 /* ---- attach ------------------------------------------------------------------------------- */
