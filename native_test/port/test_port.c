@@ -501,3 +501,23 @@ Test(port, command_line) {
   cr_assert_eq(run_port(NULL, true), 2, "stdin that is not a pipe");
   finish_clean();
 }
+
+Test(port, stdout_closed_exits_1) {
+  /* The BEAM's end of stdout is gone: the first reply fails and the
+   * program stops with status 1 rather than spinning or dying of SIGPIPE. */
+  close(pp.out);
+  pp.out = -1;
+  ce_test_port_send(&pp, "{call, 1, {version}}");
+  /* stdin stays open: the port must stop on its own. */
+  int status = 0;
+  pid_t r = 0;
+  for (int k = 0; k < WAIT_MS / 10 && r == 0; k++) {
+    r = waitpid(pp.pid, &status, WNOHANG);
+    if (r == 0)
+      poll(NULL, 0, 10);
+  }
+  cr_assert_eq(r, pp.pid, "the port did not stop");
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1, "status %d", status);
+  close(pp.in);
+  unlink(pp.err_path);
+}
