@@ -25,6 +25,7 @@ static const ce_command_t commands[] = {
     {"netfilter-setup", ce_cmd_netfilter_setup,
      "install the iptables/ip6tables interception rules"},
     {"ca", ce_cmd_ca, "create a per-session certificate authority"},
+    {"port", ce_cmd_port, "the BEAM's port program (Erlang terms on stdin/stdout)"},
 };
 
 static void usage(FILE *out) {

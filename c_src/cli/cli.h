@@ -23,4 +23,8 @@ int ce_cmd_netfilter_setup(int argc, char **argv);
 /* `condukt-egress ca new ...`: a per-session CA (docs/tls.md). */
 int ce_cmd_ca(int argc, char **argv);
 
+/* `condukt-egress port`: the BEAM's port program, {packet, 4} terms on
+ * stdin/stdout (docs/port-protocol.md). */
+int ce_cmd_port(int argc, char **argv);
+
 #endif

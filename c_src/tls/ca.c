@@ -394,6 +394,108 @@ static int finish_file(FILE *f, bool wrote, const char *path, char *err,
   return CE_OK;
 }
 
+/* Checks the common name and the day count, then makes the key and the
+ * self-signed certificate: the part of CA creation that both
+ * ce_ca_generate() (files) and ce_ca_generate_pem() (memory) share. On
+ * failure nothing is allocated and err says why. */
+static int make_ca(const char *common_name, unsigned days, EVP_PKEY **key_out,
+                   X509 **cert_out, char *err, size_t errlen) {
+  if (common_name == NULL || !ce_ca_common_name_ok(common_name))
+    return ce__tls_fail(err, errlen, CE_EINVAL, NULL,
+                        "the common name must be 1 to %u printable UTF-8 "
+                        "characters", CE_CA_COMMON_NAME_MAX);
+  if (days < 1 || days > CE_CA_MAX_DAYS)
+    return ce__tls_fail(err, errlen, CE_EINVAL, NULL,
+                        "the validity must be 1 to %u days", CE_CA_MAX_DAYS);
+  EVP_PKEY *key = EVP_EC_gen("P-256");
+  if (key == NULL)
+    return ce__tls_fail(err, errlen, CE_ETLS, NULL,
+                        "cannot generate the CA key: %s", ce__tls_openssl_reason());
+  X509 *cert = NULL;
+  int rc = build_ca_cert(common_name, days, key, &cert);
+  if (rc != CE_OK) {
+    rc = ce__tls_fail(err, errlen, rc, NULL, "cannot build the CA certificate: %s",
+                      ce__tls_openssl_reason());
+    EVP_PKEY_free(key);
+    return rc;
+  }
+  *key_out = key;
+  *cert_out = cert;
+  return CE_OK;
+}
+
+/* Copies a memory BIO's contents into a new NUL-terminated string. */
+static int bio_to_string(BIO *bio, char **out, size_t *out_len) {
+  char *data = NULL;
+  long n = BIO_get_mem_data(bio, &data);
+  if (n <= 0 || data == NULL)
+    return CE_ETLS;
+  char *copy = malloc((size_t)n + 1);
+  if (copy == NULL)
+    return CE_ENOMEM;
+  memcpy(copy, data, (size_t)n);
+  copy[n] = '\0';
+  *out = copy;
+  *out_len = (size_t)n;
+  return CE_OK;
+}
+
+int ce_ca_generate_pem(const char *common_name, unsigned days, char **cert_pem,
+                       size_t *cert_len, char **key_pem, size_t *key_len,
+                       char *err, size_t errlen) {
+  ERR_clear_error();
+  EVP_PKEY *key = NULL;
+  X509 *cert = NULL;
+  BIO *kb = NULL, *cb = NULL;
+  char *ktext = NULL, *ctext = NULL;
+  size_t klen = 0, clen = 0;
+  int rc = make_ca(common_name, days, &key, &cert, err, errlen);
+  if (rc != CE_OK)
+    goto fail_make;
+  rc = CE_ENOMEM;
+  kb = BIO_new(BIO_s_mem());
+  cb = BIO_new(BIO_s_mem());
+  if (kb == NULL || cb == NULL)
+    goto fail_bio;
+  rc = CE_ETLS;
+  if (PEM_write_bio_PrivateKey(kb, key, NULL, NULL, 0, NULL, NULL) != 1 ||
+      PEM_write_bio_X509(cb, cert) != 1)
+    goto fail_bio;
+  rc = bio_to_string(kb, &ktext, &klen);
+  if (rc != CE_OK)
+    goto fail_bio;
+  rc = bio_to_string(cb, &ctext, &clen);
+  if (rc != CE_OK)
+    goto fail_text;
+  *key_pem = ktext;
+  *key_len = klen;
+  *cert_pem = ctext;
+  *cert_len = clen;
+  BIO_free(cb);
+  BIO_free(kb);
+  X509_free(cert);
+  EVP_PKEY_free(key);
+  ERR_clear_error();
+  return CE_OK;
+
+fail_text:
+  /* The key's PEM is a secret: wiped before it goes back to the heap. */
+  OPENSSL_clear_free(ktext, klen);
+fail_bio:
+  if (rc == CE_ENOMEM)
+    ce__tls_fail(err, errlen, rc, NULL, "out of memory");
+  else
+    ce__tls_fail(err, errlen, rc, NULL, "cannot encode the CA as PEM: %s",
+                 ce__tls_openssl_reason());
+  BIO_free(cb);
+  BIO_free(kb);
+  X509_free(cert);
+  EVP_PKEY_free(key);
+fail_make:
+  ERR_clear_error();
+  return rc;
+}
+
 int ce_ca_generate(const char *common_name, unsigned days,
                    const char *cert_path, const char *key_path, char *err,
                    size_t errlen) {
@@ -426,20 +528,10 @@ int ce_ca_generate(const char *common_name, unsigned days,
   X509 *cert = NULL;
   FILE *kf = NULL, *cf = NULL;
   bool key_created = false;
-  int rc = CE_ETLS;
-  EVP_PKEY *key = EVP_EC_gen("P-256");
-  if (key == NULL) {
-    rc = ce__tls_fail(err, errlen, CE_ETLS, NULL,
-                      "cannot generate the CA key: %s", ce__tls_openssl_reason());
+  EVP_PKEY *key = NULL;
+  int rc = make_ca(common_name, days, &key, &cert, err, errlen);
+  if (rc != CE_OK)
     goto done;
-  }
-  rc = build_ca_cert(common_name, days, key, &cert);
-  if (rc != CE_OK) {
-    rc = ce__tls_fail(err, errlen, rc, NULL,
-                      "cannot build the CA certificate: %s",
-                      ce__tls_openssl_reason());
-    goto done;
-  }
   /* The key first: if the certificate cannot be created, the key is
    * removed again, and a certificate never exists without its key. */
   rc = create_file(key_path, 0600, &kf, err, errlen);

@@ -82,6 +82,18 @@ int ce_ca_generate(const char *common_name, unsigned days,
                    const char *cert_path, const char *key_path,
                    char *err, size_t errlen);
 
+/* Creates a CA like ce_ca_generate() (the same key type, extensions and
+ * validity) but writes nothing: the PEM texts come back in new
+ * NUL-terminated strings the caller frees (the key with
+ * OPENSSL_clear_free(*key_pem, *key_len), since it is a secret; the
+ * certificate with free()). The port program uses it for ca_new, which
+ * hands both texts to the BEAM. Returns CE_OK, CE_EINVAL (a bad common
+ * name or day count), CE_ETLS, CE_ENOMEM; err receives a sentence. On
+ * failure the outputs are untouched. */
+int ce_ca_generate_pem(const char *common_name, unsigned days, char **cert_pem,
+                       size_t *cert_len, char **key_pem, size_t *key_len,
+                       char *err, size_t errlen);
+
 /* Frees the CA; NULL is fine. */
 void ce_ca_free(ce_ca_t *ca);
 

@@ -61,6 +61,43 @@ static void write_ca(EVP_PKEY *key, const fx_cert_spec_t *spec) {
   X509_free(x);
 }
 
+/* ---- ce_ca_generate_pem ---------------------------------------------------- */
+
+Test(ca, generate_pem_makes_a_matching_ca_in_memory) {
+  char *cert = NULL, *key = NULL, err[512];
+  size_t cert_len = 0, key_len = 0;
+  cr_assert_eq(ce_ca_generate_pem("Memory CA", 2, &cert, &cert_len, &key, &key_len, err,
+                                  sizeof(err)),
+               CE_OK, "%s", err);
+  cr_assert_eq(strlen(cert), cert_len);
+  cr_assert_eq(strlen(key), key_len);
+  BIO *cb = BIO_new_mem_buf(cert, (int)cert_len);
+  BIO *kb = BIO_new_mem_buf(key, (int)key_len);
+  X509 *x = PEM_read_bio_X509(cb, NULL, NULL, NULL);
+  EVP_PKEY *pk = PEM_read_bio_PrivateKey(kb, NULL, NULL, NULL);
+  cr_assert_not_null(x);
+  cr_assert_not_null(pk);
+  cr_assert_eq(X509_check_private_key(x, pk), 1);
+  cr_assert_eq(X509_check_ca(x), 1);
+  EVP_PKEY_free(pk);
+  X509_free(x);
+  BIO_free(cb);
+  BIO_free(kb);
+  OPENSSL_clear_free(key, key_len);
+  free(cert);
+
+  /* Refusals leave the outputs untouched. */
+  cert = key = (char *)"untouched";
+  cr_assert_eq(ce_ca_generate_pem("", 2, &cert, &cert_len, &key, &key_len, err, sizeof(err)),
+               CE_EINVAL);
+  cr_assert(strstr(err, "common name") != NULL, "%s", err);
+  cr_assert_eq(ce_ca_generate_pem("x", 0, &cert, &cert_len, &key, &key_len, err, sizeof(err)),
+               CE_EINVAL);
+  cr_assert(strstr(err, "1 to 3650 days") != NULL, "%s", err);
+  cr_assert_str_eq(cert, "untouched");
+  cr_assert_str_eq(key, "untouched");
+}
+
 /* ---- ce_ca_generate ------------------------------------------------------- */
 
 Test(ca, generate_writes_a_ca_that_loads) {

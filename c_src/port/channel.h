@@ -1,0 +1,60 @@
+/*
+ * Control channels of the port: the BEAM's side of the sidecar's control
+ * channel (docs/control-channel.md), relayed as terms
+ * (docs/port-protocol.md, "Control channels").
+ *
+ * A channel connects (Unix socket or loopback TCP), sends hello with the
+ * token, waits for welcome under a timeout, then turns every line the
+ * sidecar sends into {control, Chan, {frame, Map}}. At most `window`
+ * frames are outstanding (not acknowledged with {ack, Chan, N}); at zero
+ * credit the channel stops reading its socket, so the sidecar's own
+ * buffering and loss counting take over instead of the port's memory.
+ *
+ * Ownership: channels are owned by the port's list. A channel leaves the
+ * list when it is forgotten (detached, failed before welcome, closed
+ * after its {closed, Reason} was sent, or the port stops); its memory is
+ * freed by the close callback of its last libuv handle.
+ */
+#ifndef CE_PORT_CHANNEL_H
+#define CE_PORT_CHANNEL_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "common/text.h"
+#include "port/port.h"
+
+#define CE_PORT_ATTACH_TIMEOUT_DEFAULT 5000u  /* ms to connect and get welcome */
+#define CE_PORT_ATTACH_TIMEOUT_MAX 3600000u   /* one hour */
+#define CE_PORT_WINDOW_DEFAULT 256u           /* frames not yet acknowledged */
+#define CE_PORT_WINDOW_MAX 65536u
+/* Bytes queued towards one sidecar past which control_send is refused
+ * (the sidecar is not reading; decisions are a few hundred bytes). */
+#define CE_PORT_CHAN_WRITE_MAX (4u * 1024u * 1024u)
+
+typedef struct {
+  char listen[128];   /* the address in control/listen.h's grammar */
+  char shown[4 * CE_TEXT_QUOTE_MAX + 32]; /* the address as messages name it */
+  char token[257];    /* lowercase hex, checked by the caller */
+  uint32_t timeout_ms;
+  uint32_t window;
+} ce__attach_t;
+
+/* control_attach: replies to id later, with {ok, {Chan, Welcome}} or an
+ * error. */
+void ce__chan_attach(ce_port_t *p, uint64_t id, const ce__attach_t *a);
+
+/* control_send: takes frame (a JSON object); replies to id at once. */
+void ce__chan_send(ce_port_t *p, uint64_t id, uint64_t chan, json_t *frame);
+
+/* control_detach: replies ok to id (also for a channel already gone). */
+void ce__chan_detach(ce_port_t *p, uint64_t id, uint64_t chan);
+
+/* {ack, Chan, N}: N more frames may be delivered. Unknown channels are
+ * ignored: the ack may have crossed the channel's {closed, _}. */
+void ce__chan_ack(ce_port_t *p, uint64_t chan, uint64_t n);
+
+/* Forgets every channel without a message (the port is stopping). */
+void ce__chan_close_all(ce_port_t *p);
+
+#endif

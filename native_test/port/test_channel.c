@@ -1,0 +1,437 @@
+/* Tests for c_src/port/channel.c: the port binary attaches to a real
+ * sidecar control channel. The sidecar side is c_src/control run in this
+ * process on a libuv loop (ce_control_start, as the proxy runs it), pumped
+ * while the test waits for the port's packets, so events and decision
+ * requests can be made at will. Checked: a wrong token is a closed error,
+ * welcome is the reply, events arrive as frames in order, the credit
+ * window holds frames back until acknowledged, decisions sent with
+ * control_send reach the sidecar, and closing either side is reported
+ * once. */
+#include <criterion/criterion.h>
+#include <ei.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "common/error.h"
+#include "control/control.h"
+#include "support/port_proc.h"
+
+#define TEST_ALARM_S 60
+#define WAIT_MS 10000
+/* How long "nothing more arrives" is watched for. */
+#define QUIET_MS 300
+
+static uv_loop_t loop;
+static ce_control_t *ctl;
+static ce_test_port_t pp;
+static char dir[64];
+static char sock[128];
+
+static const uint8_t TOKEN[16] = {0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07,
+                                  0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0xff};
+#define TOKEN_HEX "000102030405060708090a0b0c0d0eff"
+
+static void pump_once(void *arg) { uv_run(&loop, UV_RUN_NOWAIT); }
+
+static void start_sidecar(const char *listen) {
+  ce_control_opts_t o;
+  memset(&o, 0, sizeof(o));
+  o.listen = listen;
+  o.token = TOKEN;
+  o.token_len = sizeof(TOKEN);
+  o.session_id = "sess-port";
+  o.stdout_fd = -1;
+  char err[256];
+  cr_assert_eq(ce_control_start(&loop, &o, &ctl, err, sizeof(err)), 0, "%s", err);
+}
+
+static void setup(void) {
+  signal(SIGPIPE, SIG_IGN);
+  alarm(TEST_ALARM_S);
+  ei_init();
+  cr_assert_eq(uv_loop_init(&loop), 0);
+  strcpy(dir, "/tmp/ce_test_pchan_XXXXXX");
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(sock, sizeof(sock), "%s/ctl.sock", dir);
+  char listen[160];
+  snprintf(listen, sizeof(listen), "unix:%s", sock);
+  start_sidecar(listen);
+  ce_test_port_start(&pp);
+  pp.idle = pump_once;
+}
+
+static void on_closed(void *data) { (*(int *)data)++; }
+
+static void stop_sidecar(void) {
+  if (ctl == NULL)
+    return;
+  int done = 0;
+  ce_control_close(ctl, on_closed, &done);
+  ctl = NULL;
+  for (int k = 0; k < 20000 && done == 0; k++) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    poll(NULL, 0, 1);
+  }
+  cr_assert_eq(done, 1);
+}
+
+static void teardown(void) {
+  unlink(sock);
+  rmdir(dir);
+}
+
+TestSuite(port_channel, .init = setup, .fini = teardown);
+
+/* Ends a test: the port exits 0 on stdin EOF with channels open, then the
+ * sidecar closes and the loop is empty. */
+static void finish(void) {
+  int code = ce_test_port_finish(&pp, WAIT_MS);
+  cr_assert_eq(code, 0, "exit status %d", code);
+  stop_sidecar();
+  uv_run(&loop, UV_RUN_NOWAIT);
+  cr_assert_eq(uv_loop_close(&loop), 0, "handles left on the loop");
+}
+
+static char *recv_term(void) {
+  char *r = ce_test_port_recv(&pp, WAIT_MS);
+  cr_assert_not_null(r, "no packet from the port");
+  return r;
+}
+
+static void expect_packet(const char *expected) {
+  char *got = recv_term();
+  char shown[2048];
+  snprintf(shown, sizeof(shown), "%s", got);
+  bool same = strcmp(got, expected) == 0;
+  free(got);
+  cr_assert(same, "\n     got: %s\nexpected: %s", shown, expected);
+}
+
+static void expect_quiet(void) {
+  char *r = ce_test_port_recv(&pp, QUIET_MS);
+  char shown[1024];
+  snprintf(shown, sizeof(shown), "%s", r != NULL ? r : "");
+  free(r);
+  cr_assert_eq(r, NULL, "unexpected packet %s", shown);
+}
+
+static void attach(int window) {
+  char req[256];
+  snprintf(req, sizeof(req),
+           "{call, 1, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, "
+           "#{window => %d, timeout => 5000}}}",
+           sock, window);
+  ce_test_port_send(&pp, req);
+  expect_packet("{reply,1,{ok,{1,#{<<\"type\">> => <<\"welcome\">>,<<\"version\">> => 1,"
+                "<<\"session_id\">> => <<\"sess-port\">>,<<\"dropped\">> => 0}}}}");
+}
+
+static void emit(int n) {
+  json_t *e = json_pack("{s:s, s:i, s:[[s,s]], s:n}", "event", "request_opened", "n", n,
+                        "headers", "a", "b", "query");
+  ce_control_emit(ctl, e);
+}
+
+static char *event_frame(int seq, int n) {
+  static char buf[512];
+  snprintf(buf, sizeof(buf),
+           "{control,1,{frame,#{<<\"type\">> => <<\"event\">>,<<\"seq\">> => %d,"
+           "<<\"event\">> => <<\"request_opened\">>,<<\"n\">> => %d,"
+           "<<\"headers\">> => [[<<\"a\">>,<<\"b\">>]],<<\"query\">> => nil}}}",
+           seq, n);
+  return buf;
+}
+
+Test(port_channel, welcome_then_buffered_and_live_events) {
+  emit(1); /* buffered before any peer */
+  attach(16);
+  expect_packet(event_frame(1, 1));
+  emit(2);
+  expect_packet(event_frame(2, 2));
+  finish();
+}
+
+Test(port_channel, wrong_token_is_closed_before_welcome) {
+  char req[256];
+  snprintf(req, sizeof(req),
+           "{call, 7, {control_attach, {unix, <<\"%s\">>}, <<\"" "ff" TOKEN_HEX "\">>, #{}}}",
+           sock);
+  ce_test_port_send(&pp, req);
+  expect_packet("{reply,7,{error,{closed,<<\"the control channel closed before welcome (a "
+                "wrong token, or not a condukt sidecar)\">>}}}");
+  ce_control_stats_t st;
+  ce_control_stats(ctl, &st);
+  cr_assert_eq(st.auth_failures, 1);
+  finish();
+}
+
+Test(port_channel, credit_window_holds_frames_until_ack) {
+  attach(3);
+  for (int k = 1; k <= 10; k++)
+    emit(k);
+  for (int k = 1; k <= 3; k++)
+    expect_packet(event_frame(k, k));
+  expect_quiet();
+  ce_test_port_send(&pp, "{ack, 1, 2}");
+  expect_packet(event_frame(4, 4));
+  expect_packet(event_frame(5, 5));
+  expect_quiet();
+  /* Acks beyond what was delivered grant no more than the window. */
+  ce_test_port_send(&pp, "{ack, 1, 1000}");
+  for (int k = 6; k <= 8; k++)
+    expect_packet(event_frame(k, k));
+  expect_quiet();
+  ce_test_port_send(&pp, "{ack, 1, 3}");
+  expect_packet(event_frame(9, 9));
+  expect_packet(event_frame(10, 10));
+  expect_quiet();
+  finish();
+}
+
+typedef struct {
+  int calls;
+  int status;
+  bool allow;
+  char reason[64];
+  bool cacheable;
+} answer_t;
+
+static void on_decision(void *data, int status, bool allow, const char *reason, bool cacheable) {
+  answer_t *a = data;
+  a->calls++;
+  a->status = status;
+  a->allow = allow;
+  a->cacheable = cacheable;
+  snprintf(a->reason, sizeof(a->reason), "%s", reason != NULL ? reason : "");
+}
+
+Test(port_channel, decisions_round_trip) {
+  attach(8);
+  answer_t ans = {0};
+  uint64_t id = ce_control_ask(ctl, json_pack("{s:s}", "host", "evil.com"), 5000, on_decision,
+                               &ans);
+  cr_assert_eq(id, 1);
+  expect_packet("{control,1,{frame,#{<<\"type\">> => <<\"decision_request\">>,"
+                "<<\"id\">> => <<\"1\">>,<<\"host\">> => <<\"evil.com\">>}}}");
+  ce_test_port_send(&pp, "{call, 2, {control_send, 1, #{type => decision, id => <<\"1\">>, "
+                         "decision => deny, reason => <<\"exfiltration\">>, cache => false}}}");
+  expect_packet("{reply,2,ok}");
+  for (int k = 0; k < 5000 && ans.calls == 0; k++) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    poll(NULL, 0, 1);
+  }
+  cr_assert_eq(ans.calls, 1);
+  cr_assert_eq(ans.status, CE_OK);
+  cr_assert_not(ans.allow);
+  cr_assert_not(ans.cacheable);
+  cr_assert_str_eq(ans.reason, "exfiltration");
+  /* ping is relayed too, and the pong comes back as a frame. */
+  ce_test_port_send(&pp, "{call, 3, {control_send, 1, #{<<\"type\">> => <<\"ping\">>}}}");
+  expect_packet("{reply,3,ok}");
+  expect_packet("{control,1,{frame,#{<<\"type\">> => <<\"pong\">>}}}");
+  finish();
+}
+
+Test(port_channel, control_send_refusals) {
+  attach(8);
+  ce_test_port_send(&pp, "{call, 2, {control_send, 1, #{type => decision, id => <<\"x\">>, "
+                         "decision => allow}}}");
+  expect_packet("{reply,2,{error,{inval,<<\"control_send: frame: decision: \\\"id\\\" must be a "
+                "decimal string of a uint64\">>}}}");
+  ce_test_port_send(&pp, "{call, 3, {control_send, 1, #{type => hello, version => 1, "
+                         "token => <<\"00\">>}}}");
+  expect_packet("{reply,3,{error,{inval,<<\"control_send: frame: a hello is sent by "
+                "control_attach only\">>}}}");
+  ce_test_port_send(&pp, "{call, 4, {control_send, 1, #{type => ping, x => {1, 2}}}}");
+  expect_packet("{reply,4,{error,{badarg,<<\"control_send: frame.x: a tuple is not JSON\">>}}}");
+  ce_test_port_send(&pp, "{call, 5, {control_send, 1, [ping]}}");
+  expect_packet("{reply,5,{error,{badarg,<<\"control_send: Frame must be a map\">>}}}");
+  ce_test_port_send(&pp, "{call, 6, {control_send, 9, #{type => ping}}}");
+  expect_packet("{reply,6,{error,{closed,<<\"control_send: channel 9 is not open\">>}}}");
+  ce_test_port_send(&pp, "{call, 7, {control_send, 0, #{type => ping}}}");
+  expect_packet("{reply,7,{error,{badarg,<<\"control_send: Chan must be a positive integer\">>}}}");
+  /* The channel survived all of that. */
+  ce_test_port_send(&pp, "{call, 8, {control_send, 1, #{type => ping}}}");
+  expect_packet("{reply,8,ok}");
+  expect_packet("{control,1,{frame,#{<<\"type\">> => <<\"pong\">>}}}");
+  finish();
+}
+
+Test(port_channel, sidecar_gone_is_closed_once_after_pending_frames) {
+  attach(1);
+  emit(1);
+  emit(2);
+  expect_packet(event_frame(1, 1));
+  expect_quiet();
+  stop_sidecar();
+  /* The second event was read before the close; it still comes, under
+   * credit, and then closed, once. */
+  ce_test_port_send(&pp, "{ack, 1, 1}");
+  expect_packet(event_frame(2, 2));
+  ce_test_port_send(&pp, "{ack, 1, 1}");
+  expect_packet("{control,1,{closed,<<\"the sidecar closed the control channel\">>}}");
+  expect_quiet();
+  ce_test_port_send(&pp, "{call, 2, {control_send, 1, #{type => ping}}}");
+  expect_packet("{reply,2,{error,{closed,<<\"control_send: channel 1 is not open\">>}}}");
+  finish();
+}
+
+Test(port_channel, detach_sends_no_closed) {
+  attach(4);
+  ce_test_port_send(&pp, "{call, 2, {control_detach, 1}}");
+  expect_packet("{reply,2,ok}");
+  emit(1);
+  expect_quiet();
+  /* Detaching again, or a channel never opened, is ok too. */
+  ce_test_port_send(&pp, "{call, 3, {control_detach, 1}}");
+  expect_packet("{reply,3,ok}");
+  /* A second attach gets a new channel number. */
+  char req[256];
+  snprintf(req, sizeof(req),
+           "{call, 4, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, #{}}}", sock);
+  ce_test_port_send(&pp, req);
+  char *r = recv_term();
+  bool ok = strncmp(r, "{reply,4,{ok,{2,#{<<\"type\">> => <<\"welcome\">>", 44) == 0;
+  free(r);
+  cr_assert(ok, "the second attach");
+  expect_packet("{control,2,{frame,#{<<\"type\">> => <<\"event\">>,<<\"seq\">> => 1,"
+                "<<\"event\">> => <<\"request_opened\">>,<<\"n\">> => 1,"
+                "<<\"headers\">> => [[<<\"a\">>,<<\"b\">>]],<<\"query\">> => nil}}}");
+  finish();
+}
+
+Test(port_channel, attach_errors) {
+  ce_test_port_send(&pp, "{call, 1, {control_attach, {unix, <<\"/nonexistent/ctl.sock\">>}, <<\""
+                         TOKEN_HEX "\">>, #{}}}");
+  expect_packet("{reply,1,{error,{unavail,<<\"cannot connect to unix:/nonexistent/ctl.sock: no "
+                "such file or directory\">>}}}");
+  ce_test_port_send(&pp, "{call, 2, {control_attach, {tcp, <<\"10.1.2.3\">>, 80}, <<\"" TOKEN_HEX
+                         "\">>, #{}}}");
+  expect_packet("{reply,2,{error,{inval,<<\"control_attach: address 10.1.2.3:80: 10.1.2.3 is "
+                "not a loopback address (127.0.0.0/8)\">>}}}");
+  ce_test_port_send(&pp, "{call, 3, {control_attach, {tcp, <<\"example.com\">>, 80}, <<\""
+                         TOKEN_HEX "\">>, #{}}}");
+  expect_packet("{reply,3,{error,{inval,<<\"control_attach: address example.com:80: "
+                "\\\"example.com\\\" is not an IP address (names are not resolved)\">>}}}");
+  ce_test_port_send(&pp, "{call, 4, {control_attach, {tcp, <<\"::1\">>, 0}, <<\"" TOKEN_HEX
+                         "\">>, #{}}}");
+  expect_packet("{reply,4,{error,{badarg,<<\"control_attach: PortNumber must be an integer "
+                "from 1 to 65535\">>}}}");
+  ce_test_port_send(&pp, "{call, 5, {control_attach, {udp, <<\"x\">>}, <<\"" TOKEN_HEX
+                         "\">>, #{}}}");
+  expect_packet("{reply,5,{error,{badarg,<<\"control_attach: Address must be {unix, Path} or "
+                "{tcp, Host, PortNumber}\">>}}}");
+  char req[256];
+  snprintf(req, sizeof(req), "{call, 6, {control_attach, {unix, <<\"%s\">>}, <<\"ABCD\">>, #{}}}",
+           sock);
+  ce_test_port_send(&pp, req);
+  expect_packet("{reply,6,{error,{inval,<<\"control_attach: Token must be 32 to 256 lowercase "
+                "hex digits (16 to 128 bytes)\">>}}}");
+  snprintf(req, sizeof(req),
+           "{call, 7, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, "
+           "#{window => 0}}}", sock);
+  ce_test_port_send(&pp, req);
+  expect_packet("{reply,7,{error,{inval,<<\"control_attach: window must be 1 to 65536, not "
+                "0\">>}}}");
+  snprintf(req, sizeof(req),
+           "{call, 8, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, "
+           "#{colour => 1}}}", sock);
+  ce_test_port_send(&pp, req);
+  expect_packet("{reply,8,{error,{badarg,<<\"control_attach: unknown option \\\"colour\\\" "
+                "(expected timeout, window)\">>}}}");
+  snprintf(req, sizeof(req),
+           "{call, 9, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, []}}", sock);
+  ce_test_port_send(&pp, req);
+  expect_packet("{reply,9,{error,{badarg,<<\"control_attach: AttachOpts must be a map\">>}}}");
+  finish();
+}
+
+/* Leaves connections in the kernel's queue: they connect, and nobody
+ * ever answers their hello. */
+static void never_accept(uv_stream_t *server, int status) {}
+
+Test(port_channel, tcp_and_timeout) {
+  /* A second sidecar on loopback TCP. */
+  ce_control_t *unix_ctl = ctl;
+  start_sidecar("127.0.0.1:0");
+  int port = ce_control_port(ctl);
+  char req[256];
+  snprintf(req, sizeof(req),
+           "{call, 1, {control_attach, {tcp, <<\"localhost\">>, %d}, <<\"" TOKEN_HEX
+           "\">>, #{}}}", port);
+  ce_test_port_send(&pp, req);
+  char *r = recv_term();
+  bool ok = strncmp(r, "{reply,1,{ok,{1,#{<<\"type\">> => <<\"welcome\">>", 44) == 0;
+  free(r);
+  cr_assert(ok, "attach over TCP");
+  stop_sidecar();
+  expect_packet("{control,1,{closed,<<\"the sidecar closed the control channel\">>}}");
+  ctl = unix_ctl;
+
+  /* A listener that never answers: the timeout fires. */
+  uv_tcp_t silent;
+  cr_assert_eq(uv_tcp_init(&loop, &silent), 0);
+  struct sockaddr_in sa;
+  uv_ip4_addr("127.0.0.1", 0, &sa);
+  cr_assert_eq(uv_tcp_bind(&silent, (const struct sockaddr *)&sa, 0), 0);
+  cr_assert_eq(uv_listen((uv_stream_t *)&silent, 4, never_accept), 0);
+  struct sockaddr_storage bound;
+  int blen = sizeof(bound);
+  uv_tcp_getsockname(&silent, (struct sockaddr *)&bound, &blen);
+  snprintf(req, sizeof(req),
+           "{call, 2, {control_attach, {tcp, <<\"127.0.0.1\">>, %d}, <<\"" TOKEN_HEX
+           "\">>, #{timeout => 200}}}", ntohs(((struct sockaddr_in *)&bound)->sin_port));
+  ce_test_port_send(&pp, req);
+  char expect[256];
+  snprintf(expect, sizeof(expect),
+           "{reply,2,{error,{timedout,<<\"no welcome from 127.0.0.1:%d within 200 ms\">>}}}",
+           ntohs(((struct sockaddr_in *)&bound)->sin_port));
+  expect_packet(expect);
+  uv_close((uv_handle_t *)&silent, NULL);
+  finish();
+}
+
+Test(port_channel, not_a_sidecar) {
+  /* Something that answers with a line that is not welcome. */
+  stop_sidecar();
+  uv_run(&loop, UV_RUN_NOWAIT);
+  /* A Unix listener written by hand: accept, read hello, answer junk. */
+  int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un sun;
+  memset(&sun, 0, sizeof(sun));
+  sun.sun_family = AF_UNIX;
+  strcpy(sun.sun_path, sock);
+  unlink(sock);
+  cr_assert_eq(bind(lfd, (struct sockaddr *)&sun, sizeof(sun)), 0);
+  cr_assert_eq(listen(lfd, 1), 0);
+  char req[256];
+  snprintf(req, sizeof(req),
+           "{call, 1, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, #{}}}", sock);
+  ce_test_port_send(&pp, req);
+  int c = accept(lfd, NULL, NULL);
+  cr_assert(c >= 0);
+  char hello[512];
+  ssize_t n = read(c, hello, sizeof(hello) - 1);
+  cr_assert(n > 0);
+  hello[n] = '\0';
+  cr_assert_str_eq(hello, "{\"type\":\"hello\",\"version\":1,\"token\":\"" TOKEN_HEX "\"}\n");
+  cr_assert_eq(write(c, "{\"type\":\"pong\"}\n", 16), 16);
+  char expect[512];
+  snprintf(expect, sizeof(expect),
+           "{reply,1,{error,{proto,<<\"the first frame from unix:%s is not a welcome\">>}}}",
+           sock);
+  expect_packet(expect);
+  close(c);
+  close(lfd);
+  finish();
+}
