@@ -19,7 +19,8 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
       allow_private: [tb.inet.v4 <> "/32"],
       upstream_ca: tb.ca_cert,
       binary: Condukt.Test.Netns.Sidecar.bin()
-    ] ++ extra
+    ]
+    |> Keyword.merge(extra)
   end
 
   defp policy, do: NetworkPolicy.new!(rules: [deny: ["denied.test"], allow: ["allowed.test"]], default: :deny)
