@@ -69,15 +69,18 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
         &[:condukt, :sandbox, :network_policy, &1]
       )
 
-    :ok =
-      :telemetry.attach_many(
-        id,
-        events,
-        fn name, measurements, metadata, _ -> send(test, {:telemetry, name, measurements, metadata}) end,
-        nil
-      )
+    # One handler per event, attached with :telemetry.attach/4 as a user would.
+    for event <- events do
+      :ok =
+        :telemetry.attach(
+          {id, event},
+          event,
+          fn name, measurements, metadata, _ -> send(test, {:telemetry, name, measurements, metadata}) end,
+          nil
+        )
+    end
 
-    on_exit(fn -> :telemetry.detach(id) end)
+    on_exit(fn -> Enum.each(events, &:telemetry.detach({id, &1})) end)
 
     policy =
       NetworkPolicy.new!(
