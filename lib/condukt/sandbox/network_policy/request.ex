@@ -8,7 +8,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.Request do
   (response status and headers, timestamps). Fields the sidecar could not
   derive are `nil`. Header names are lower case; the values of
   `authorization`, `proxy-authorization`, `cookie`, `set-cookie` and any
-  configured header are replaced by `"[REDACTED]"` before they leave the
+  configured header are replaced by `"[redacted]"` before they leave the
   sidecar.
   """
 
