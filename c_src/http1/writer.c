@@ -228,7 +228,10 @@ int ce_h1_write_forwarded_fields(ce_h1_writer_t *w, const ce_h1_head_t *head,
     return invalid(w);
   /* The parsed Transfer-Encoding is not copied, so a chunked body must be
    * announced again, or the next hop would read it as the next message. */
-  if (head->framing == CE_H1_BODY_CHUNKED)
+  if ((flags & CE_H1_W_DECHUNK) != 0 &&
+      ((flags & CE_H1_W_CHUNKED) != 0 || !head->is_response || head->framing != CE_H1_BODY_CHUNKED))
+    return invalid(w);
+  if (head->framing == CE_H1_BODY_CHUNKED && (flags & CE_H1_W_DECHUNK) == 0)
     flags |= CE_H1_W_CHUNKED;
   size_t start = w->len;
   for (size_t i = 0; i < head->field_count && w->err == 0; i++) {

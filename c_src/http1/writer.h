@@ -46,6 +46,12 @@ typedef struct {
 #define CE_H1_W_CLOSE   (1u << 1) /* add "Connection: close" */
 #define CE_H1_W_UPGRADE (1u << 2) /* keep the Upgrade field(s) and add
                                      "Connection: upgrade" (RFC 9110 §7.8) */
+#define CE_H1_W_DECHUNK (1u << 3) /* a response with framing CHUNKED whose
+                                     body the proxy sends decoded, until the
+                                     close (an HTTP/1.0 client, RFC 9112
+                                     §6.1): chunked is not implied, the other
+                                     codings stay; with CE_H1_W_CHUNKED it is
+                                     CE_EINVAL */
 
 /* Starts writing into buf[0..cap). Cannot fail. */
 void ce_h1_writer_init(ce_h1_writer_t *w, char *buf, size_t cap);

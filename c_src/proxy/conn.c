@@ -54,10 +54,15 @@ typedef struct side {
   bool connected;
   bool reading;
   bool eof;                /* the peer finished sending */
+  bool close_notify;       /* TLS: the peer's eof was a close_notify */
   bool close_after_flush;
+  bool shut;               /* uv_shutdown asked: nothing more is written */
+  bool shut_done;          /* ...and its callback ran */
+  uv_shutdown_t shut_req;
   ce_tlsconn_t *tls;
   bool handshaken;
-  size_t queued;           /* bytes given to uv_write and not yet written */
+  uint32_t gen;            /* bumped when the handle closes; writes carry it */
+  size_t queued;           /* bytes given to uv_write on this handle, not yet written */
   char *in;                /* CE_CONN_INPUT_MAX bytes of plaintext input */
   size_t in_len;
   char *rbuf;              /* CE_CONN_READ_CHUNK bytes for TLS reads */
@@ -66,6 +71,7 @@ typedef struct side {
 typedef struct {
   uv_write_t req;
   side_t *side;
+  uint32_t gen;            /* side->gen when written: an older one is a past handle's */
   size_t len;
   char data[];
 } write_req_t;
@@ -86,6 +92,9 @@ struct ce_conn {
   bool dead;               /* aborting: handles closing */
   bool processing;         /* conn_process is on the stack */
   bool again;
+  bool lingering;          /* closing: client write side shut, its input discarded */
+  bool head_started;       /* the header timeout runs for a head begun */
+  ce_clienthello_state_t hello_state;
 
   /* What the workspace dialled. */
   struct sockaddr_storage orig_dst;
@@ -114,6 +123,7 @@ struct ce_conn {
   bool req_keep_alive;
   bool req_upgrade;
   bool req_expect_continue; /* Expect: 100-continue: the body may never come */
+  bool req_http11;         /* the client speaks HTTP/1.1 (else 1.0) */
   bool req_done;
   bool resp_head_done;
   bool resp_done;
@@ -253,6 +263,10 @@ static void side_close(side_t *s) {
   s->open = false;
   s->reading = false;
   s->closing = true;
+  /* The writes still queued on this handle come back cancelled (or done)
+   * after it is gone; their bytes no longer count (see on_write). */
+  s->gen++;
+  s->queued = 0;
   uv_close((uv_handle_t *)&s->tcp, on_handle_closed);
 }
 
@@ -265,8 +279,9 @@ static void upstream_reset(ce_conn_t *c) {
   c->u.handshaken = false;
   c->u.connected = false;
   c->u.eof = false;
+  c->u.close_notify = false;
+  c->u.shut = c->u.shut_done = false;
   c->u.in_len = 0;
-  c->u.queued = 0;
   c->u.close_after_flush = false;
   c->up_host[0] = '\0';
 }
@@ -288,16 +303,58 @@ static void conn_abort(ce_conn_t *c) {
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
 }
 
-/* Closes once everything queued to the workspace has been written. */
+static void update_reading(ce_conn_t *c);
+static void arm(ce_conn_t *c, uint32_t ms);
+
+static void on_linger_shutdown(uv_shutdown_t *req, int status) {
+  ce_conn_t *c = ((side_t *)req->data)->conn;
+  c->c.shut_done = true;
+  if (!c->dead && status < 0)
+    conn_abort(c);
+}
+
+/*
+ * Everything for the workspace has been written: close. A client that may
+ * still be sending (an upload answered early, a refused body) first gets a
+ * lingering close (RFC 9112 §9.6: a server should not close both halves at
+ * once while the client may still be sending, or the reset that follows
+ * can take the response with it): the write side is shut (the client sees
+ * the end of the response), the upstream goes, and the client's input is
+ * read and dropped until it closes or CE_CONN_LINGER_MS pass.
+ */
+static void finish_close(ce_conn_t *c) {
+  if (c->dead)
+    return;
+  if (c->lingering || c->c.eof || !c->c.open || c->c.shut) {
+    conn_abort(c);
+    return;
+  }
+  upstream_reset(c);
+  c->c.shut = true;
+  c->c.shut_req.data = &c->c;
+  if (uv_shutdown(&c->c.shut_req, (uv_stream_t *)&c->c.tcp, on_linger_shutdown) != 0) {
+    conn_abort(c);
+    return;
+  }
+  trace(c, "lingering close");
+  c->lingering = true;
+  c->c.in_len = 0;
+  arm(c, CE_CONN_LINGER_MS);
+  update_reading(c);
+}
+
+/* Closes once everything queued to the workspace has been written, under
+ * the idle timeout (a client that reads nothing cannot hold it open). */
 static void close_after_flush(ce_conn_t *c) {
   set_state(c, ST_CLOSING);
-  if (c->c.tls != NULL && c->c.handshaken && c->c.open) {
+  arm(c, c->proxy->opts->idle_ms);
+  if (c->c.tls != NULL && c->c.handshaken && c->c.open && !c->c.shut) {
     ce_tlsconn_shutdown(c->c.tls);
     side_write(&c->c, NULL, 0);
   }
   c->c.close_after_flush = true;
   if (c->c.queued == 0)
-    conn_abort(c);
+    finish_close(c);
 }
 
 /* ---- timers -------------------------------------------------------------- */
@@ -307,17 +364,22 @@ static void on_timer(uv_timer_t *t) {
   trace(c, "timeout");
   switch (c->state) {
   case ST_HELLO:
+    /* With no byte there is no telling TLS from plain HTTP: the port the
+     * workspace dialled is the best guess for the record's scheme. */
+    if (c->c.in_len == 0)
+      c->tls = c->port == 443;
     report_failed(c, "client_hello_timeout");
     break;
   case ST_HANDSHAKE:
     report_failed(c, "tls_client_handshake_timeout");
     break;
   case ST_HEAD:
-    if (c->c.in_len > 0) {
+    /* A refused request whose body never came was answered already; an
+     * idle keep-alive connection simply ends: neither is a failure. */
+    if (c->c.in_len > 0 && !c->denied_discard) {
       begin_connection_record(c);
       report_failed(c, "request_header_timeout");
     }
-    /* An idle keep-alive connection simply ends: that is not a failure. */
     break;
   case ST_CONNECTING:
     report_failed(c, "upstream_unreachable: connect timed out");
@@ -327,6 +389,9 @@ static void on_timer(uv_timer_t *t) {
   case ST_DECIDING:
     /* The control channel owns the decide timeout; this cannot fire. */
     return;
+  case ST_CLOSING:
+    /* Flushing or lingering took too long: the request was reported. */
+    break;
   default:
     report_failed(c, c->resp_head_done ? "upstream_timeout: response body stalled"
                                        : "upstream_timeout: no response");
@@ -342,15 +407,19 @@ static void arm(ce_conn_t *c, uint32_t ms) {
 
 /* ---- writing ------------------------------------------------------------- */
 
-static void update_reading(ce_conn_t *c);
-
 static void on_write(uv_write_t *req, int status) {
   write_req_t *w = (write_req_t *)req;
   side_t *s = w->side;
   ce_conn_t *c = s->conn;
-  s->queued -= w->len;
+  /* A write from a handle closed since (an upstream dropped for another
+   * host, or after a failure) is none of the current handle's business:
+   * its bytes were uncounted when it closed, and its UV_ECANCELED is the
+   * close the proxy asked for, not an error. */
+  bool current = w->gen == s->gen;
+  if (current)
+    s->queued -= w->len;
   free(w);
-  if (c->dead)
+  if (c->dead || !current || status == UV_ECANCELED)
     return;
   if (status < 0) {
     trace(c, "%s write failed: %s", s->name, uv_strerror(status));
@@ -363,7 +432,7 @@ static void on_write(uv_write_t *req, int status) {
   }
   if (s->queued == 0 && s->close_after_flush) {
     if (s == &c->c)
-      conn_abort(c);
+      finish_close(c);
     else
       side_close(s);
     return;
@@ -383,6 +452,7 @@ static void raw_write(side_t *s, const char *data, size_t len) {
   }
   memcpy(w->data, data, len);
   w->side = s;
+  w->gen = s->gen;
   w->len = len;
   uv_buf_t b = uv_buf_init(w->data, (unsigned)len);
   int rc = uv_write(&w->req, (uv_stream_t *)&s->tcp, &b, 1, on_write);
@@ -420,6 +490,7 @@ static void side_write(side_t *s, const char *data, size_t len) {
     }
     size_t n = ce_tlsconn_take_out(s->tls, (uint8_t *)w->data, pending);
     w->side = s;
+    w->gen = s->gen;
     w->len = n;
     uv_buf_t b = uv_buf_init(w->data, (unsigned)n);
     if (uv_write(&w->req, (uv_stream_t *)&s->tcp, &b, 1, on_write) < 0) {
@@ -497,8 +568,9 @@ static void refuse(ce_conn_t *c, int status, const char *event_reason, const cha
    * on this connection unless the body is small enough to skip. A client
    * that sent Expect: 100-continue gets no 100 from a refusal and need not
    * send the body at all (RFC 9110 §10.1.1): waiting to skip it would take
-   * its next request for the body, so that connection closes. */
-  bool keep = c->req_keep_alive && !c->req_upgrade &&
+   * its next request for the body, so that connection closes. During a
+   * drain nothing more is taken: the answer says connection: close. */
+  bool keep = c->req_keep_alive && !c->req_upgrade && !c->proxy->draining &&
               (c->req_framing == CE_H1_BODY_NONE ||
                (c->req_framing == CE_H1_BODY_LENGTH && !c->req_expect_continue &&
                 c->req_body.remaining <= CE_CONN_DISCARD_MAX));
@@ -627,6 +699,10 @@ static void on_upstream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 
 static void upstream_ready(ce_conn_t *c) {
+  /* Only a connection still waiting for its upstream starts the exchange:
+   * one that timed out (504, CLOSING) was answered already. */
+  if (c->state != ST_CONNECTING)
+    return;
   trace(c, "upstream %s:%u ready", c->up_host, (unsigned)c->up_port);
   start_exchange(c);
 }
@@ -652,23 +728,30 @@ static void upstream_handshake(ce_conn_t *c) {
   }
 }
 
+/* A connect attempt failed (at once or later): the next address, else 502. */
+static void connect_failed(ce_conn_t *c, int err) {
+  trace(c, "connect failed: %s", uv_strerror(err));
+  if (c->next_addr != NULL) {
+    connect_next(c);
+    return;
+  }
+  char reason[200], body[300];
+  snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(err));
+  report_failed(c, reason);
+  snprintf(body, sizeof(body), "condukt: %s\n", reason);
+  answer(c, 502, body, false);
+  close_after_flush(c);
+}
+
 static void on_connected(uv_connect_t *req, int status) {
   ce_conn_t *c = req->data;
-  if (c->dead)
+  /* After a timeout (504 sent, CLOSING) the attempt is moot: its handle
+   * goes with the connection. */
+  if (c->dead || c->state != ST_CONNECTING)
     return;
   if (status < 0) {
-    trace(c, "connect failed: %s", uv_strerror(status));
     side_close(&c->u);
-    if (c->next_addr != NULL) {
-      connect_next(c);
-      return;
-    }
-    char reason[200], body[300];
-    snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(status));
-    report_failed(c, reason);
-    snprintf(body, sizeof(body), "condukt: %s\n", reason);
-    answer(c, 502, body, false);
-    close_after_flush(c);
+    connect_failed(c, status);
     return;
   }
   c->u.connected = true;
@@ -706,8 +789,7 @@ static void connect_next(ce_conn_t *c) {
     return;
   int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
-    report_failed(c, "upstream_unreachable: cannot create a socket");
-    conn_abort(c);
+    connect_failed(c, uv_translate_sys_error(errno));
     return;
   }
   /* The mark exempts this socket from the REDIRECT (docs/netfilter.md). A
@@ -723,31 +805,31 @@ static void connect_next(ce_conn_t *c) {
   c->u.tcp.data = c;
   c->handles++;
   c->u.open = true;
-  if (uv_tcp_open(&c->u.tcp, fd) < 0) {
+  int rc = uv_tcp_open(&c->u.tcp, fd);
+  if (rc < 0) {
     close(fd);
     side_close(&c->u);
-    report_failed(c, "upstream_unreachable: cannot use the socket");
-    conn_abort(c);
+    connect_failed(c, rc);
     return;
   }
   c->connect_req.data = c;
   char text[CE_ADDR_TEXT_MAX];
   ce_addr_text(ai->ai_addr, text);
   trace(c, "connecting to %s port %u", text, (unsigned)c->up_port);
-  int rc = uv_tcp_connect(&c->connect_req, &c->u.tcp, ai->ai_addr, on_connected);
+  /* An error at once (ENETUNREACH for a route-less or broadcast address)
+   * is handled as a refused connect: the next address, else 502. */
+  rc = uv_tcp_connect(&c->connect_req, &c->u.tcp, ai->ai_addr, on_connected);
   if (rc < 0) {
     side_close(&c->u);
-    char reason[200];
-    snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(rc));
-    report_failed(c, reason);
-    conn_abort(c);
+    connect_failed(c, rc);
   }
 }
 
 static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
   ce_conn_t *c = req->data;
   c->resolving = false;
-  if (c->dead) {
+  if (c->dead || c->state != ST_CONNECTING) {
+    /* Aborted, or answered meanwhile (the connect timeout's 504). */
     if (res != NULL)
       uv_freeaddrinfo(res);
     maybe_free(c);
@@ -794,7 +876,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
  * host and port), then starts the exchange. The allowed event is sent
  * once the resolved addresses passed the private-address check. */
 static void connect_upstream(ce_conn_t *c) {
-  if (c->u.open && c->u.connected && !c->u.eof && strcmp(c->up_host, c->req.host) == 0 &&
+  if (c->u.open && c->u.connected && !c->u.eof && c->u.in_len == 0 && strcmp(c->up_host, c->req.host) == 0 &&
       c->up_port == c->port && (!c->tls || c->u.handshaken)) {
     emit(c, "request_allowed", NULL);
     start_exchange(c);
@@ -847,7 +929,7 @@ static void decided(ce_conn_t *c, bool allow, const char *reason) {
 static void on_decision(void *data, int status, bool allow, const char *reason, bool cacheable) {
   ce_conn_t *c = data;
   c->ask_id = 0;
-  if (c->dead)
+  if (c->dead || c->state != ST_DECIDING)
     return;
   if (status == CE_OK) {
     const char *r = allow ? NULL : (reason != NULL && reason[0] != '\0' ? reason : "denied_by_decider");
@@ -888,6 +970,9 @@ static void ask_decider(ce_conn_t *c, int32_t rule) {
   set_state(c, ST_DECIDING);
   uv_timer_stop(&c->timer);
   c->ask_id = ce_control_ask(c->proxy->control, frame, info.timeout_ms, on_decision, c);
+  /* No ask (out of memory, the channel closing): no callback will come. */
+  if (c->ask_id == 0)
+    decided(c, false, "control_channel_unavailable");
 }
 
 /* ---- requests ------------------------------------------------------------ */
@@ -944,6 +1029,7 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
   c->req_keep_alive = h->keep_alive;
   c->req_upgrade = h->upgrade && h->upgrade_websocket;
   c->req_expect_continue = h->expect_continue;
+  c->req_http11 = h->version_minor >= 1;
   c->req_done = h->framing == CE_H1_BODY_NONE;
   c->resp_head_done = c->resp_done = false;
   c->denied_discard = false;
@@ -1045,9 +1131,12 @@ static void process_head(ce_conn_t *c) {
       conn_abort(c);
       return;
     }
-    /* The head started: from now on the header timeout applies. */
-    if (uv_timer_get_due_in(&c->timer) > c->proxy->opts->header_ms)
+    /* The head started: from now on the header timeout applies, from its
+     * first byte, whatever ran before (idle, or nothing). */
+    if (!c->head_started) {
+      c->head_started = true;
       arm(c, c->proxy->opts->header_ms);
+    }
     return;
   }
   if (rc == CE_ETOOBIG) {
@@ -1059,6 +1148,7 @@ static void process_head(ce_conn_t *c) {
     return;
   }
   uv_timer_stop(&c->timer);
+  c->head_started = false;
   size_t head_len = c->head.head_len;
   handle_request(c, &c->head);
   /* Everything the proxy keeps from the head was copied: drop it. */
@@ -1074,24 +1164,79 @@ static void start_exchange(ce_conn_t *c) {
   trace(c, "forwarded %s %s", c->method, c->req.path != NULL ? c->req.path : "");
 }
 
-static void write_chunk(side_t *s, const char *data, size_t len) {
-  char hdr[24];
-  ce_h1_writer_t w;
-  ce_h1_writer_init(&w, hdr, sizeof(hdr));
-  if (ce_h1_write_chunk_header(&w, len) != CE_OK)
-    return; /* len is 1..CE_CONN_INPUT_MAX: cannot happen */
-  side_write(s, hdr, w.len);
-  side_write(s, data, len);
-  side_write(s, "\r\n", 2);
+/*
+ * Body spans of one round, gathered into one write (docs/proxy.md,
+ * "Re-framing"). A body of tiny chunks ("1\r\na\r\n" repeated) yields one
+ * span per chunk; writing each as its own chunk costs three writes (and,
+ * with TLS, three records) per input byte, and consuming each by moving
+ * the rest of the buffer makes the round quadratic. So the decoder walks
+ * the input with an offset, the decoded bytes are copied once into one
+ * buffer (at most the input's size), and the round ends in one write: one
+ * chunk when re-chunking (chunk boundaries carry no meaning, RFC 9112
+ * §7.1), plus the last chunk when the body ended.
+ */
+#define CE_CONN_CHUNK_HDR_MAX 24u /* hex size + CRLF, with room */
+
+typedef struct {
+  char *buf;                /* CE_CONN_CHUNK_HDR_MAX + cap + 7 bytes */
+  size_t len;               /* decoded bytes at buf + CE_CONN_CHUNK_HDR_MAX */
+} gather_t;
+
+static bool gather_init(ce_conn_t *c, gather_t *g, size_t cap) {
+  g->len = 0;
+  g->buf = malloc(CE_CONN_CHUNK_HDR_MAX + cap + 7);
+  if (g->buf == NULL) {
+    report_failed(c, "out_of_memory");
+    conn_abort(c);
+    return false;
+  }
+  return true;
+}
+
+static void gather_add(gather_t *g, const char *data, size_t len) {
+  memcpy(g->buf + CE_CONN_CHUNK_HDR_MAX + g->len, data, len);
+  g->len += len;
+}
+
+/* Writes the gathered bytes to s, as one chunk when chunked, then the
+ * last chunk when last; frees the buffer. */
+static void gather_flush(gather_t *g, side_t *s, bool chunked, bool last) {
+  char *start = g->buf + CE_CONN_CHUNK_HDR_MAX;
+  char *end = start + g->len;
+  if (chunked && g->len > 0) {
+    char hdr[CE_CONN_CHUNK_HDR_MAX];
+    ce_h1_writer_t w;
+    ce_h1_writer_init(&w, hdr, sizeof(hdr));
+    if (ce_h1_write_chunk_header(&w, g->len) == CE_OK) { /* len 1..input max: always */
+      start -= w.len;
+      memcpy(start, hdr, w.len);
+    }
+    memcpy(end, "\r\n", 2);
+    end += 2;
+  }
+  if (chunked && last) {
+    memcpy(end, "0\r\n\r\n", 5);
+    end += 5;
+  }
+  side_write(s, start, (size_t)(end - start));
+  free(g->buf);
+  g->buf = NULL;
 }
 
 /* Moves request body bytes from the workspace to upstream. */
 static void pump_request_body(ce_conn_t *c) {
-  while (!c->req_done && c->c.in_len > 0 && c->u.queued < CE_CONN_HIGH_WATER && !c->dead) {
+  if (c->req_done || c->c.in_len == 0 || c->u.queued >= CE_CONN_HIGH_WATER || c->dead)
+    return;
+  gather_t g;
+  if (!gather_init(c, &g, c->c.in_len))
+    return;
+  size_t off = 0;
+  while (off < c->c.in_len) {
     size_t used = 0, dlen = 0;
     const char *data = NULL, *why = NULL;
-    int rc = ce_h1_body_next(&c->req_body, c->c.in, c->c.in_len, &used, &data, &dlen, &why);
+    int rc = ce_h1_body_next(&c->req_body, c->c.in + off, c->c.in_len - off, &used, &data, &dlen, &why);
     if (rc < 0) {
+      free(g.buf);
       char reason[160];
       snprintf(reason, sizeof(reason), "bad_request: %s", why != NULL ? why : "malformed body");
       report_failed(c, reason);
@@ -1107,43 +1252,48 @@ static void pump_request_body(ce_conn_t *c) {
     }
     if (dlen > 0) {
       ce_reqinfo_add_preview(&c->req, data, dlen, c->proxy->opts->body_preview);
-      if (c->req_framing == CE_H1_BODY_CHUNKED)
-        write_chunk(&c->u, data, dlen);
-      else
-        side_write(&c->u, data, dlen);
+      gather_add(&g, data, dlen);
       c->req.bytes_out += dlen;
     }
-    consume(&c->c, used);
+    off += used;
     if (rc == 1) {
-      if (c->req_framing == CE_H1_BODY_CHUNKED)
-        side_write(&c->u, "0\r\n\r\n", 5);
       c->req_done = true;
+      break;
     }
-    if (used == 0 && dlen == 0 && rc == 0)
+    if (used == 0)
       break;
   }
+  consume(&c->c, off);
+  gather_flush(&g, &c->u, c->req_framing == CE_H1_BODY_CHUNKED, c->req_done);
 }
 
 /* Discards the body of a refused request so the connection can go on. */
 static void discard_request_body(ce_conn_t *c) {
-  while (c->c.in_len > 0) {
+  size_t off = 0;
+  int rc = 0;
+  while (off < c->c.in_len) {
     size_t used = 0, dlen = 0;
     const char *data = NULL, *why = NULL;
-    int rc = ce_h1_body_next(&c->req_body, c->c.in, c->c.in_len, &used, &data, &dlen, &why);
-    if (rc < 0) {
-      close_after_flush(c);
-      return;
-    }
-    consume(&c->c, used);
-    if (rc == 1) {
-      c->denied_discard = false;
-      end_request(c);
-      set_state(c, ST_HEAD);
-      arm(c, c->proxy->opts->idle_ms);
-      return;
-    }
-    if (used == 0)
-      return;
+    rc = ce_h1_body_next(&c->req_body, c->c.in + off, c->c.in_len - off, &used, &data, &dlen, &why);
+    if (rc < 0)
+      break;
+    off += used;
+    if (rc == 1 || used == 0)
+      break;
+  }
+  consume(&c->c, off);
+  if (rc < 0 || (rc == 0 && c->c.eof && c->c.in_len == 0)) {
+    /* Malformed, or the client stopped before the end: nothing follows. */
+    c->denied_discard = false;
+    end_request(c);
+    close_after_flush(c);
+    return;
+  }
+  if (rc == 1) {
+    c->denied_discard = false;
+    end_request(c);
+    set_state(c, ST_HEAD);
+    arm(c, c->proxy->opts->idle_ms);
   }
 }
 
@@ -1156,16 +1306,18 @@ static int forward_response_head(ce_conn_t *c, const ce_h1_head_t *h) {
   } else if (!interim) {
     c->resp_chunked_out = false;
     c->resp_close_out = false;
-    if (h->framing == CE_H1_BODY_CHUNKED) {
+    if (!c->req_http11 && (h->framing == CE_H1_BODY_CHUNKED || h->framing == CE_H1_BODY_CLOSE)) {
+      /* RFC 9112 §6.1: chunked must not be sent to an HTTP/1.0 client; it
+       * gets the decoded body, delimited by the close (§6.3). */
+      c->resp_close_out = true;
+      if (h->framing == CE_H1_BODY_CHUNKED)
+        flags |= CE_H1_W_DECHUNK;
+    } else if (h->framing == CE_H1_BODY_CHUNKED) {
       c->resp_chunked_out = true;
     } else if (h->framing == CE_H1_BODY_CLOSE) {
       /* A body that ends at close goes to an HTTP/1.1 client chunked,
-       * which keeps the connection usable; an HTTP/1.0 client reads it to
-       * the close (RFC 9112 §6.3). */
-      if (strcmp(c->req.http_version, "HTTP/1.1") == 0)
-        c->resp_chunked_out = true;
-      else
-        c->resp_close_out = true;
+       * which keeps the connection usable. */
+      c->resp_chunked_out = true;
     }
     if (c->resp_chunked_out)
       flags |= CE_H1_W_CHUNKED;
@@ -1192,6 +1344,14 @@ static void finish_exchange(ce_conn_t *c) {
   emit(c, "request_closed", NULL);
   bool keep = c->resp_keep_alive && c->req_done && !c->c.eof && !c->proxy->draining;
   end_request(c);
+  /* Bytes after a complete response (a HEAD or 304 answered with a body,
+   * a Content-Length shorter than what came) would be read as the next
+   * request's response (RFC 9112 §6.3 leaves no way to frame them): such
+   * an upstream is not used again. */
+  if (c->u.open && c->u.in_len > 0) {
+    trace(c, "upstream sent %zu bytes after the response; not reusing it", c->u.in_len);
+    upstream_reset(c);
+  }
   if (!c->u.eof && c->u.open && !keep)
     upstream_reset(c);
   if (!keep) {
@@ -1200,6 +1360,16 @@ static void finish_exchange(ce_conn_t *c) {
   }
   set_state(c, ST_HEAD);
   arm(c, c->proxy->opts->idle_ms);
+}
+
+/* An idle upstream (between exchanges, or while a request is decided)
+ * has nothing to say: whatever it sends cannot be a response to a request
+ * it has not seen yet, so that upstream is dropped. */
+static void drop_stray_upstream(ce_conn_t *c) {
+  if (c->u.open && c->u.in_len > 0) {
+    trace(c, "upstream sent %zu bytes between exchanges; dropping it", c->u.in_len);
+    upstream_reset(c);
+  }
 }
 
 static void upstream_failed_mid_response(ce_conn_t *c, const char *reason) {
@@ -1216,113 +1386,172 @@ static void upstream_failed_mid_response(ce_conn_t *c, const char *reason) {
   }
 }
 
-static void pump_response(ce_conn_t *c) {
-  while (!c->dead && c->state == ST_EXCHANGE && !c->resp_done) {
-    if (!c->resp_head_done) {
-      if (c->u.in_len == 0) {
-        if (c->u.eof)
-          upstream_failed_mid_response(c, "upstream_reset: closed before a response");
-        return;
-      }
-      const char *why = NULL;
-      int rc = ce_h1_parse_response(c->u.in, c->u.in_len, c->method, strlen(c->method), &c->head, &why);
-      if (rc == CE_EAGAIN) {
-        if (c->u.eof)
-          upstream_failed_mid_response(c, "upstream_reset: closed inside the response head");
-        return;
-      }
-      if (rc != CE_OK) {
-        char reason[200];
-        snprintf(reason, sizeof(reason), "upstream_bad_response: %s", why != NULL ? why : "malformed");
-        upstream_failed_mid_response(c, reason);
-        return;
-      }
-      const ce_h1_head_t *h = &c->head;
-      ce_reqinfo_set_response(&c->req, h, c->proxy->opts);
-      c->req.bytes_in += h->head_len;
-      if (forward_response_head(c, h) != CE_OK) {
-        upstream_failed_mid_response(c, "upstream_bad_response: cannot be forwarded");
-        return;
-      }
-      consume(&c->u, h->head_len);
-      if (h->status >= 100 && h->status < 200 && h->status != 101)
-        continue; /* interim (100 Continue, 103): the final one follows */
-      if (h->status == 101) {
-        if (!c->req_upgrade) {
-          upstream_failed_mid_response(c, "upstream_bad_response: 101 without an upgrade request");
-          return;
-        }
-        set_state(c, ST_TUNNEL);
-        c->req_done = true;
-        trace(c, "websocket tunnel");
-        return;
-      }
-      c->resp_head_done = true;
-      ce_h1_body_init(&c->resp_body, h->framing, h->content_length);
-      if (h->framing == CE_H1_BODY_NONE) {
-        finish_exchange(c);
-        return;
-      }
-    }
-    if (c->u.in_len == 0) {
-      if (c->u.eof) {
-        if (c->resp_body.framing == CE_H1_BODY_CLOSE) {
-          if (c->resp_chunked_out)
-            side_write(&c->c, "0\r\n\r\n", 5);
-          c->resp_keep_alive = c->resp_keep_alive && c->resp_chunked_out;
-          finish_exchange(c);
-        } else {
-          upstream_failed_mid_response(c, "upstream_reset: closed inside the response body");
-        }
-      }
+/* Moves one round of response body to the workspace; finishes the
+ * exchange at its end. */
+static void pump_response_body(ce_conn_t *c) {
+  if (c->u.in_len == 0) {
+    if (!c->u.eof)
+      return;
+    if (c->resp_body.framing != CE_H1_BODY_CLOSE) {
+      upstream_failed_mid_response(c, "upstream_reset: closed inside the response body");
       return;
     }
-    if (c->c.queued >= CE_CONN_HIGH_WATER)
+    /* RFC 8446 §6.1, RFC 9112 §9.8: over TLS only a close_notify ends a
+     * body delimited by the close; a bare TCP close may be an attacker's
+     * (or a crash) cutting it short. The workspace must not see a clean
+     * end: the chunked body gets no last chunk, the connection a reset. */
+    if (c->u.tls != NULL && !c->u.close_notify) {
+      upstream_failed_mid_response(c, "upstream_tls: truncated: the server closed without close_notify");
       return;
+    }
+    if (c->resp_chunked_out)
+      side_write(&c->c, "0\r\n\r\n", 5);
+    c->resp_keep_alive = c->resp_keep_alive && c->resp_chunked_out;
+    finish_exchange(c);
+    return;
+  }
+  if (c->c.queued >= CE_CONN_HIGH_WATER)
+    return;
+  gather_t g;
+  if (!gather_init(c, &g, c->u.in_len))
+    return;
+  size_t off = 0;
+  int rc = 0;
+  while (off < c->u.in_len) {
     size_t used = 0, dlen = 0;
     const char *data = NULL, *why = NULL;
-    int rc = ce_h1_body_next(&c->resp_body, c->u.in, c->u.in_len, &used, &data, &dlen, &why);
+    rc = ce_h1_body_next(&c->resp_body, c->u.in + off, c->u.in_len - off, &used, &data, &dlen, &why);
     if (rc < 0) {
+      free(g.buf);
+      consume(&c->u, off);
       char reason[200];
       snprintf(reason, sizeof(reason), "upstream_bad_response: %s", why != NULL ? why : "malformed body");
       upstream_failed_mid_response(c, reason);
       return;
     }
     if (dlen > 0) {
-      if (c->resp_chunked_out)
-        write_chunk(&c->c, data, dlen);
-      else
-        side_write(&c->c, data, dlen);
+      gather_add(&g, data, dlen);
       c->req.bytes_in += dlen;
     }
-    consume(&c->u, used);
-    if (rc == 1) {
-      if (c->resp_chunked_out)
-        side_write(&c->c, "0\r\n\r\n", 5);
+    off += used;
+    if (rc == 1 || used == 0)
+      break;
+  }
+  consume(&c->u, off);
+  gather_flush(&g, &c->c, c->resp_chunked_out, rc == 1);
+  if (rc == 1)
+    finish_exchange(c);
+}
+
+static void pump_response(ce_conn_t *c) {
+  while (!c->dead && c->state == ST_EXCHANGE && !c->resp_done) {
+    if (c->resp_head_done) {
+      pump_response_body(c);
+      return;
+    }
+    if (c->u.in_len == 0) {
+      if (c->u.eof)
+        upstream_failed_mid_response(c, "upstream_reset: closed before a response");
+      return;
+    }
+    const char *why = NULL;
+    int rc = ce_h1_parse_response(c->u.in, c->u.in_len, c->method, strlen(c->method), &c->head, &why);
+    if (rc == CE_EAGAIN) {
+      if (c->u.eof)
+        upstream_failed_mid_response(c, "upstream_reset: closed inside the response head");
+      return;
+    }
+    if (rc != CE_OK) {
+      char reason[200];
+      snprintf(reason, sizeof(reason), "upstream_bad_response: %s", why != NULL ? why : "malformed");
+      upstream_failed_mid_response(c, reason);
+      return;
+    }
+    const ce_h1_head_t *h = &c->head;
+    /* A 101 is checked before anything of it reaches the workspace: it
+     * must not see "101 Switching Protocols" and then an error. */
+    if (h->status == 101 && !c->req_upgrade) {
+      upstream_failed_mid_response(c, "upstream_bad_response: 101 without an upgrade request");
+      return;
+    }
+    ce_reqinfo_set_response(&c->req, h, c->proxy->opts);
+    c->req.bytes_in += h->head_len;
+    bool interim = h->status >= 100 && h->status < 200 && h->status != 101;
+    /* RFC 9110 §15.2: a proxy must not forward a 1xx to an HTTP/1.0
+     * client (it would take it for the final response). */
+    if (!(interim && !c->req_http11) && forward_response_head(c, h) != CE_OK) {
+      upstream_failed_mid_response(c, "upstream_bad_response: cannot be forwarded");
+      return;
+    }
+    consume(&c->u, h->head_len);
+    if (interim)
+      continue; /* interim (100 Continue, 103): the final one follows */
+    if (h->status == 101) {
+      set_state(c, ST_TUNNEL);
+      c->req_done = true;
+      trace(c, "websocket tunnel");
+      return;
+    }
+    c->resp_head_done = true;
+    ce_h1_body_init(&c->resp_body, h->framing, h->content_length);
+    if (h->framing == CE_H1_BODY_NONE) {
       finish_exchange(c);
       return;
     }
-    if (used == 0)
-      return;
   }
 }
 
+static void on_tunnel_shutdown(uv_shutdown_t *req, int status) {
+  side_t *s = req->data;
+  (void)status; /* done either way: the peer is gone or has our FIN */
+  s->shut_done = true;
+  if (!s->conn->dead)
+    conn_process(s->conn);
+}
+
+/* No more bytes go to s: its TLS close_notify, then the TCP FIN once
+ * everything queued is written (uv_shutdown waits for the writes). */
+static void shutdown_side(side_t *s) {
+  if (s->shut)
+    return;
+  s->shut = true;
+  if (s->tls != NULL && s->handshaken && s->open) {
+    ce_tlsconn_shutdown(s->tls);
+    side_write(s, NULL, 0);
+  }
+  s->shut_req.data = s;
+  if (!s->open || uv_shutdown(&s->shut_req, (uv_stream_t *)&s->tcp, on_tunnel_shutdown) != 0)
+    s->shut_done = true;
+}
+
+/* After a 101: bytes both ways. Each direction ends on its own (TCP
+ * half-close, as a WebSocket close handshake or a CONNECT-style stream
+ * may use it): the end of one side's input is passed on as a shutdown of
+ * the other's output once its bytes are written, and the other direction
+ * keeps flowing. The tunnel is over when both directions are. */
 static void pump_tunnel(ce_conn_t *c) {
-  if (c->c.in_len > 0 && c->u.queued < CE_CONN_HIGH_WATER) {
+  if (c->c.in_len > 0 && c->u.queued < CE_CONN_HIGH_WATER && !c->u.shut) {
     side_write(&c->u, c->c.in, c->c.in_len);
     c->req.bytes_out += c->c.in_len;
     c->c.in_len = 0;
   }
-  if (c->u.in_len > 0 && c->c.queued < CE_CONN_HIGH_WATER) {
+  if (c->u.in_len > 0 && c->c.queued < CE_CONN_HIGH_WATER && !c->c.shut) {
     side_write(&c->c, c->u.in, c->u.in_len);
     c->req.bytes_in += c->u.in_len;
     c->u.in_len = 0;
   }
-  if ((c->c.eof && c->c.in_len == 0) || (c->u.eof && c->u.in_len == 0)) {
+  if (c->dead)
+    return;
+  if (c->c.eof && c->c.in_len == 0)
+    shutdown_side(&c->u);
+  if (c->u.eof && c->u.in_len == 0)
+    shutdown_side(&c->c);
+  if (c->c.shut_done && c->u.shut_done) {
     c->req.closed_at_us = ce_now_us();
     emit(c, "request_closed", NULL);
     end_request(c);
-    close_after_flush(c);
+    set_state(c, ST_CLOSING);
+    conn_abort(c);
   }
 }
 
@@ -1421,13 +1650,18 @@ static void process_hello(ce_conn_t *c) {
     return;
   }
   if ((unsigned char)c->c.in[0] != 22) {
-    /* Plain HTTP (any other first byte): the Host header names the target. */
+    /* Plain HTTP (any other first byte): the Host header names the target,
+     * and its head has begun: the header timeout runs from here. */
     c->tls = false;
     set_state(c, ST_HEAD);
+    c->head_started = true;
+    arm(c, c->proxy->opts->header_ms);
     return;
   }
+  /* The buffer only grows while in HELLO: resume where the last read left
+   * off (linear in the hello's size however it is split). */
   ce_clienthello_t hello;
-  int rc = ce_clienthello_parse((const uint8_t *)c->c.in, c->c.in_len, &hello);
+  int rc = ce_clienthello_resume(&c->hello_state, (const uint8_t *)c->c.in, c->c.in_len, &hello);
   if (rc == CE_EAGAIN) {
     if (c->c.eof)
       conn_abort(c);
@@ -1476,6 +1710,7 @@ static void pump_tls_input(side_t *s) {
       break;
     if (rc == CE_ECLOSED) {
       s->eof = true;
+      s->close_notify = true;
       break;
     }
     char reason[300];
@@ -1495,6 +1730,12 @@ static void on_read_common(side_t *s, ssize_t nread, const uv_buf_t *buf) {
   ce_conn_t *c = s->conn;
   if (c->dead)
     return;
+  if (c->lingering) {
+    /* Dropped unread; the client's end (or an error) ends the linger. */
+    if (nread < 0)
+      conn_abort(c);
+    return;
+  }
   if (nread == 0)
     return;
   if (nread < 0) {
@@ -1580,7 +1821,7 @@ static void update_reading(ce_conn_t *c) {
     if (!s->open || (s == &c->u && !c->u.connected))
       continue;
     bool want = !s->eof && s->in_len < CE_CONN_INPUT_MAX && other->queued < CE_CONN_HIGH_WATER &&
-                c->state != ST_CLOSING;
+                (c->state != ST_CLOSING || (c->lingering && s == &c->c));
     /* With TLS, bytes can wait inside OpenSSL: stop reading the socket
      * while the plaintext buffer is full. */
     if (s->tls != NULL && s->in_len >= CE_CONN_INPUT_MAX - 1)
@@ -1620,12 +1861,15 @@ static void conn_process(ce_conn_t *c) {
     case ST_HANDSHAKE:
       break;
     case ST_HEAD:
+      drop_stray_upstream(c);
       if (c->denied_discard)
         discard_request_body(c);
       else
         process_head(c);
       break;
     case ST_DECIDING:
+      drop_stray_upstream(c);
+      break;
     case ST_CONNECTING:
       break;
     case ST_EXCHANGE:
@@ -1680,6 +1924,7 @@ void ce_conn_accept(ce_proxy_t *p, uv_stream_t *listener) {
   c->c.rbuf = cr;
   c->u.rbuf = ur;
   c->decide_rule = -1;
+  ce_clienthello_init(&c->hello_state);
   uv_tcp_init(p->loop, &c->c.tcp);
   c->c.tcp.data = c;
   c->c.open = true;
@@ -1736,10 +1981,17 @@ void ce_conn_drain_all(ce_proxy_t *p) {
   for (ce_conn_t *c = p->conns; c != NULL; c = c->next) {
     if (c->dead)
       continue;
-    if (c->state == ST_HEAD && c->c.in_len == 0 && !c->have_req)
+    if (c->state == ST_HEAD && c->c.in_len == 0 && !c->have_req) {
       conn_abort(c);
-    else if (c->state == ST_HELLO)
+    } else if (c->state == ST_HELLO) {
       conn_abort(c);
+    } else if (c->state == ST_HEAD && c->denied_discard) {
+      /* Skipping a refused request's body is waiting for the next request:
+       * idle too. Its answer goes out first, then a lingering close. */
+      c->denied_discard = false;
+      end_request(c);
+      close_after_flush(c);
+    }
   }
 }
 

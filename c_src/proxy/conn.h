@@ -37,4 +37,12 @@
  * that the connection can be kept alive; a larger one closes it. */
 #define CE_CONN_DISCARD_MAX (64u * 1024u)
 
+/* Lingering close: when the proxy closes a connection whose client may
+ * still be sending (an upload answered early, a refused body), it shuts
+ * its write side and reads and drops what comes for at most this long
+ * before closing. Closing with unread input makes the kernel send a reset,
+ * which can destroy the response still in flight to the client (the
+ * reason nginx has lingering_close). */
+#define CE_CONN_LINGER_MS 5000u
+
 #endif

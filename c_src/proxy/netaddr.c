@@ -55,6 +55,8 @@ static bool v4_private(const uint8_t a[4]) {
     return true;                              /* RFC 1918 */
   if (a[0] == 192 && a[1] == 168)
     return true;                              /* RFC 1918 */
+  if (a[0] == 198 && (a[1] & 0xfe) == 18)
+    return true;                              /* RFC 2544 benchmarking, 198.18/15 */
   if (a[0] == 192 && a[1] == 0 && a[2] == 0)
     return true;                              /* RFC 6890 IETF protocol assignments */
   if (a[0] >= 224)
@@ -71,14 +73,22 @@ bool ce_addr_is_private(const struct sockaddr *sa) {
     return true;
   const uint8_t *a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
   static const uint8_t zero[16];
-  if (memcmp(a, zero, 15) == 0 && (a[15] == 0 || a[15] == 1))
-    return true;                                  /* :: and ::1 */
+  if (memcmp(a, zero, 12) == 0)
+    return true;                                  /* ::/96: ::, ::1 and the deprecated
+                                                     IPv4-compatible form (RFC 4291
+                                                     §2.5.5.1), which nothing routes */
   static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   if (memcmp(a, mapped, 12) == 0)
     return v4_private(a + 12);
   static const uint8_t nat64[12] = {0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0};
   if (memcmp(a, nat64, 12) == 0)
     return v4_private(a + 12);                    /* RFC 6052 */
+  if (memcmp(a, nat64, 4) == 0 && a[4] == 0 && a[5] == 1)
+    return true;                                  /* 64:ff9b:1::/48, local-use NAT64 (RFC
+                                                     8215): the IPv4 part may sit anywhere
+                                                     (RFC 6052 §2.2), so all of it */
+  if (a[0] == 0x20 && a[1] == 0x02)
+    return v4_private(a + 2);                     /* 2002::/16, 6to4 (RFC 3056 §2) */
   if (a[0] == 0xfe && (a[1] & 0xc0) == 0x80)
     return true;                                  /* fe80::/10 link-local */
   if ((a[0] & 0xfe) == 0xfc)

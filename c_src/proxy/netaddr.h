@@ -24,9 +24,11 @@ int ce_original_dst(int fd, struct sockaddr_storage *out);
 int ce_set_mark(int fd, uint32_t mark);
 
 /* Loopback, RFC 1918, CGNAT (100.64/10), link-local (169.254/16, cloud
- * metadata), "this network" (0/8), multicast, broadcast, and their IPv6
- * counterparts (::, ::1, fe80::/10, fc00::/7, ff00::/8; v4-mapped and
- * NAT64 64:ff9b::/96 addresses are judged by their IPv4 part). */
+ * metadata), "this network" (0/8), benchmarking (198.18/15), multicast,
+ * broadcast, and their IPv6 counterparts (::/96 including :: and ::1,
+ * fe80::/10, fc00::/7, ff00::/8, local-use NAT64 64:ff9b:1::/48;
+ * v4-mapped, NAT64 64:ff9b::/96 and 6to4 2002::/16 addresses are judged
+ * by their IPv4 part). */
 bool ce_addr_is_private(const struct sockaddr *sa);
 
 /* Text of the address only (no port). Returns the length. */

@@ -232,6 +232,12 @@ Test(http1_writer, transfer_encoding_is_rewritten) {
       {"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", "GET", CE_H1_W_CHUNKED,
        "Transfer-Encoding: gzip, chunked\r\n"},
       {"HTTP/1.1 200 OK\r\n\r\n", "GET", CE_H1_W_CHUNKED, "Transfer-Encoding: chunked\r\n"},
+      /* Decoded for an HTTP/1.0 client (RFC 9112 §6.1): chunked goes,
+       * the content codings stay. */
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "GET", CE_H1_W_DECHUNK | CE_H1_W_CLOSE,
+       "Connection: close\r\n"},
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "GET", CE_H1_W_DECHUNK,
+       "Transfer-Encoding: gzip\r\n"},
       /* No body goes out: nothing to announce. */
       {"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "HEAD", 0, ""},
       {"HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n", "GET", 0, ""},
@@ -258,6 +264,13 @@ Test(http1_writer, transfer_encoding_is_rewritten) {
   ce_h1_writer_init(&w, buf, sizeof(buf));
   cr_expect_eq(ce_h1_write_forwarded_fields(&w, &h, CE_H1_W_CHUNKED), CE_EINVAL);
   cr_expect_eq(w.len, 0);
+  /* DECHUNK is for a chunked response only, and never with CHUNKED. */
+  h = parse_resp("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_forwarded_fields(&w, &h, CE_H1_W_DECHUNK | CE_H1_W_CHUNKED), CE_EINVAL);
+  h = parse_resp("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n");
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_expect_eq(ce_h1_write_forwarded_fields(&w, &h, CE_H1_W_DECHUNK), CE_EINVAL);
   /* A hand-made coding with a CR is refused like any value. */
   h = parse_resp("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n");
   h.fields[0].value = "gz\rip";

@@ -36,6 +36,24 @@ Test(netaddr, public_addresses_are_not_private) {
     cr_expect(!private_text(pub[i]), "%s should be public", pub[i]);
 }
 
+/* Prefixes that embed or stand for addresses the proxy must not reach:
+ * local-use NAT64 (RFC 8215), 6to4 with a private IPv4 inside (RFC 3056
+ * §2), the deprecated IPv4-compatible ::/96 (RFC 4291 §2.5.5.1) and the
+ * benchmarking range 198.18.0.0/15 (RFC 2544, RFC 6890). */
+Test(netaddr, embedded_and_special_ranges) {
+  static const char *const priv[] = {"64:ff9b:1::1",      "64:ff9b:1:ffff::a00:1", "64:ff9b:1::808:808",
+                                     "2002:a00:1::1",     "2002:7f00:1::",         "2002:a9fe:a9fe::1",
+                                     "2002:c0a8:101::1",  "::a00:1",               "::808:808",
+                                     "198.18.0.1",            "198.19.255.255",
+                                     "::ffff:198.18.0.1", "2002:c612:1::1"};
+  for (size_t i = 0; i < sizeof(priv) / sizeof(priv[0]); i++)
+    cr_expect(private_text(priv[i]), "%s should be private", priv[i]);
+  static const char *const pub[] = {"2002:808:808::1", "2002:101:101::", "198.17.255.255", "198.20.0.1",
+                                    "64:ff9b:2::1",    "64:ff9a:1::1"};
+  for (size_t i = 0; i < sizeof(pub) / sizeof(pub[0]); i++)
+    cr_expect(!private_text(pub[i]), "%s should be public", pub[i]);
+}
+
 Test(netaddr, parse_and_format) {
   struct sockaddr_storage ss;
   char text[CE_ADDR_TEXT_MAX];

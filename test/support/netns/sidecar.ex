@@ -41,7 +41,8 @@ defmodule Condukt.Test.Netns.Sidecar do
   Options: `:control` ("unix" (default) or "tcp": 127.0.0.1:15002 in the
   pod), `:extra_args` (more proxy flags), `:allow_private` (default: the
   testbed's veth /24 and /64, where its "internet" lives), `:netfilter`
-  (default true).
+  (default true), `:ports` (the TCP ports redirected to the proxy; default
+  netfilter-setup's 80 and 443).
   """
   @spec start(Testbed.t(), NetworkPolicy.t() | keyword(), keyword()) :: t()
   def start(tb, policy, opts \\ []) do
@@ -78,7 +79,13 @@ defmodule Condukt.Test.Netns.Sidecar do
 
     if Keyword.get(opts, :netfilter, true) do
       Cmd.run!(
-        Testbed.command(tb, :pod, [bin, "netfilter-setup", "--proxy-port", "#{@port}", "--mark", @mark], env: san_env())
+        Testbed.command(
+          tb,
+          :pod,
+          [bin, "netfilter-setup", "--proxy-port", "#{@port}", "--mark", @mark] ++
+            if(ports = opts[:ports], do: ["--ports", Enum.join(ports, ",")], else: []),
+          env: san_env()
+        )
       )
     end
 
