@@ -9,11 +9,13 @@ defmodule Condukt.Netns.SidecarHttpTest do
   # stopped with SIGTERM at the end of its test and must drain cleanly and
   # without a sanitizer report.
   #
-  # Raw HTTP is spoken by small Python programs inside the pod (the
-  # @prelude below), so that framing, ordering and connection reuse are
+  # Raw HTTP is spoken by small Python programs inside the pod
+  # (clients/rawhttp.py, run through RawHttp.py/4), so that framing, ordering and connection reuse are
   # observed byte for byte rather than through a client library's
   # forgiveness.
   use Condukt.Test.Netns.Case, async: false
+
+  import Condukt.Test.Netns.RawHttp
 
   alias Condukt.Test.Netns.{ControlPeer, Sidecar}
 
@@ -29,118 +31,6 @@ defmodule Condukt.Netns.SidecarHttpTest do
     ],
     default: :deny
   ]
-
-  # Helpers for the in-pod programs: connect (TLS on 443, trusting the
-  # session CA given as argv[1]), read one response with its framing, and
-  # see how a connection ends.
-  @prelude ~S'''
-  import base64, hashlib, json, socket, ssl, sys, threading, time
-
-  CA = sys.argv[1]
-
-  def connect(host, port, timeout=20):
-      s = socket.create_connection((host, port), timeout=timeout)
-      if port == 443:
-          ctx = ssl.create_default_context(cafile=CA)
-          s = ctx.wrap_socket(s, server_hostname=host)
-      return s
-
-  class Reader:
-      def __init__(self, sock):
-          self.sock, self.buf = sock, b""
-
-      def fill(self):
-          try:
-              d = self.sock.recv(65536)
-          except ssl.SSLEOFError:
-              d = b""
-          if not d:
-              raise EOFError("connection closed")
-          self.buf += d
-
-      def line(self):
-          while b"\r\n" not in self.buf:
-              self.fill()
-          l, self.buf = self.buf.split(b"\r\n", 1)
-          return l
-
-      def exact(self, n):
-          while len(self.buf) < n:
-              self.fill()
-          d, self.buf = self.buf[:n], self.buf[n:]
-          return d
-
-      def head(self):
-          status = self.line().decode("latin-1")
-          headers = []
-          while True:
-              l = self.line()
-              if l == b"":
-                  break
-              k, v = l.decode("latin-1").split(":", 1)
-              headers.append([k.strip().lower(), v.strip()])
-          return int(status.split(" ")[1]), headers
-
-      def response(self, method="GET"):
-          interim = []
-          while True:
-              status, headers = self.head()
-              if 100 <= status < 200 and status != 101:
-                  interim.append(status)
-                  continue
-              break
-          h = {}
-          for k, v in headers:
-              h.setdefault(k, v)
-          body = b""
-          if method == "HEAD" or status in (204, 304):
-              pass
-          elif "chunked" in h.get("transfer-encoding", ""):
-              while True:
-                  size = int(self.line().split(b";")[0], 16)
-                  if size == 0:
-                      while self.line() != b"":
-                          pass
-                      break
-                  body += self.exact(size)
-                  assert self.exact(2) == b"\r\n", "chunk not followed by CRLF"
-          elif "content-length" in h:
-              body = self.exact(int(h["content-length"]))
-          else:
-              try:
-                  while True:
-                      self.fill()
-              except EOFError:
-                  pass
-              body, self.buf = self.buf, b""
-          return {"status": status, "headers": headers, "interim": interim,
-                  "body": body.decode("latin-1") if len(body) < 4096 else None,
-                  "body_sha256": hashlib.sha256(body).hexdigest(), "body_size": len(body)}
-
-  def ending(sock, timeout):
-      """How the peer ends the connection within timeout: eof, reset or
-      timeout, the bytes it sent first, and after how long."""
-      sock.settimeout(timeout)
-      got, t0, how = b"", time.monotonic(), "timeout"
-      try:
-          while True:
-              d = sock.recv(65536)
-              if not d:
-                  how = "eof"
-                  break
-              got += d
-      except (socket.timeout, TimeoutError):
-          how = "timeout"
-      except (ConnectionResetError, BrokenPipeError):
-          how = "reset"
-      except ssl.SSLError:
-          how = "eof"
-      return {"how": how, "bytes": len(got), "data": got[:200].decode("latin-1"),
-              "after_ms": int((time.monotonic() - t0) * 1000)}
-
-  def request(method, path, host, extra=""):
-      return ("%s %s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (method, path, host, extra)).encode()
-  '''
 
   setup_all do
     %{tb: Testbed.start(big_size: 100 * 1024 * 1024)}
@@ -163,44 +53,7 @@ defmodule Condukt.Netns.SidecarHttpTest do
 
   ## Helpers
 
-  defp tag, do: "t=#{System.unique_integer([:positive])}"
-
-  # Runs a Python program (prelude + script) in the pod with argv
-  # [CA | args] and returns the JSON it printed last.
-  defp py(tb, sc, script, args) do
-    argv = ["/usr/bin/python3", "-c", @prelude <> "\n" <> script, sc.ca_cert | args]
-    {out, status} = Testbed.exec_in(tb, :pod, argv, timeout: 60_000)
-    assert status == 0, "the pod program failed (exit #{status}):\n#{out}\n--- proxy stderr\n#{Sidecar.stderr(sc)}"
-    out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
-  end
-
-  # The events (from the proxy's stdout, the audit trail) that satisfy
-  # `fun`, once there are at least `n` of them; flunks after `timeout`.
-  defp await_events(sc, n, fun, timeout \\ 15_000) do
-    case Cmd.poll(fn -> length(Enum.filter(Sidecar.stdout_events(sc), fun)) >= n end, timeout, 50) do
-      :ok ->
-        Enum.filter(Sidecar.stdout_events(sc), fun)
-
-      {:error, :timeout} ->
-        flunk(
-          "fewer than #{n} matching events within #{timeout} ms; events so far:\n" <>
-            Enum.map_join(Sidecar.stdout_events(sc), "\n", &inspect(Map.take(&1, ~w(event host port query reason)))) <>
-            "\n--- proxy stderr\n" <> Sidecar.stderr(sc)
-        )
-    end
-  end
-
-  # The events of the request whose query is `q`, once one of `last` is there.
-  defp events_for(sc, q, last \\ ~w(request_closed request_failed request_denied)) do
-    await_events(sc, 1, &(&1["query"] == q and &1["event"] in last))
-    Enum.filter(Sidecar.stdout_events(sc), &(&1["query"] == q))
-  end
-
   defp names(events), do: Enum.map(events, & &1["event"])
-
-  defp header(headers, name) do
-    Enum.find_value(headers, fn [k, v] -> if String.downcase(k) == name, do: v end)
-  end
 
   ## 1. Expect: 100-continue
 
@@ -497,7 +350,7 @@ defmodule Condukt.Netns.SidecarHttpTest do
       '''
 
       # As a workspace user, not root.
-      argv = ["/usr/bin/python3", "-c", @prelude <> "\n" <> script, sc.ca_cert]
+      argv = argv(tb, sc, script)
       {out, 0} = Testbed.exec_in(tb, :pod, argv, timeout: 40_000, uid: 1000)
       res = out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
 

@@ -9,6 +9,8 @@ defmodule Condukt.Netns.SidecarRobustnessTest do
   # and 8091 (TLS), which the proxy intercepts here besides 80 and 443.
   use Condukt.Test.Netns.Case, async: false
 
+  import Condukt.Test.Netns.RawHttp
+
   alias Condukt.Test.Netns.{ControlPeer, Sidecar}
 
   @plain 8090
@@ -25,115 +27,6 @@ defmodule Condukt.Netns.SidecarRobustnessTest do
     ],
     default: :deny
   ]
-
-  @prelude ~S'''
-  import base64, hashlib, json, socket, ssl, sys, threading, time
-
-  CA = sys.argv[1]
-
-  def connect(host, port, timeout=20):
-      s = socket.create_connection((host, port), timeout=timeout)
-      if port in (443, 8091):
-          ctx = ssl.create_default_context(cafile=CA)
-          s = ctx.wrap_socket(s, server_hostname=host)
-      return s
-
-  class Reader:
-      def __init__(self, sock):
-          self.sock, self.buf = sock, b""
-
-      def fill(self):
-          try:
-              d = self.sock.recv(65536)
-          except ssl.SSLEOFError:
-              d = b""
-          if not d:
-              raise EOFError("connection closed")
-          self.buf += d
-
-      def line(self):
-          while b"\r\n" not in self.buf:
-              self.fill()
-          l, self.buf = self.buf.split(b"\r\n", 1)
-          return l
-
-      def exact(self, n):
-          while len(self.buf) < n:
-              self.fill()
-          d, self.buf = self.buf[:n], self.buf[n:]
-          return d
-
-      def head(self):
-          status = self.line().decode("latin-1")
-          headers = []
-          while True:
-              l = self.line()
-              if l == b"":
-                  break
-              k, v = l.decode("latin-1").split(":", 1)
-              headers.append([k.strip().lower(), v.strip()])
-          return int(status.split(" ")[1]), headers
-
-      def response(self, method="GET"):
-          interim = []
-          while True:
-              status, headers = self.head()
-              if 100 <= status < 200 and status != 101:
-                  interim.append(status)
-                  continue
-              break
-          h = {}
-          for k, v in headers:
-              h.setdefault(k, v)
-          body = b""
-          if method == "HEAD" or status in (204, 304):
-              pass
-          elif "chunked" in h.get("transfer-encoding", ""):
-              while True:
-                  size = int(self.line().split(b";")[0], 16)
-                  if size == 0:
-                      while self.line() != b"":
-                          pass
-                      break
-                  body += self.exact(size)
-                  assert self.exact(2) == b"\r\n", "chunk not followed by CRLF"
-          elif "content-length" in h:
-              body = self.exact(int(h["content-length"]))
-          else:
-              try:
-                  while True:
-                      self.fill()
-              except EOFError:
-                  pass
-              body, self.buf = self.buf, b""
-          return {"status": status, "headers": headers, "interim": interim,
-                  "body": body.decode("latin-1") if len(body) < 4096 else None,
-                  "body_sha256": hashlib.sha256(body).hexdigest(), "body_size": len(body)}
-
-  def ending(sock, timeout):
-      """How the peer ends the connection within timeout: eof, reset or
-      timeout, the bytes it sent first, and after how long."""
-      sock.settimeout(timeout)
-      got, t0, how = b"", time.monotonic(), "timeout"
-      try:
-          while True:
-              d = sock.recv(65536)
-              if not d:
-                  how = "eof"
-                  break
-              got += d
-      except (socket.timeout, TimeoutError):
-          how = "timeout"
-      except (ConnectionResetError, BrokenPipeError):
-          how = "reset"
-      except ssl.SSLError:
-          how = "eof"
-      return {"how": how, "bytes": len(got), "data": got[:200].decode("latin-1"),
-              "after_ms": int((time.monotonic() - t0) * 1000)}
-
-  def request(method, path, host, extra=""):
-      return ("%s %s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (method, path, host, extra)).encode()
-  '''
 
   setup_all do
     tb = Testbed.start(big_size: 1024 * 1024)
@@ -166,38 +59,6 @@ defmodule Condukt.Netns.SidecarRobustnessTest do
   end
 
   ## Helpers
-
-  defp tag, do: "t=#{System.unique_integer([:positive])}"
-
-  defp py(tb, sc, script, args) do
-    argv = ["/usr/bin/python3", "-c", @prelude <> "\n" <> script, sc.ca_cert | args]
-    {out, status} = Testbed.exec_in(tb, :pod, argv, timeout: 60_000)
-    assert status == 0, "the pod program failed (exit #{status}):\n#{out}\n--- proxy stderr\n#{Sidecar.stderr(sc)}"
-    out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
-  end
-
-  defp await_events(sc, n, fun, timeout \\ 15_000) do
-    case Cmd.poll(fn -> length(Enum.filter(Sidecar.stdout_events(sc), fun)) >= n end, timeout, 50) do
-      :ok ->
-        Enum.filter(Sidecar.stdout_events(sc), fun)
-
-      {:error, :timeout} ->
-        flunk(
-          "fewer than #{n} matching events within #{timeout} ms; events so far:\n" <>
-            Enum.map_join(Sidecar.stdout_events(sc), "\n", &inspect(Map.take(&1, ~w(event host port query reason)))) <>
-            "\n--- proxy stderr\n" <> Sidecar.stderr(sc)
-        )
-    end
-  end
-
-  defp events_for(sc, q, last \\ ~w(request_closed request_failed request_denied)) do
-    await_events(sc, 1, &(&1["query"] == q and &1["event"] in last))
-    Enum.filter(Sidecar.stdout_events(sc), &(&1["query"] == q))
-  end
-
-  defp header(headers, name) do
-    Enum.find_value(headers, fn [k, v] -> if String.downcase(k) == name, do: v end)
-  end
 
   # The proxy's CPU time so far (user + system), in ms.
   defp cpu_ms(sc) do
