@@ -7,8 +7,9 @@ defmodule Condukt.Options do
   A schema is a keyword list of `{key, spec}` where `spec` is a keyword list:
 
     * `:type` — `:pos_integer`, `:non_neg_integer`, `:boolean`, `:map`,
-      `:any`, `{:in, values}`, or `{:custom, fun}` where `fun` returns `:ok`
-      or `{:error, expected :: String.t()}`;
+      `:string`, `{:list, :string}`, `:keyword`, `:any`, `{:in, values}`, or
+      `{:custom, fun}` where `fun` returns `:ok` or
+      `{:error, expected :: String.t()}`;
     * `:default` — the value used when the key is absent;
     * `:required` — `true` when the key must be present;
     * `:max` — an upper bound for integer types;
@@ -131,6 +132,18 @@ defmodule Condukt.Options do
   defp check_type(_, :boolean, _), do: {:error, "a boolean"}
   defp check_type(v, :map, _) when is_map(v), do: :ok
   defp check_type(_, :map, _), do: {:error, "a map"}
+  defp check_type(v, :string, _) when is_binary(v), do: :ok
+  defp check_type(_, :string, _), do: {:error, "a string"}
+
+  defp check_type(v, {:list, :string}, _) when is_list(v),
+    do: if(Enum.all?(v, &is_binary/1), do: :ok, else: {:error, "a list of strings"})
+
+  defp check_type(_, {:list, :string}, _), do: {:error, "a list of strings"}
+
+  defp check_type(v, :keyword, _) when is_list(v),
+    do: if(Keyword.keyword?(v), do: :ok, else: {:error, "a keyword list"})
+
+  defp check_type(_, :keyword, _), do: {:error, "a keyword list"}
   defp check_type(_, :any, _), do: :ok
   defp check_type(v, {:in, values}, _), do: if(v in values, do: :ok, else: {:error, "one of #{inspect(values)}"})
   defp check_type(v, {:custom, fun}, _), do: fun.(v)

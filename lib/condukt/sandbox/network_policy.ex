@@ -137,6 +137,16 @@ defmodule Condukt.Sandbox.NetworkPolicy do
     end
   end
 
+  @ca_env_vars ~w(NODE_EXTRA_CA_CERTS REQUESTS_CA_BUNDLE SSL_CERT_FILE PIP_CERT CURL_CA_BUNDLE GIT_SSL_CAINFO)
+
+  @doc """
+  The six environment variables (seed 000, "Workspace images") that make
+  Node, Python, pip, curl, git and OpenSSL-based clients trust the CA
+  bundle at `path`, as `{name, value}` pairs.
+  """
+  @spec ca_env(Path.t()) :: [{String.t(), Path.t()}]
+  def ca_env(path), do: Enum.map(@ca_env_vars, &{&1, path})
+
   @doc """
   Compiles the policy into the sidecar's JSON document (version
   #{@sidecar_version}, `docs/policy-json.md`): patterns normalised, decide

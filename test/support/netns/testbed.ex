@@ -58,7 +58,6 @@ defmodule Condukt.Test.Netns.Testbed do
   # The PATH every command in a namespace gets: Debian's tools, never a
   # user's shims (pyenv, nvm).
   @path "/usr/sbin:/usr/bin:/sbin:/bin"
-  @ca_vars ~w(NODE_EXTRA_CA_CERTS REQUESTS_CA_BUNDLE SSL_CERT_FILE PIP_CERT CURL_CA_BUNDLE GIT_SSL_CAINFO)
 
   @doc "The names served with the main certificate."
   def names, do: @names
@@ -195,7 +194,7 @@ defmodule Condukt.Test.Netns.Testbed do
   bundle at `path` (the six of the seeds).
   """
   @spec ca_env(Path.t()) :: [{String.t(), String.t()}]
-  def ca_env(path), do: Enum.map(@ca_vars, &{&1, path})
+  def ca_env(path), do: Condukt.Sandbox.NetworkPolicy.ca_env(path)
 
   @doc """
   The argv that runs `argv` inside namespace `ns`, under a clean

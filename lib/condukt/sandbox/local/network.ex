@@ -5,7 +5,7 @@ defmodule Condukt.Sandbox.Local.Network do
   @schema [
     policy: [type: {:custom, &__MODULE__.check_policy/1}, required: true, doc: "the `%NetworkPolicy{}` to enforce."],
     session_id: [
-      type: {:custom, &__MODULE__.check_string/1},
+      type: :string,
       default: "",
       doc: "the session id the sidecar reports (default: the namespace's name)."
     ],
@@ -17,26 +17,30 @@ defmodule Condukt.Sandbox.Local.Network do
         "`:host` (a veth to the host, masqueraded out of it) or `{:netns, name}` " <>
           "(a veth into an existing namespace, e.g. a test's internet)."
     ],
-    hosts: [type: :map, default: %{}, doc: "extra `name => address` entries of the session's /etc/hosts."],
+    hosts: [
+      type: {:custom, &__MODULE__.check_hosts/1},
+      default: %{},
+      doc: "extra `name => address` entries of the session's /etc/hosts (host names, IP literals)."
+    ],
     dns: [
       type: {:custom, &__MODULE__.check_addresses/1},
       doc: "nameservers of the session (default: the host's, except loopback ones, which the namespace cannot reach)."
     ],
     allow_private: [
-      type: {:custom, &__MODULE__.check_strings/1},
+      type: {:list, :string},
       default: [],
       doc: "CIDRs of private upstream addresses the sidecar may connect to (`--allow-private`)."
     ],
     upstream_ca: [
-      type: {:custom, &__MODULE__.check_string/1},
+      type: :string,
       doc: "an extra CA file the sidecar trusts for upstreams (`--upstream-extra-ca`, for test internets)."
     ],
     sidecar_uid: [type: :pos_integer, default: 1337, doc: "the uid the sidecar runs as."],
     user: [type: :non_neg_integer, doc: "the uid (and gid) the session's commands run as (default: the BEAM's)."],
-    proxy_args: [type: {:custom, &__MODULE__.check_strings/1}, default: [], doc: "more `condukt-egress proxy` flags."],
-    binary: [type: {:custom, &__MODULE__.check_string/1}, doc: "the `condukt-egress` binary (default: priv/)."],
+    proxy_args: [type: {:list, :string}, default: [], doc: "more `condukt-egress proxy` flags."],
+    binary: [type: :string, doc: "the `condukt-egress` binary (default: priv/)."],
     tool_path: [
-      type: {:custom, &__MODULE__.check_string/1},
+      type: :string,
       default: @path,
       doc: "where `ip`, `setpriv` and `iptables` are looked up (a PATH-style list)."
     ]
@@ -95,7 +99,6 @@ defmodule Condukt.Sandbox.Local.Network do
   @mark "0x539"
   @state_dir "/run/condukt/local"
   @name_re ~r/^condukt-([0-9a-f]{10})$/
-  @ca_vars ~w(NODE_EXTRA_CA_CERTS REQUESTS_CA_BUNDLE SSL_CERT_FILE PIP_CERT CURL_CA_BUNDLE GIT_SSL_CAINFO)
   # The proxy drains for 10 s on SIGTERM (docs/proxy.md); then it is killed.
   @stop_wait 15_000
   @ready_wait 15_000
@@ -219,7 +222,7 @@ defmodule Condukt.Sandbox.Local.Network do
 
   @doc "The environment variables that make the session's clients trust the sidecar's CA."
   @spec env(t()) :: [{String.t(), String.t()}]
-  def env(%__MODULE__{bundle: bundle}), do: Enum.map(@ca_vars, &{&1, bundle})
+  def env(%__MODULE__{bundle: bundle}), do: NetworkPolicy.ca_env(bundle)
 
   @doc "The sidecar's events written so far (its stdout, the audit trail of last resort), decoded."
   @spec events(t()) :: [map()]
@@ -725,23 +728,27 @@ defmodule Condukt.Sandbox.Local.Network do
   def check_policy(_), do: {:error, "a %Condukt.Sandbox.NetworkPolicy{}"}
 
   @doc false
-  def check_string(value) when is_binary(value), do: :ok
-  def check_string(_), do: {:error, "a string"}
-
-  @doc false
-  def check_strings(list) when is_list(list),
-    do: if(Enum.all?(list, &is_binary/1), do: :ok, else: {:error, "a list of strings"})
-
-  def check_strings(_), do: {:error, "a list of strings"}
-
-  @doc false
   def check_addresses(list) when is_list(list) do
-    if Enum.all?(list, &(is_binary(&1) and match?({:ok, _}, :inet.parse_strict_address(String.to_charlist(&1))))),
+    if Enum.all?(list, &ip?/1),
       do: :ok,
       else: {:error, "a list of IP address strings"}
   end
 
   def check_addresses(_), do: {:error, "a list of IP address strings"}
+
+  # Each entry becomes one line of /etc/netns/<name>/hosts: nothing but a
+  # host name and an IP literal may reach it (no spaces, no newlines).
+  @doc false
+  def check_hosts(hosts) when is_map(hosts) do
+    if Enum.all?(hosts, fn {name, addr} -> host_name?(name) and ip?(addr) end),
+      do: :ok,
+      else: {:error, "a map of host name => IP address strings"}
+  end
+
+  def check_hosts(_), do: {:error, "a map of host name => IP address strings"}
+
+  defp host_name?(name), do: is_binary(name) and Regex.match?(~r/\A[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})\z/, name)
+  defp ip?(addr), do: is_binary(addr) and match?({:ok, _}, :inet.parse_strict_address(String.to_charlist(addr)))
 
   @doc false
   def check_uplink(:host), do: :ok

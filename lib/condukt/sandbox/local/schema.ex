@@ -40,7 +40,7 @@ defmodule Condukt.Sandbox.Local.Schema do
             "(instead of one warning and unenforced commands)."
       ],
       network: [
-        type: {:custom, &__MODULE__.keyword/1},
+        type: :keyword,
         default: [],
         doc:
           "options of the enforcement plane (`Condukt.Sandbox.Local.Network`): `:uplink`, `:hosts`, `:dns`, " <>
@@ -98,7 +98,7 @@ defmodule Condukt.Sandbox.Local.Schema do
         doc: "the file or directory to search; a directory is searched recursively."
       ],
       glob: [
-        type: {:custom, &__MODULE__.string/1},
+        type: :string,
         doc: "only search files matching this wildcard, relative to `:path` (for example `\"**/*.ex\"`)."
       ],
       literal: [type: :boolean, default: false, doc: "treat the pattern as plain text, not a regular expression."],
@@ -111,10 +111,6 @@ defmodule Condukt.Sandbox.Local.Schema do
   @doc false
   def path(value) when is_binary(value) and value != "", do: :ok
   def path(_), do: {:error, "a non-empty path string"}
-
-  @doc false
-  def string(value) when is_binary(value), do: :ok
-  def string(_), do: {:error, "a string"}
 
   @doc false
   def env(env) when is_map(env) or is_list(env) do
@@ -131,9 +127,4 @@ defmodule Condukt.Sandbox.Local.Schema do
   end
 
   defp env_pair?(_), do: false
-
-  @doc false
-  def keyword(value) do
-    if Keyword.keyword?(value), do: :ok, else: {:error, "a keyword list"}
-  end
 end

@@ -195,5 +195,18 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
              Network.start(policy: NetworkPolicy.new!(rules: []), uplnk: :host)
 
     assert Exception.message(e) =~ "did you mean :uplink?"
+
+    # A hosts entry is one line of /etc/hosts: nothing else may get in.
+    for hosts <- [%{"evil.test\n10.0.0.1 bank.test" => "10.0.0.2"}, %{"ok.test" => "10.0.0.1 x"}, %{"a b" => "::1"}] do
+      assert {:error, %NetworkError{reason: :invalid_option} = e} =
+               Network.start(policy: NetworkPolicy.new!(rules: []), hosts: hosts)
+
+      assert Exception.message(e) =~ ":hosts"
+    end
+
+    assert {:error, %NetworkError{reason: :invalid_option} = e} =
+             Network.start(policy: NetworkPolicy.new!(rules: []), proxy_args: ["--verbose", 1])
+
+    assert Exception.message(e) =~ "a list of strings"
   end
 end

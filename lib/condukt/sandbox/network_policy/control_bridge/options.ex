@@ -60,7 +60,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge.Options do
         doc: "frame credit: how many frames the port may deliver before the bridge acknowledges them."
       ],
       native: [
-        type: {:custom, &keyword/1},
+        type: :keyword,
         default: [],
         doc: "options for the bridge's `Condukt.Native` (`:bin`: the `condukt-egress` executable)."
       ],
@@ -157,10 +157,4 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge.Options do
     do: :ok
 
   defp backoff(_), do: {:error, "{initial_ms, max_ms} with 0 < initial_ms <= max_ms"}
-
-  defp keyword(v) when is_list(v) do
-    if Keyword.keyword?(v), do: :ok, else: keyword(nil)
-  end
-
-  defp keyword(_), do: {:error, "a keyword list"}
 end
