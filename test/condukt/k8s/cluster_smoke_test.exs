@@ -22,20 +22,32 @@ defmodule Condukt.K8s.ClusterSmokeTest do
 
   test "the ServiceAccount creates a pod, kwok runs it, and the ServiceAccount deletes it", %{cluster: c} do
     ns = c.namespace
-    assert {201, %{"metadata" => %{"name" => "smoke"}}} = Cluster.request(c, :sa, "POST", "/api/v1/namespaces/#{ns}/pods", pod("smoke"))
+
+    assert {201, %{"metadata" => %{"name" => "smoke"}}} =
+             Cluster.request(c, :sa, "POST", "/api/v1/namespaces/#{ns}/pods", pod("smoke"))
 
     assert :ok =
              Cluster.wait_until(fn ->
-               match?({200, %{"status" => %{"phase" => "Running"}}}, Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{ns}/pods/smoke"))
+               match?(
+                 {200, %{"status" => %{"phase" => "Running"}}},
+                 Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{ns}/pods/smoke")
+               )
              end)
 
     assert {200, %{"items" => [_]}} =
-             Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{ns}/pods?labelSelector=app.kubernetes.io%2Fmanaged-by%3Dcondukt")
+             Cluster.request(
+               c,
+               :sa,
+               "GET",
+               "/api/v1/namespaces/#{ns}/pods?labelSelector=app.kubernetes.io%2Fmanaged-by%3Dcondukt"
+             )
 
     assert {200, _} = Cluster.request(c, :sa, "DELETE", "/api/v1/namespaces/#{ns}/pods/smoke")
 
     assert :ok =
-             Cluster.wait_until(fn -> match?({404, _}, Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{ns}/pods/smoke")) end)
+             Cluster.wait_until(fn ->
+               match?({404, _}, Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{ns}/pods/smoke"))
+             end)
   end
 
   test "the ServiceAccount can do exactly what the Role grants", %{cluster: c} do

@@ -126,6 +126,17 @@ defmodule Condukt.Test.K8s.Cluster do
 
     # Clients first (kwok, controllers), the API server, etcd last.
     Cmd.kill(Enum.reverse(pids), 5_000)
+
+    # Network namespaces of add_netns_node!/2, and whatever still runs in
+    # them (a command an exec left behind).
+    with {:ok, text} <- File.read(Path.join(dir, "netns")) do
+      for ns <- String.split(text, "\n", trim: true) do
+        {out, _} = Cmd.run([Tier.tool!("ip"), "netns", "pids", ns], timeout: 5_000)
+        out |> String.split() |> Enum.map(&String.to_integer/1) |> Cmd.kill(2_000)
+        Cmd.run([Tier.tool!("ip"), "netns", "del", ns], timeout: 5_000)
+      end
+    end
+
     unless c.keep_dir, do: File.rm_rf(dir)
     :ok
   end
@@ -139,7 +150,11 @@ defmodule Condukt.Test.K8s.Cluster do
           {non_neg_integer(), term()}
   def request(%__MODULE__{} = c, as, method, path, body \\ nil, opts \\ []) do
     content_type = Keyword.get(opts, :content_type, "application/json")
-    auth = if as == :admin, do: ["--cert", c.admin.cert, "--key", c.admin.key], else: ["-H", "Authorization: Bearer #{c.token}"]
+
+    auth =
+      if as == :admin,
+        do: ["--cert", c.admin.cert, "--key", c.admin.key],
+        else: ["-H", "Authorization: Bearer #{c.token}"]
 
     {data, stdin} =
       case body do
@@ -156,9 +171,10 @@ defmodule Condukt.Test.K8s.Cluster do
       [Tier.tool!("curl"), "-sS", "--max-time", "20", "--cacert", ca(c), "-X", method, "-w", "\n%{http_code}"] ++
         auth ++ data ++ [c.server <> path]
 
-    {out, 0} = Cmd.run(argv, stdin: stdin, stderr: :discard, timeout: 25_000)
+    {out, status} = Cmd.run(argv, stdin: stdin, stderr: :discard, timeout: 25_000)
     if stdin != "/dev/null", do: File.rm(stdin)
-    {text, code} = split_status(out)
+    # curl failed (connection refused while a server starts): status 0.
+    {text, code} = if status == 0, do: split_status(out), else: {"curl exit #{status}", 0}
 
     decoded =
       try do
@@ -192,20 +208,40 @@ defmodule Condukt.Test.K8s.Cluster do
     p = &Path.join(pki, &1)
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 
-    Cmd.run!([openssl, "req", "-x509"] ++ ec ++ ["-keyout", p.("ca.key"), "-out", p.("ca.crt"), "-days", "2", "-subj", "/CN=condukt-k8s-#{c.id}-ca"])
+    Cmd.run!(
+      [openssl, "req", "-x509"] ++
+        ec ++ ["-keyout", p.("ca.key"), "-out", p.("ca.crt"), "-days", "2", "-subj", "/CN=condukt-k8s-#{c.id}-ca"]
+    )
 
     leaf = fn name, subj, ext ->
       File.write!(p.("#{name}.ext"), ext)
       Cmd.run!([openssl, "req"] ++ ec ++ ["-keyout", p.("#{name}.key"), "-out", p.("#{name}.csr"), "-subj", subj])
 
       Cmd.run!([
-        openssl, "x509", "-req", "-in", p.("#{name}.csr"), "-CA", p.("ca.crt"), "-CAkey", p.("ca.key"),
-        "-CAcreateserial", "-out", p.("#{name}.crt"), "-days", "2", "-extfile", p.("#{name}.ext")
+        openssl,
+        "x509",
+        "-req",
+        "-in",
+        p.("#{name}.csr"),
+        "-CA",
+        p.("ca.crt"),
+        "-CAkey",
+        p.("ca.key"),
+        "-CAcreateserial",
+        "-out",
+        p.("#{name}.crt"),
+        "-days",
+        "2",
+        "-extfile",
+        p.("#{name}.ext")
       ])
     end
 
-    leaf.("apiserver", "/CN=kube-apiserver",
-      "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n")
+    leaf.(
+      "apiserver",
+      "/CN=kube-apiserver",
+      "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n"
+    )
 
     leaf.("admin", "/O=system:masters/CN=condukt-admin", "extendedKeyUsage=clientAuth\n")
 
@@ -239,7 +275,10 @@ defmodule Condukt.Test.K8s.Cluster do
     c = %{c | ports: %{etcd: client}}
 
     wait!(c, :etcd, fn ->
-      match?({~s({"health":"true") <> _, 0}, Cmd.run([Tier.tool!("curl"), "-s", "--max-time", "2", "http://127.0.0.1:#{client}/health"], timeout: 5_000))
+      match?(
+        {~s({"health":"true") <> _, 0},
+        Cmd.run([Tier.tool!("curl"), "-s", "--max-time", "2", "http://127.0.0.1:#{client}/health"], timeout: 5_000)
+      )
     end)
 
     c
@@ -361,8 +400,143 @@ defmodule Condukt.Test.K8s.Cluster do
 
     c = %{c | ports: Map.put(c.ports, :kwok, port)}
 
-    wait!(c, :kwok, fn ->
-      case request(c, :admin, "GET", "/api/v1/nodes/#{c.node}") do
+    wait_node_ready!(c, :kwok, c.node)
+
+    c
+  end
+
+  @doc """
+  Adds a node whose "kubelet" (a second kwok, managing only this node)
+  runs inside a new network namespace, and returns `{cluster, node}`. Exec
+  commands run there, so a pod bound to this node (`spec.nodeName`, or
+  the scheduler) has that namespace as its network: docs/k8s-tier.md.
+
+  The API server and this kwok reach each other through two pairs of
+  relays (test/support/k8s/relay.py) joined by unix sockets in the
+  cluster's directory; nothing is added to the host's network. Needs root.
+
+  `node.forward_ports` lists the pod ports that port-forward reaches
+  (127.0.0.1:PORT inside the namespace).
+  """
+  @spec add_netns_node!(t(), keyword()) :: {t(), map()}
+  def add_netns_node!(%__MODULE__{} = c, opts \\ []) do
+    n = map_size(Map.get(c.ports, :netns_nodes, %{}))
+    name = "kwok-#{c.id}-ns#{n}"
+    netns = "ck-#{c.id}-#{n}"
+    ndir = Path.join(c.dir, netns)
+    File.mkdir_p!(ndir)
+    ip = Tier.tool!("ip")
+    python = "/usr/bin/python3"
+    relay = Path.expand("relay.py", __DIR__)
+    [host_port] = free_ports(1)
+    api_sock = Path.join(ndir, "api.sock")
+    kubelet_sock = Path.join(ndir, "kubelet.sock")
+
+    Cmd.run!([ip, "netns", "add", netns])
+    File.write!(Path.join(c.dir, "netns"), "#{netns}\n", [:append])
+    Cmd.run!([ip, "-n", netns, "link", "set", "lo", "up"])
+
+    c =
+      spawn!(c, :"relay-host-#{n}", [
+        python,
+        relay,
+        "unix:#{api_sock}=tcp:127.0.0.1:#{c.ports.apiserver}",
+        "tcp:127.0.0.1:#{host_port}=unix:#{kubelet_sock}"
+      ])
+
+    c =
+      spawn!(c, :"relay-ns-#{n}", [
+        ip,
+        "netns",
+        "exec",
+        netns,
+        python,
+        relay,
+        "tcp:127.0.0.1:6443=unix:#{api_sock}",
+        "unix:#{kubelet_sock}=tcp:127.0.0.1:10250"
+      ])
+
+    kubeconfig = Path.join(ndir, "kwok.kubeconfig")
+
+    File.write!(
+      kubeconfig,
+      c.dir |> Path.join("admin.kubeconfig") |> File.read!() |> String.replace(c.server, "https://127.0.0.1:6443")
+    )
+
+    ports = Keyword.get(opts, :forward_ports, [])
+
+    forwards =
+      Enum.map_join(ports, "", fn port ->
+        "  - ports: [#{port}]\n    target: {address: 127.0.0.1, port: #{port}}\n"
+      end)
+
+    config = Path.join(ndir, "kwok.yaml")
+
+    File.write!(
+      config,
+      kwok_stages() <>
+        """
+        ---
+        apiVersion: kwok.x-k8s.io/v1alpha1
+        kind: ClusterExec
+        metadata:
+          name: condukt-local
+        spec:
+          execs:
+          - local:
+              workDir: #{ndir}
+        ---
+        apiVersion: kwok.x-k8s.io/v1alpha1
+        kind: ClusterPortForward
+        metadata:
+          name: condukt-local
+        spec:
+          forwards:
+        #{if forwards == "", do: "  []\n", else: forwards}
+        """
+    )
+
+    request!(c, :admin, "POST", "/api/v1/nodes", %{
+      apiVersion: "v1",
+      kind: "Node",
+      metadata: %{name: name, labels: %{"type" => "kwok-netns", "kubernetes.io/hostname" => name}},
+      status: %{
+        addresses: [%{type: "InternalIP", address: "127.0.0.1"}, %{type: "Hostname", address: name}],
+        daemonEndpoints: %{kubeletEndpoint: %{Port: host_port}},
+        allocatable: %{cpu: "32", memory: "64Gi", pods: "1"},
+        capacity: %{cpu: "32", memory: "64Gi", pods: "1"}
+      }
+    })
+
+    kwok_name = :"kwok-ns-#{n}"
+
+    c =
+      spawn!(c, kwok_name, [
+        ip,
+        "netns",
+        "exec",
+        netns,
+        bin(c, "kwok"),
+        "--kubeconfig=#{kubeconfig}",
+        "--config=#{config}",
+        "--manage-single-node=#{name}",
+        "--server-address=127.0.0.1:10250"
+      ])
+
+    wait_node_ready!(c, kwok_name, name)
+
+    node = %{name: name, netns: netns, dir: ndir, forward_ports: ports}
+    nodes = Map.put(Map.get(c.ports, :netns_nodes, %{}), name, node)
+    {%{c | ports: Map.put(c.ports, :netns_nodes, nodes)}, node}
+  end
+
+  # The TaintNodesByCondition admission plugin gives every new node the
+  # not-ready taint; the node lifecycle controller would lift it once
+  # kwok reports Ready. That controller also evicts, so the tier does not
+  # run it: the administrator lifts the taint instead.
+  defp wait_node_ready!(c, proc, node) do
+    wait!(c, proc, fn ->
+      case request(c, :admin, "GET", "/api/v1/nodes/#{node}") do
         {200, %{"status" => %{"conditions" => conds}}} ->
           Enum.any?(conds, &match?(%{"type" => "Ready", "status" => "True"}, &1))
 
@@ -371,7 +545,9 @@ defmodule Condukt.Test.K8s.Cluster do
       end
     end)
 
-    c
+    request!(c, :admin, "PATCH", "/api/v1/nodes/#{node}", %{spec: %{taints: :null}},
+      content_type: "application/merge-patch+json"
+    )
   end
 
   # --- objects --------------------------------------------------------------
@@ -596,7 +772,9 @@ defmodule Condukt.Test.K8s.Cluster do
 
       matches ->
         {pos, 1} = List.last(matches)
-        {binary_part(out, 0, pos), out |> binary_part(pos + 1, byte_size(out) - pos - 1) |> String.trim() |> String.to_integer()}
+
+        {binary_part(out, 0, pos),
+         out |> binary_part(pos + 1, byte_size(out) - pos - 1) |> String.trim() |> String.to_integer()}
     end
   end
 end
