@@ -1,0 +1,780 @@
+defmodule Condukt.Test.K8s.Cluster do
+  @moduledoc false
+  # A real, throwaway Kubernetes control plane on loopback for the
+  # `:kubernetes` tier (docs/k8s-tier.md): etcd, kube-apiserver (TLS from a
+  # per-cluster CA made with the openssl CLI, service-account signing keys,
+  # RBAC authorization), kube-scheduler and kube-controller-manager (garbage
+  # collector, namespaces, service accounts) when built, and kwok for the
+  # nodes and the pods' status.
+  #
+  # `start/1` also creates, as the administrator: the namespace the tests
+  # use, a second namespace with a Secret in it (for "cannot read another
+  # namespace"), the ServiceAccount `condukt` bound by a RoleBinding to
+  # exactly the Role of `role_rules/0` (the seeds' Role: 003 and 004, plus
+  # the network-policy extras of 000), a kwok node, and a token for the
+  # ServiceAccount (TokenRequest). `kubeconfig` is a kubeconfig for that
+  # ServiceAccount: the tests run as it, never as the administrator.
+  #
+  # Life cycle: every process is started detached (its own session) and
+  # stopped by pid; `stop/1` is idempotent and removes the directory. Waits
+  # are bounded. Nothing here listens outside 127.0.0.1.
+
+  alias Condukt.Test.K8s.Tier
+  alias Condukt.Test.Netns.Cmd
+
+  defstruct [
+    :id,
+    :dir,
+    :bin_dir,
+    :server,
+    :ports,
+    :namespace,
+    :other_namespace,
+    :service_account,
+    :token,
+    :kubeconfig,
+    :admin,
+    :node,
+    pids: %{},
+    keep_dir: false
+  ]
+
+  @type t :: %__MODULE__{}
+
+  @start_timeout 90_000
+
+  @doc """
+  The Role the ServiceAccount is bound to: the seeds' pod rules (003, 004)
+  and the network-policy extras (000: secrets, networkpolicies,
+  pods/portforward). The tier proves it sufficient; change it only with
+  the seeds' RBAC documentation.
+  """
+  @spec role_rules() :: [map()]
+  def role_rules do
+    [
+      %{apiGroups: [""], resources: ["pods"], verbs: ~w(get list create patch delete)},
+      %{apiGroups: [""], resources: ["pods/exec"], verbs: ~w(create)},
+      %{apiGroups: [""], resources: ["secrets"], verbs: ~w(get create delete)},
+      %{apiGroups: ["networking.k8s.io"], resources: ["networkpolicies"], verbs: ~w(get create delete)},
+      %{apiGroups: [""], resources: ["pods/portforward"], verbs: ~w(create)}
+    ]
+  end
+
+  @doc """
+  Starts a cluster and returns its struct.
+
+  Options: `:on_exit` (register `stop/1` with ExUnit, default true),
+  `:namespace` (default "agents"), `:role_rules` (default `role_rules/0`),
+  `:kwok` (start kwok, default true), `:kwok_config` (extra YAML documents
+  for kwok's --config: ClusterExec, ClusterPortForward, ...),
+  `:controllers` (scheduler and controller manager when built, default
+  true), `:keep_dir` (default env CONDUKT_K8S_KEEP=1).
+  """
+  @spec start(keyword()) :: t()
+  def start(opts \\ []) do
+    id = :crypto.strong_rand_bytes(3) |> Base.encode16(case: :lower)
+    dir = Path.join(System.tmp_dir!(), "condukt-k8s-#{id}")
+
+    c = %__MODULE__{
+      id: id,
+      dir: dir,
+      bin_dir: Tier.bin_dir!(),
+      namespace: Keyword.get(opts, :namespace, "agents"),
+      other_namespace: "other-#{id}",
+      service_account: "condukt",
+      node: "kwok-#{id}",
+      keep_dir: Keyword.get(opts, :keep_dir, System.get_env("CONDUKT_K8S_KEEP") == "1")
+    }
+
+    File.mkdir_p!(Path.join(dir, "log"))
+    # The pids file lets a later run (or a person) find what a crashed run
+    # left: one "name pid" line per process, appended as each starts.
+    File.write!(Path.join(dir, "pids"), "")
+
+    if Keyword.get(opts, :on_exit, true) do
+      ExUnit.Callbacks.on_exit({__MODULE__, id}, fn -> stop(c) end)
+    end
+
+    try do
+      c
+      |> make_pki!()
+      |> start_etcd!()
+      |> start_apiserver!()
+      |> maybe(Keyword.get(opts, :controllers, true), &start_controllers!/1)
+      |> bootstrap!(Keyword.get(opts, :role_rules, role_rules()))
+      |> maybe(Keyword.get(opts, :kwok, true), &start_kwok!(&1, Keyword.get(opts, :kwok_config, "")))
+    rescue
+      e ->
+        stop(c)
+        reraise e, __STACKTRACE__
+    end
+  end
+
+  @doc "Stops every process the cluster started and removes its directory. Idempotent."
+  @spec stop(t()) :: :ok
+  def stop(%__MODULE__{dir: dir} = c) do
+    pids =
+      case File.read(Path.join(dir, "pids")) do
+        {:ok, text} ->
+          for line <- String.split(text, "\n", trim: true),
+              [_, pid] = String.split(line, " "),
+              do: String.to_integer(pid)
+
+        _ ->
+          Map.values(c.pids)
+      end
+
+    # Clients first (kwok, controllers), the API server, etcd last.
+    Cmd.kill(Enum.reverse(pids), 5_000)
+
+    # Network namespaces of add_netns_node!/2, and whatever still runs in
+    # them (a command an exec left behind).
+    with {:ok, text} <- File.read(Path.join(dir, "netns")) do
+      for ns <- String.split(text, "\n", trim: true) do
+        {out, _} = Cmd.run([Tier.tool!("ip"), "netns", "pids", ns], timeout: 5_000)
+        out |> String.split() |> Enum.map(&String.to_integer/1) |> Cmd.kill(2_000)
+        Cmd.run([Tier.tool!("ip"), "netns", "del", ns], timeout: 5_000)
+      end
+    end
+
+    unless c.keep_dir, do: File.rm_rf(dir)
+    :ok
+  end
+
+  @doc """
+  An API request. `as` is `:admin` (client certificate, system:masters) or
+  `:sa` (the ServiceAccount's token). Returns `{status, body}` with the
+  body decoded from JSON when it is JSON.
+  """
+  @spec request(t(), :admin | :sa, String.t(), String.t(), map() | nil, keyword()) ::
+          {non_neg_integer(), term()}
+  def request(%__MODULE__{} = c, as, method, path, body \\ nil, opts \\ []) do
+    content_type = Keyword.get(opts, :content_type, "application/json")
+
+    auth =
+      if as == :admin,
+        do: ["--cert", c.admin.cert, "--key", c.admin.key],
+        else: ["-H", "Authorization: Bearer #{c.token}"]
+
+    {data, stdin} =
+      case body do
+        nil ->
+          {[], "/dev/null"}
+
+        body ->
+          file = Path.join(c.dir, "req-#{System.unique_integer([:positive])}.json")
+          File.write!(file, :jiffy.encode(body))
+          {["-H", "Content-Type: #{content_type}", "--data-binary", "@-"], file}
+      end
+
+    argv =
+      [Tier.tool!("curl"), "-sS", "--max-time", "20", "--cacert", ca(c), "-X", method, "-w", "\n%{http_code}"] ++
+        auth ++ data ++ [c.server <> path]
+
+    {out, status} = Cmd.run(argv, stdin: stdin, stderr: :discard, timeout: 25_000)
+    if stdin != "/dev/null", do: File.rm(stdin)
+    # curl failed (connection refused while a server starts): status 0.
+    {text, code} = if status == 0, do: split_status(out), else: {"curl exit #{status}", 0}
+
+    decoded =
+      try do
+        :jiffy.decode(text, [:return_maps])
+      catch
+        _, _ -> text
+      end
+
+    {code, decoded}
+  end
+
+  @doc "Like `request/6` but raises unless the status is 2xx; returns the body."
+  def request!(c, as, method, path, body \\ nil, opts \\ []) do
+    case request(c, as, method, path, body, opts) do
+      {code, body} when code in 200..299 -> body
+      {code, body} -> raise "#{method} #{path} as #{as}: HTTP #{code}: #{inspect(body)}"
+    end
+  end
+
+  @doc "Polls `fun` (truthy means done) every 100 ms for up to `timeout` ms."
+  def wait_until(fun, timeout \\ 30_000), do: Cmd.poll(fun, timeout, 100)
+
+  def ca(%__MODULE__{dir: dir}), do: Path.join(dir, "pki/ca.crt")
+
+  # --- PKI ------------------------------------------------------------------
+
+  defp make_pki!(c) do
+    pki = Path.join(c.dir, "pki")
+    File.mkdir_p!(pki)
+    openssl = Tier.tool!("openssl")
+    p = &Path.join(pki, &1)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    Cmd.run!(
+      [openssl, "req", "-x509"] ++
+        ec ++ ["-keyout", p.("ca.key"), "-out", p.("ca.crt"), "-days", "2", "-subj", "/CN=condukt-k8s-#{c.id}-ca"]
+    )
+
+    leaf = fn name, subj, ext ->
+      File.write!(p.("#{name}.ext"), ext)
+      Cmd.run!([openssl, "req"] ++ ec ++ ["-keyout", p.("#{name}.key"), "-out", p.("#{name}.csr"), "-subj", subj])
+
+      Cmd.run!([
+        openssl,
+        "x509",
+        "-req",
+        "-in",
+        p.("#{name}.csr"),
+        "-CA",
+        p.("ca.crt"),
+        "-CAkey",
+        p.("ca.key"),
+        "-CAcreateserial",
+        "-out",
+        p.("#{name}.crt"),
+        "-days",
+        "2",
+        "-extfile",
+        p.("#{name}.ext")
+      ])
+    end
+
+    leaf.(
+      "apiserver",
+      "/CN=kube-apiserver",
+      "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n"
+    )
+
+    leaf.("admin", "/O=system:masters/CN=condukt-admin", "extendedKeyUsage=clientAuth\n")
+
+    # The service-account token signing key pair.
+    Cmd.run!([openssl, "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", p.("sa.key")])
+    Cmd.run!([openssl, "pkey", "-in", p.("sa.key"), "-pubout", "-out", p.("sa.pub")])
+
+    %{c | admin: %{cert: p.("admin.crt"), key: p.("admin.key")}}
+  end
+
+  # --- processes ------------------------------------------------------------
+
+  defp start_etcd!(c) do
+    [client, peer] = free_ports(2)
+    data = Path.join(c.dir, "etcd")
+
+    args = [
+      "--name=default",
+      "--data-dir=#{data}",
+      "--listen-client-urls=http://127.0.0.1:#{client}",
+      "--advertise-client-urls=http://127.0.0.1:#{client}",
+      "--listen-peer-urls=http://127.0.0.1:#{peer}",
+      "--initial-advertise-peer-urls=http://127.0.0.1:#{peer}",
+      "--initial-cluster=default=http://127.0.0.1:#{peer}",
+      "--listen-metrics-urls=",
+      "--unsafe-no-fsync",
+      "--log-level=warn"
+    ]
+
+    c = spawn!(c, :etcd, [bin(c, "etcd") | args])
+    c = %{c | ports: %{etcd: client}}
+
+    wait!(c, :etcd, fn ->
+      match?(
+        {~s({"health":"true") <> _, 0},
+        Cmd.run([Tier.tool!("curl"), "-s", "--max-time", "2", "http://127.0.0.1:#{client}/health"], timeout: 5_000)
+      )
+    end)
+
+    c
+  end
+
+  defp start_apiserver!(c) do
+    [port] = free_ports(1)
+    p = &Path.join([c.dir, "pki", &1])
+
+    args = [
+      "--etcd-servers=http://127.0.0.1:#{c.ports.etcd}",
+      "--bind-address=127.0.0.1",
+      "--advertise-address=127.0.0.1",
+      "--secure-port=#{port}",
+      "--cert-dir=#{Path.join(c.dir, "apiserver")}",
+      "--tls-cert-file=#{p.("apiserver.crt")}",
+      "--tls-private-key-file=#{p.("apiserver.key")}",
+      "--client-ca-file=#{p.("ca.crt")}",
+      "--service-account-issuer=https://kubernetes.default.svc",
+      "--api-audiences=https://kubernetes.default.svc",
+      "--service-account-key-file=#{p.("sa.pub")}",
+      "--service-account-signing-key-file=#{p.("sa.key")}",
+      "--service-cluster-ip-range=10.96.0.0/24",
+      "--authorization-mode=RBAC",
+      "--allow-privileged=true",
+      # The API server's client certificate towards the nodes' "kubelet"
+      # (kwok) for exec, attach and port-forward.
+      "--kubelet-client-certificate=#{p.("admin.crt")}",
+      "--kubelet-client-key=#{p.("admin.key")}",
+      "--kubelet-preferred-address-types=InternalIP",
+      "--profiling=false",
+      "--v=1"
+    ]
+
+    c = spawn!(c, :"kube-apiserver", [bin(c, "kube-apiserver") | args])
+    c = %{c | server: "https://127.0.0.1:#{port}", ports: Map.put(c.ports, :apiserver, port)}
+
+    wait!(c, :"kube-apiserver", fn ->
+      match?({200, "ok"}, request(c, :admin, "GET", "/readyz"))
+    end)
+
+    write_kubeconfig(c, "admin.kubeconfig", %{cert: c.admin.cert, key: c.admin.key})
+    c
+  end
+
+  defp start_controllers!(c) do
+    admin = Path.join(c.dir, "admin.kubeconfig")
+    p = &Path.join([c.dir, "pki", &1])
+
+    c =
+      if File.exists?(bin(c, "kube-scheduler")) do
+        spawn!(c, :"kube-scheduler", [
+          bin(c, "kube-scheduler"),
+          "--kubeconfig=#{admin}",
+          "--authentication-kubeconfig=#{admin}",
+          "--authorization-kubeconfig=#{admin}",
+          "--leader-elect=false",
+          "--bind-address=127.0.0.1",
+          "--secure-port=#{hd(free_ports(1))}"
+        ])
+      else
+        c
+      end
+
+    if File.exists?(bin(c, "kube-controller-manager")) do
+      spawn!(c, :"kube-controller-manager", [
+        bin(c, "kube-controller-manager"),
+        "--kubeconfig=#{admin}",
+        "--authentication-kubeconfig=#{admin}",
+        "--authorization-kubeconfig=#{admin}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        "--secure-port=#{hd(free_ports(1))}",
+        "--controllers=garbagecollector,namespace,serviceaccount,root-ca-cert-publisher",
+        "--service-account-private-key-file=#{p.("sa.key")}",
+        "--root-ca-file=#{p.("ca.crt")}",
+        "--use-service-account-credentials=false"
+      ])
+    else
+      c
+    end
+  end
+
+  # kwok manages the node `c.node` (created here with its address and the
+  # port of kwok's own server, which the API server dials for exec and
+  # port-forward) and plays the stages below: nodes become Ready, pods
+  # bound to the node become Running, deleted pods go.
+  defp start_kwok!(c, extra_config) do
+    [port] = free_ports(1)
+    config = Path.join(c.dir, "kwok.yaml")
+    File.write!(config, kwok_stages() <> extra_config)
+
+    request!(c, :admin, "POST", "/api/v1/nodes", %{
+      apiVersion: "v1",
+      kind: "Node",
+      metadata: %{
+        name: c.node,
+        annotations: %{"kwok.x-k8s.io/node" => "fake"},
+        labels: %{"type" => "kwok", "kubernetes.io/hostname" => c.node}
+      },
+      status: %{
+        addresses: [%{type: "InternalIP", address: "127.0.0.1"}, %{type: "Hostname", address: c.node}],
+        daemonEndpoints: %{kubeletEndpoint: %{Port: port}},
+        allocatable: %{cpu: "32", memory: "64Gi", pods: "110"},
+        capacity: %{cpu: "32", memory: "64Gi", pods: "110"}
+      }
+    })
+
+    c =
+      spawn!(c, :kwok, [
+        bin(c, "kwok"),
+        "--kubeconfig=#{Path.join(c.dir, "admin.kubeconfig")}",
+        "--config=#{config}",
+        "--manage-single-node=#{c.node}",
+        "--server-address=127.0.0.1:#{port}",
+        "--node-ip=127.0.0.1",
+        "--node-port=#{port}"
+      ])
+
+    c = %{c | ports: Map.put(c.ports, :kwok, port)}
+
+    wait_node_ready!(c, :kwok, c.node)
+
+    c
+  end
+
+  @doc """
+  Adds a node whose "kubelet" (a second kwok, managing only this node)
+  runs inside a new network namespace, and returns `{cluster, node}`. Exec
+  commands run there, so a pod bound to this node (`spec.nodeName`, or
+  the scheduler) has that namespace as its network: docs/k8s-tier.md.
+
+  The API server and this kwok reach each other through two pairs of
+  relays (test/support/k8s/relay.py) joined by unix sockets in the
+  cluster's directory; nothing is added to the host's network. Needs root.
+
+  `node.forward_ports` lists the pod ports that port-forward reaches
+  (127.0.0.1:PORT inside the namespace).
+  """
+  @spec add_netns_node!(t(), keyword()) :: {t(), map()}
+  def add_netns_node!(%__MODULE__{} = c, opts \\ []) do
+    n = map_size(Map.get(c.ports, :netns_nodes, %{}))
+    name = "kwok-#{c.id}-ns#{n}"
+    netns = "ck-#{c.id}-#{n}"
+    ndir = Path.join(c.dir, netns)
+    File.mkdir_p!(ndir)
+    ip = Tier.tool!("ip")
+    python = "/usr/bin/python3"
+    relay = Path.expand("relay.py", __DIR__)
+    [host_port] = free_ports(1)
+    api_sock = Path.join(ndir, "api.sock")
+    kubelet_sock = Path.join(ndir, "kubelet.sock")
+
+    Cmd.run!([ip, "netns", "add", netns])
+    File.write!(Path.join(c.dir, "netns"), "#{netns}\n", [:append])
+    Cmd.run!([ip, "-n", netns, "link", "set", "lo", "up"])
+
+    c =
+      spawn!(c, :"relay-host-#{n}", [
+        python,
+        relay,
+        "unix:#{api_sock}=tcp:127.0.0.1:#{c.ports.apiserver}",
+        "tcp:127.0.0.1:#{host_port}=unix:#{kubelet_sock}"
+      ])
+
+    c =
+      spawn!(c, :"relay-ns-#{n}", [
+        ip,
+        "netns",
+        "exec",
+        netns,
+        python,
+        relay,
+        "tcp:127.0.0.1:6443=unix:#{api_sock}",
+        "unix:#{kubelet_sock}=tcp:127.0.0.1:10250"
+      ])
+
+    kubeconfig = Path.join(ndir, "kwok.kubeconfig")
+
+    File.write!(
+      kubeconfig,
+      c.dir |> Path.join("admin.kubeconfig") |> File.read!() |> String.replace(c.server, "https://127.0.0.1:6443")
+    )
+
+    ports = Keyword.get(opts, :forward_ports, [])
+
+    forwards =
+      Enum.map_join(ports, "", fn port ->
+        "  - ports: [#{port}]\n    target: {address: 127.0.0.1, port: #{port}}\n"
+      end)
+
+    config = Path.join(ndir, "kwok.yaml")
+
+    File.write!(
+      config,
+      kwok_stages() <>
+        """
+        ---
+        apiVersion: kwok.x-k8s.io/v1alpha1
+        kind: ClusterExec
+        metadata:
+          name: condukt-local
+        spec:
+          execs:
+          - local:
+              workDir: #{ndir}
+        ---
+        apiVersion: kwok.x-k8s.io/v1alpha1
+        kind: ClusterPortForward
+        metadata:
+          name: condukt-local
+        spec:
+          forwards:
+        #{if forwards == "", do: "  []\n", else: forwards}
+        """
+    )
+
+    request!(c, :admin, "POST", "/api/v1/nodes", %{
+      apiVersion: "v1",
+      kind: "Node",
+      metadata: %{name: name, labels: %{"type" => "kwok-netns", "kubernetes.io/hostname" => name}},
+      status: %{
+        addresses: [%{type: "InternalIP", address: "127.0.0.1"}, %{type: "Hostname", address: name}],
+        daemonEndpoints: %{kubeletEndpoint: %{Port: host_port}},
+        allocatable: %{cpu: "32", memory: "64Gi", pods: "1"},
+        capacity: %{cpu: "32", memory: "64Gi", pods: "1"}
+      }
+    })
+
+    kwok_name = :"kwok-ns-#{n}"
+
+    c =
+      spawn!(c, kwok_name, [
+        ip,
+        "netns",
+        "exec",
+        netns,
+        bin(c, "kwok"),
+        "--kubeconfig=#{kubeconfig}",
+        "--config=#{config}",
+        "--manage-single-node=#{name}",
+        "--server-address=127.0.0.1:10250"
+      ])
+
+    wait_node_ready!(c, kwok_name, name)
+
+    node = %{name: name, netns: netns, dir: ndir, forward_ports: ports}
+    nodes = Map.put(Map.get(c.ports, :netns_nodes, %{}), name, node)
+    {%{c | ports: Map.put(c.ports, :netns_nodes, nodes)}, node}
+  end
+
+  # The TaintNodesByCondition admission plugin gives every new node the
+  # not-ready taint; the node lifecycle controller would lift it once
+  # kwok reports Ready. That controller also evicts, so the tier does not
+  # run it: the administrator lifts the taint instead.
+  defp wait_node_ready!(c, proc, node) do
+    wait!(c, proc, fn ->
+      case request(c, :admin, "GET", "/api/v1/nodes/#{node}") do
+        {200, %{"status" => %{"conditions" => conds}}} ->
+          Enum.any?(conds, &match?(%{"type" => "Ready", "status" => "True"}, &1))
+
+        _ ->
+          false
+      end
+    end)
+
+    request!(c, :admin, "PATCH", "/api/v1/nodes/#{node}", %{spec: %{taints: :null}},
+      content_type: "application/merge-patch+json"
+    )
+  end
+
+  # --- objects --------------------------------------------------------------
+
+  defp bootstrap!(c, rules) do
+    ns = c.namespace
+    sa = c.service_account
+
+    for name <- [ns, c.other_namespace] do
+      request!(c, :admin, "POST", "/api/v1/namespaces", %{apiVersion: "v1", kind: "Namespace", metadata: %{name: name}})
+      # The ServiceAccount admission plugin wants `default` before any pod;
+      # the controller manager makes it too, but may not have yet.
+      create_ignoring_conflict(c, "/api/v1/namespaces/#{name}/serviceaccounts", %{metadata: %{name: "default"}})
+    end
+
+    request!(c, :admin, "POST", "/api/v1/namespaces/#{c.other_namespace}/secrets", %{
+      apiVersion: "v1",
+      kind: "Secret",
+      metadata: %{name: "not-yours"},
+      stringData: %{"token" => "secret"}
+    })
+
+    request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts", %{metadata: %{name: sa}})
+
+    request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/roles", %{
+      apiVersion: "rbac.authorization.k8s.io/v1",
+      kind: "Role",
+      metadata: %{name: "condukt-sandbox"},
+      rules: rules
+    })
+
+    request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/rolebindings", %{
+      apiVersion: "rbac.authorization.k8s.io/v1",
+      kind: "RoleBinding",
+      metadata: %{name: "condukt-sandbox"},
+      subjects: [%{kind: "ServiceAccount", name: sa, namespace: ns}],
+      roleRef: %{kind: "Role", name: "condukt-sandbox", apiGroup: "rbac.authorization.k8s.io"}
+    })
+
+    %{"status" => %{"token" => token}} =
+      request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts/#{sa}/token", %{
+        apiVersion: "authentication.k8s.io/v1",
+        kind: "TokenRequest",
+        spec: %{audiences: ["https://kubernetes.default.svc"], expirationSeconds: 7200}
+      })
+
+    c = %{c | token: token}
+    %{c | kubeconfig: write_kubeconfig(c, "sa.kubeconfig", %{token: token})}
+  end
+
+  defp create_ignoring_conflict(c, path, body) do
+    case request(c, :admin, "POST", path, body) do
+      {code, _} when code in [200, 201, 409] -> :ok
+      {code, body} -> raise "POST #{path}: HTTP #{code}: #{inspect(body)}"
+    end
+  end
+
+  defp write_kubeconfig(c, name, user) do
+    ca = c |> ca() |> File.read!() |> Base.encode64()
+
+    user_yaml =
+      case user do
+        %{token: t} -> "    token: #{t}\n"
+        %{cert: cert, key: key} -> "    client-certificate: #{cert}\n    client-key: #{key}\n"
+      end
+
+    path = Path.join(c.dir, name)
+
+    File.write!(path, """
+    apiVersion: v1
+    kind: Config
+    clusters:
+    - name: condukt-test
+      cluster:
+        server: #{c.server}
+        certificate-authority-data: #{ca}
+    users:
+    - name: condukt-test-user
+      user:
+    #{user_yaml}contexts:
+    - name: condukt-test
+      context:
+        cluster: condukt-test
+        user: condukt-test-user
+        namespace: #{c.namespace}
+    current-context: condukt-test
+    """)
+
+    path
+  end
+
+  # Our own minimal stages (kwok's Stage API): a managed node is Ready with
+  # the addresses it was created with; a pod bound to it becomes Running
+  # with every container running; a pod being deleted is removed.
+  defp kwok_stages do
+    """
+    apiVersion: kwok.x-k8s.io/v1alpha1
+    kind: Stage
+    metadata:
+      name: condukt-node-ready
+    spec:
+      resourceRef: {apiGroup: v1, kind: Node}
+      selector:
+        matchExpressions:
+        - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+          operator: NotIn
+          values: ['True']
+      next:
+        statusTemplate: |
+          conditions:
+          - type: Ready
+            status: "True"
+            reason: KubeletReady
+            message: kwok
+            lastHeartbeatTime: {{ Now | Quote }}
+            lastTransitionTime: {{ Now | Quote }}
+    ---
+    apiVersion: kwok.x-k8s.io/v1alpha1
+    kind: Stage
+    metadata:
+      name: condukt-pod-running
+    spec:
+      resourceRef: {apiGroup: v1, kind: Pod}
+      selector:
+        matchExpressions:
+        - key: '.metadata.deletionTimestamp'
+          operator: DoesNotExist
+        - key: '.status.phase'
+          operator: In
+          values: ['Pending']
+      next:
+        statusTemplate: |
+          phase: Running
+          startTime: {{ Now | Quote }}
+          hostIP: "127.0.0.1"
+          podIP: "127.0.0.1"
+          conditions:
+          - {type: Initialized, status: "True", lastTransitionTime: {{ Now | Quote }}}
+          - {type: Ready, status: "True", lastTransitionTime: {{ Now | Quote }}}
+          - {type: ContainersReady, status: "True", lastTransitionTime: {{ Now | Quote }}}
+          containerStatuses:
+          {{ range .spec.containers }}
+          - name: {{ .name | Quote }}
+            image: {{ .image | Quote }}
+            ready: true
+            restartCount: 0
+            state: {running: {startedAt: {{ Now | Quote }}}}
+          {{ end }}
+          initContainerStatuses:
+          {{ range .spec.initContainers }}
+          - name: {{ .name | Quote }}
+            image: {{ .image | Quote }}
+            ready: true
+            restartCount: 0
+            state: {terminated: {exitCode: 0, reason: Completed, startedAt: {{ Now | Quote }}, finishedAt: {{ Now | Quote }}}}
+          {{ end }}
+    ---
+    apiVersion: kwok.x-k8s.io/v1alpha1
+    kind: Stage
+    metadata:
+      name: condukt-pod-delete
+    spec:
+      resourceRef: {apiGroup: v1, kind: Pod}
+      selector:
+        matchExpressions:
+        - key: '.metadata.deletionTimestamp'
+          operator: Exists
+      next:
+        delete: true
+    """
+  end
+
+  # --- helpers --------------------------------------------------------------
+
+  defp maybe(c, true, fun), do: fun.(c)
+  defp maybe(c, _, _fun), do: c
+
+  defp bin(c, name), do: Path.join(c.bin_dir, name)
+
+  defp spawn!(c, name, argv) do
+    log = Path.join([c.dir, "log", "#{name}.log"])
+    pid = Cmd.spawn_daemon(argv, log)
+    File.write!(Path.join(c.dir, "pids"), "#{name} #{pid}\n", [:append])
+    %{c | pids: Map.put(c.pids, name, pid)}
+  end
+
+  defp wait!(c, name, fun) do
+    pid = Map.fetch!(c.pids, name)
+
+    case Cmd.poll(fn -> (not Cmd.alive?(pid) and :dead) || fun.() end, @start_timeout, 200) do
+      :ok ->
+        if Cmd.alive?(pid), do: :ok, else: raise("#{name} exited:\n#{tail_log(c, name)}")
+
+      {:error, :timeout} ->
+        raise "#{name} not ready after #{@start_timeout} ms:\n#{tail_log(c, name)}"
+    end
+  end
+
+  defp tail_log(c, name) do
+    case File.read(Path.join([c.dir, "log", "#{name}.log"])) do
+      {:ok, text} -> text |> String.split("\n") |> Enum.take(-40) |> Enum.join("\n")
+      _ -> "(no log)"
+    end
+  end
+
+  defp free_ports(n) do
+    socks =
+      for _ <- 1..n do
+        {:ok, s} = :gen_tcp.listen(0, ip: {127, 0, 0, 1}, reuseaddr: true)
+        s
+      end
+
+    ports = Enum.map(socks, fn s -> elem(:inet.port(s), 1) end)
+    Enum.each(socks, &:gen_tcp.close/1)
+    ports
+  end
+
+  defp split_status(out) do
+    case :binary.matches(out, "\n") do
+      [] ->
+        {"", String.to_integer(String.trim(out))}
+
+      matches ->
+        {pos, 1} = List.last(matches)
+
+        {binary_part(out, 0, pos),
+         out |> binary_part(pos + 1, byte_size(out) - pos - 1) |> String.trim() |> String.to_integer()}
+    end
+  end
+end

@@ -1,0 +1,118 @@
+defmodule Condukt.Test.K8s.Tier do
+  @moduledoc false
+  # Decides whether the `:kubernetes` tier can run on this machine
+  # (docs/k8s-tier.md).
+  #
+  # The tier needs the binaries of scripts/k8s/binaries.sh (etcd,
+  # kube-apiserver, kube-scheduler, kube-controller-manager, kwok; built
+  # once into a cache outside the repository, or taken from
+  # KUBEBUILDER_ASSETS), openssl and curl. This check never builds: `make`
+  # does that before the tests (scripts/k8s/binaries.sh), and a machine
+  # without the cache skips the tier with the reason printed. The answer is
+  # kept in :persistent_term.
+  #
+  # DESIGN.md §9: a tier that cannot run is skipped with a printed reason,
+  # and CONDUKT_REQUIRE_ALL_TIERS=1 turns the skip into a failed run.
+
+  @key {__MODULE__, :check}
+  @programs ~w(openssl curl timeout setsid kill)
+  @dirs ~w(/usr/sbin /usr/bin /sbin /bin)
+
+  @doc "`:ok` or `{:skip, reason}`, computed once per VM."
+  @spec check() :: :ok | {:skip, String.t()}
+  def check do
+    case :persistent_term.get(@key, nil) do
+      nil ->
+        result = compute()
+        :persistent_term.put(@key, result)
+        result
+
+      result ->
+        result
+    end
+  end
+
+  @doc "The skip reason, or nil when the tier can run."
+  @spec skip_reason() :: String.t() | nil
+  def skip_reason do
+    case check() do
+      :ok -> nil
+      {:skip, reason} -> reason
+    end
+  end
+
+  @doc "The directory with the tier's binaries (raises when the tier cannot run)."
+  @spec bin_dir!() :: Path.t()
+  def bin_dir! do
+    case :persistent_term.get({__MODULE__, :bin_dir}, nil) do
+      nil -> raise "kubernetes tier: #{skip_reason() || "binaries not found"}"
+      dir -> dir
+    end
+  end
+
+  @doc "The absolute path of a system tool; raises when it is missing."
+  @spec tool!(String.t()) :: String.t()
+  def tool!(name) do
+    Enum.find_value(@dirs, &executable(Path.join(&1, name))) ||
+      raise("kubernetes tier: `#{name}` not found")
+  end
+
+  @doc "scripts/k8s/binaries.sh in this checkout."
+  @spec script() :: Path.t()
+  def script, do: Path.expand("../../../scripts/k8s/binaries.sh", __DIR__)
+
+  @doc """
+  Called from test/test_helper.exs before `ExUnit.start/1`: prints why the
+  tier is skipped and excludes `:kubernetes`, or fails the run under
+  CONDUKT_REQUIRE_ALL_TIERS=1.
+  """
+  @spec configure_exunit() :: :ok
+  def configure_exunit do
+    case check() do
+      :ok ->
+        :ok
+
+      {:skip, reason} ->
+        if System.get_env("CONDUKT_REQUIRE_ALL_TIERS") == "1" do
+          Mix.raise("the :kubernetes tier is required (CONDUKT_REQUIRE_ALL_TIERS=1) but cannot run: #{reason}")
+        end
+
+        IO.puts(:stderr, "kubernetes tier skipped: #{reason}")
+        ExUnit.configure(exclude: Enum.uniq([:kubernetes | Keyword.get(ExUnit.configuration(), :exclude, [])]))
+    end
+  end
+
+  defp compute do
+    with :ok <- check_programs(),
+         {:ok, dir} <- check_binaries() do
+      :persistent_term.put({__MODULE__, :bin_dir}, dir)
+      :ok
+    end
+  end
+
+  defp check_programs do
+    case Enum.reject(@programs, fn p -> Enum.any?(@dirs, &executable(Path.join(&1, p))) end) do
+      [] -> :ok
+      missing -> {:skip, "missing programs: #{Enum.join(missing, ", ")}"}
+    end
+  end
+
+  defp check_binaries do
+    case System.cmd("sh", [script(), "--check"], stderr_to_stdout: true) do
+      {out, 0} ->
+        {:ok, out |> String.trim() |> String.split("\n") |> List.last()}
+
+      {out, _} ->
+        {:skip,
+         "the Kubernetes binaries are not built (#{String.trim(out)}); " <>
+           "`sh scripts/k8s/setup-go.sh && sh scripts/k8s/binaries.sh` builds them once"}
+    end
+  end
+
+  defp executable(path) do
+    case File.stat(path) do
+      {:ok, %{type: :regular, mode: mode}} when Bitwise.band(mode, 0o111) != 0 -> path
+      _ -> nil
+    end
+  end
+end
