@@ -124,12 +124,14 @@ fuzz: $(FUZZ_BINS)
 elixir-test: $(BIN) $(SAN_BIN)
 	MIX_ENV=test mix compile --warnings-as-errors --force
 	mix format --check-formatted
+	sh scripts/k8s/binaries.sh >/dev/null
 	$(SAN_ENV) CONDUKT_EGRESS_SAN_BIN=$(ROOT)/$(SAN_BIN) MIX_ENV=test mix test
 
 test: c-test fuzz-smoke elixir-test
 
 setup:
 	sh scripts/setup-debian.sh
+	sh scripts/k8s/setup-go.sh
 
 demo: $(BIN)
 	mix run scripts/demo.exs
