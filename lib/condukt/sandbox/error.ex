@@ -86,6 +86,7 @@ defmodule Condukt.Sandbox.Error do
   defp what(%{reason: :timeout, detail: %{timeout: ms}}),
     do: "the command timed out after #{ms} ms and its processes were killed"
 
+  defp what(%{reason: :timeout, detail: text}) when is_binary(text), do: text
   defp what(%{reason: :timeout}), do: "the operation timed out"
   defp what(%{reason: :invalid_command}), do: "a command cannot contain a NUL byte"
   defp what(%{reason: :spawn_failed, detail: detail}), do: "the shell could not be started (#{describe(detail)})"

@@ -267,12 +267,7 @@ defmodule Condukt.Sandbox.Local do
     target = final_target(resolve(state, path))
 
     with {:ok, content} <- File.read(target),
-         {:ok, {at, len}} <- find_once(content, old_text),
-         updated = [
-           binary_part(content, 0, at),
-           new_text,
-           binary_part(content, at + len, byte_size(content) - at - len)
-         ],
+         {:ok, updated} <- Condukt.Sandbox.Edit.replace_once(content, old_text, new_text),
          :ok <- atomic_write(target, updated) do
       :ok
     else
@@ -436,31 +431,6 @@ defmodule Condukt.Sandbox.Local do
     case File.stat(target) do
       {:ok, %File.Stat{type: :regular, mode: mode}} -> File.chmod(tmp, Bitwise.band(mode, 0o7777))
       _ -> :ok
-    end
-  end
-
-  # The offset and length of the one occurrence of `old` in `content`.
-  # Occurrences are counted overlapping ("aa" occurs twice in "aaa"), since
-  # any second match makes the edit ambiguous.
-  defp find_once(_content, ""), do: {:error, :empty_old_text}
-
-  defp find_once(content, old) do
-    case :binary.match(content, old) do
-      :nomatch ->
-        {:error, :old_text_not_found}
-
-      {at, _len} = found ->
-        case count_from(content, old, at + 1, 1) do
-          1 -> {:ok, found}
-          n -> {:error, {:old_text_not_unique, n}}
-        end
-    end
-  end
-
-  defp count_from(content, old, from, count) do
-    case :binary.match(content, old, scope: {from, byte_size(content) - from}) do
-      :nomatch -> count
-      {at, _} -> count_from(content, old, at + 1, count + 1)
     end
   end
 

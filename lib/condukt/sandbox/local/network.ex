@@ -321,7 +321,7 @@ defmodule Condukt.Sandbox.Local.Network do
     File.cp!(bin, copy)
     File.chmod!(copy, 0o755)
     mozilla = Path.join(net.dir, "mozilla.pem")
-    File.cp!(Application.app_dir(:condukt, "priv/ca-certificates/mozilla.pem"), mozilla)
+    File.cp!(NetworkPolicy.CA.mozilla_path(), mozilla)
 
     policy = Path.join(net.dir, "policy.json")
     File.write!(policy, NetworkPolicy.to_sidecar_json(opts[:policy]))
@@ -332,7 +332,7 @@ defmodule Condukt.Sandbox.Local.Network do
     token_file = Path.join(net.dir, "token")
     File.write!(token_file, token <> "\n")
     bundle = Path.join(net.dir, "trust-bundle.pem")
-    File.write!(bundle, File.read!(mozilla) <> File.read!(ca_cert))
+    File.write!(bundle, NetworkPolicy.CA.trust_bundle(File.read!(ca_cert)))
 
     for f <- [ca_key, token_file, policy], do: File.chmod!(f, 0o600)
     for f <- [mozilla, ca_cert, bundle], do: File.chmod!(f, 0o644)

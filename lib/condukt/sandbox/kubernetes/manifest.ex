@@ -1,0 +1,97 @@
+defmodule Condukt.Sandbox.Kubernetes.Manifest do
+  @moduledoc false
+  # The pod of docs/kubernetes.md, "Pod", as a plain map (JSON-ready).
+
+  alias Condukt.Sandbox.Kubernetes.Names
+  alias Condukt.Sandbox.NetworkPolicy.K8s.Manifests
+
+  @keepalive "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
+
+  @doc """
+  `cfg` is the validated init options as a map plus `:id` (a string),
+  `:pod`, `:delete_on_shutdown` (a boolean), `:now` and, with a policy,
+  `:policy_params` (`t:Manifests.params/0`).
+  """
+  @spec pod(map()) :: map()
+  def pod(cfg) do
+    policy? = cfg[:policy_params] != nil
+
+    container =
+      %{
+        "name" => "workspace",
+        "image" => cfg.image,
+        "command" => ["/bin/sh", "-c", @keepalive],
+        "workingDir" => cfg.cwd,
+        "env" => env(cfg.env, policy?),
+        "volumeMounts" =>
+          [%{"name" => "workspace", "mountPath" => cfg.cwd}] ++ if(policy?, do: Manifests.workspace_mounts(), else: [])
+      }
+      |> put_if("resources", cfg[:resources] && deep_stringify(cfg.resources))
+
+    spec =
+      %{
+        "restartPolicy" => "Always",
+        "activeDeadlineSeconds" => cfg.active_deadline_seconds,
+        "automountServiceAccountToken" => false,
+        "volumes" =>
+          [%{"name" => "workspace", "emptyDir" => %{}}] ++
+            if(policy?, do: Manifests.volumes(cfg.policy_params), else: []),
+        "containers" => [container]
+      }
+      |> put_if("serviceAccountName", cfg[:service_account])
+      |> put_if("hostAliases", host_aliases(cfg[:host_aliases] || []))
+      |> put_if("nodeSelector", non_empty(Names.stringify(cfg[:node_selector] || %{})))
+      |> put_if("securityContext", policy? && %{"fsGroup" => Manifests.sidecar_uid()})
+      |> put_if("initContainers", policy? && Manifests.init_containers(cfg.policy_params))
+
+    %{
+      "apiVersion" => "v1",
+      "kind" => "Pod",
+      "metadata" => %{
+        "name" => cfg.pod,
+        "namespace" => cfg.namespace,
+        "labels" => Names.pod_labels(cfg.id, cfg.labels),
+        "annotations" => Names.pod_annotations(cfg.id, cfg.delete_on_shutdown, cfg.now, cfg.annotations)
+      },
+      "spec" => spec
+    }
+  end
+
+  # The caller's variables, then (with a policy) the six CA variables,
+  # which win over a caller's variable of the same name.
+  defp env(env, policy?) do
+    ca = if policy?, do: Manifests.ca_env(), else: []
+    ca_names = MapSet.new(ca, & &1["name"])
+
+    caller =
+      env
+      |> Enum.map(fn {k, v} -> {to_string(k), to_string(v)} end)
+      |> Enum.reverse()
+      |> Enum.uniq_by(&elem(&1, 0))
+      |> Enum.reverse()
+      |> Enum.reject(fn {k, _} -> MapSet.member?(ca_names, k) end)
+      |> Enum.map(fn {k, v} -> %{"name" => k, "value" => v} end)
+
+    caller ++ ca
+  end
+
+  defp host_aliases([]), do: nil
+
+  defp host_aliases(aliases) do
+    Enum.map(aliases, fn a ->
+      m = Map.new(a)
+      %{"ip" => m[:ip] || m["ip"], "hostnames" => m[:hostnames] || m["hostnames"]}
+    end)
+  end
+
+  defp non_empty(m) when map_size(m) == 0, do: nil
+  defp non_empty(m), do: m
+
+  defp put_if(map, _k, nil), do: map
+  defp put_if(map, _k, false), do: map
+  defp put_if(map, k, v), do: Map.put(map, k, v)
+
+  defp deep_stringify(m) when is_map(m), do: Map.new(m, fn {k, v} -> {to_string(k), deep_stringify(v)} end)
+  defp deep_stringify(v) when is_atom(v) and v not in [nil, true, false], do: Atom.to_string(v)
+  defp deep_stringify(v), do: v
+end

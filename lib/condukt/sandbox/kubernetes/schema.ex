@@ -1,0 +1,287 @@
+defmodule Condukt.Sandbox.Kubernetes.Schema do
+  @moduledoc false
+  # Option schemas of Condukt.Sandbox.Kubernetes (Condukt.Options), shared
+  # by validation and the rendered moduledoc. The seed 004 options first,
+  # then the network policy ones (seed 000, docs/kubernetes.md).
+
+  alias Condukt.Sandbox.NetworkPolicy.K8s.Manifests
+
+  @spec init() :: Condukt.Options.schema()
+  def init do
+    [
+      id: [
+        type: {:custom, &__MODULE__.id/1},
+        default: nil,
+        doc:
+          "stable identifier the pod name is derived from (1 to 253 bytes once a string). Defaults to the " <>
+            "session id when started through a session; without one a random id is generated and the pod is single-use."
+      ],
+      namespace: [type: {:custom, &__MODULE__.dns_label/1}, default: "default", doc: "Kubernetes namespace."],
+      image: [
+        type: {:custom, &__MODULE__.non_empty/1},
+        default: "debian:bookworm-slim",
+        doc: "the workspace container's image."
+      ],
+      cwd: [
+        type: {:custom, &__MODULE__.absolute/1},
+        default: "/workspace",
+        doc: "working directory inside the pod, where the workspace volume (an `emptyDir`) is mounted."
+      ],
+      env: [
+        type: {:custom, &__MODULE__.env/1},
+        default: %{},
+        doc: "environment variables of the workspace container, as a map or a list of `{name, value}` string pairs."
+      ],
+      labels: [
+        type: {:custom, &__MODULE__.string_map/1},
+        default: %{},
+        doc:
+          "additional pod labels, merged under Condukt's (`app.kubernetes.io/managed-by` and " <>
+            "`condukt.dev/sandbox` cannot be overridden)."
+      ],
+      annotations: [type: {:custom, &__MODULE__.string_map/1}, default: %{}, doc: "additional pod annotations."],
+      resources: [
+        type: {:custom, &__MODULE__.map_or_nil/1},
+        default: nil,
+        doc:
+          "the container's resource requests/limits, e.g. `%{requests: %{cpu: \"500m\"}, limits: %{memory: \"4Gi\"}}`."
+      ],
+      service_account: [
+        type: {:custom, &__MODULE__.string_or_nil/1},
+        default: nil,
+        doc: "the ServiceAccount the pod runs as (its token is never mounted into the workspace)."
+      ],
+      active_deadline_seconds: [
+        type: :pos_integer,
+        default: 28_800,
+        doc: "Kubernetes-side hard ceiling on the pod's lifetime (`activeDeadlineSeconds`, 8 hours)."
+      ],
+      heartbeat_interval: [
+        type: {:custom, &__MODULE__.interval/1},
+        default: 60_000,
+        doc:
+          "milliseconds between heartbeat annotation updates by a worker tied to the calling process; " <>
+            "`false` disables the worker (drive `heartbeat/1` yourself)."
+      ],
+      workspace_source: [
+        type: {:custom, &__MODULE__.workspace_source/1},
+        default: nil,
+        doc:
+          "a git repository cloned into `:cwd` at init: a URL, or `[git: url, ref: ref]`. An existing checkout " <>
+            "is reused and `:ref` checked out again. The image must include `git`."
+      ],
+      workspace_source_timeout: [
+        type: :pos_integer,
+        default: 300_000,
+        doc: "milliseconds the clone or checkout may take."
+      ],
+      ready_timeout: [
+        type: :pos_integer,
+        default: 120_000,
+        doc: "milliseconds to wait for a pod to reach `Running` (and for a terminating one to go)."
+      ],
+      on_stale: [
+        type: {:in, [:error, :recreate]},
+        default: :error,
+        doc:
+          "an adopted pod in phase `Succeeded` or `Failed`: `:error` returns `{:error, {:stale_pod, phase}}`, " <>
+            "`:recreate` deletes and recreates it."
+      ],
+      delete_on_shutdown: [
+        type: {:custom, &__MODULE__.boolean_or_nil/1},
+        default: nil,
+        doc: "whether `shutdown/1` deletes the pod. Default: `false` when an `:id` is given, `true` otherwise."
+      ],
+      conn: [
+        type: :any,
+        default: nil,
+        doc:
+          "explicit connection: a `Condukt.Kube.Conn` (or its fields as a keyword list or map) or a " <>
+            "connected `Condukt.Kube`. Skips in-cluster and kubeconfig resolution."
+      ],
+      kubeconfig: [
+        type: {:custom, &__MODULE__.paths/1},
+        default: nil,
+        doc: "a kubeconfig path or list of paths. Default: `$KUBECONFIG`, else `~/.kube/config`."
+      ],
+      context: [
+        type: {:custom, &__MODULE__.string_or_nil/1},
+        default: nil,
+        doc: "kubeconfig context (default: `current-context`)."
+      ],
+      in_cluster: [
+        type: {:custom, &__MODULE__.boolean_or_nil/1},
+        default: nil,
+        doc: "`true` to use the pod's ServiceAccount; auto-detected from `KUBERNETES_SERVICE_HOST`."
+      ],
+      host_aliases: [
+        type: {:custom, &__MODULE__.host_aliases/1},
+        default: [],
+        doc: "`hostAliases` of the pod: a list of `%{ip: \"10.0.0.5\", hostnames: [\"git.internal\"]}`."
+      ],
+      node_selector: [
+        type: {:custom, &__MODULE__.string_map/1},
+        default: %{},
+        doc: "the pod's `nodeSelector` (labels of the nodes it may run on)."
+      ],
+      timeout: [type: :pos_integer, default: 120_000, doc: "the default `exec/3` timeout, in milliseconds."],
+      max_output_bytes: [
+        type: :pos_integer,
+        default: 1_048_576,
+        doc: "the default cap on the output `exec/3` keeps; the rest is dropped and a marker says how much."
+      ],
+      network_policy: [
+        type: :any,
+        default: nil,
+        doc:
+          "a `Condukt.Sandbox.NetworkPolicy` (struct, keyword list or map): every TCP 80/443 connection of the " <>
+            "pod goes through the egress sidecar (see \"Network policy\")."
+      ],
+      network_policy_image: [
+        type: {:custom, &__MODULE__.non_empty/1},
+        default: Manifests.default_image(),
+        doc: "the `condukt-egress` sidecar image (mirror or pin it here)."
+      ],
+      network_policy_upstream_ca: [
+        type: {:custom, &__MODULE__.string_or_nil/1},
+        default: nil,
+        doc: "PEM of extra roots the sidecar trusts for upstreams (an internal CA)."
+      ],
+      network_policy_allow_private: [
+        type: {:list, :string},
+        default: [],
+        doc: "CIDRs of private addresses the sidecar may connect to (denied by default)."
+      ],
+      network_policy_required: [
+        type: :boolean,
+        default: false,
+        doc: "accepted for portability with `Condukt.Sandbox.Local`; the Kubernetes sandbox always enforces."
+      ],
+      messages: [
+        type: :any,
+        default: nil,
+        doc:
+          "the session's message history, oldest first, for the context of decide rules: a list, " <>
+            "a 0-arity function or `{m, f, a}`."
+      ]
+    ]
+  end
+
+  @doc false
+  def id(nil), do: :ok
+  def id(v) when is_binary(v) and byte_size(v) in 1..253, do: if(String.valid?(v), do: :ok, else: id(:bad))
+  def id(v) when is_atom(v) or is_integer(v), do: id(to_string(v))
+  def id(_), do: {:error, "a string of 1 to 253 bytes (UTF-8), an atom or an integer"}
+
+  @doc false
+  def dns_label(v) when is_binary(v) do
+    if v =~ ~r/\A[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\z/,
+      do: :ok,
+      else: {:error, "a DNS-1123 label (lowercase letters, digits and '-', at most 63)"}
+  end
+
+  def dns_label(_), do: {:error, "a DNS-1123 label (lowercase letters, digits and '-', at most 63)"}
+
+  @doc false
+  def non_empty(v) when is_binary(v) and v != "", do: :ok
+  def non_empty(_), do: {:error, "a non-empty string"}
+
+  @doc false
+  def absolute(v) when is_binary(v) do
+    if String.starts_with?(v, "/") and not String.contains?(v, <<0>>),
+      do: :ok,
+      else: {:error, "an absolute path"}
+  end
+
+  def absolute(_), do: {:error, "an absolute path"}
+
+  @doc false
+  def env(v) when is_map(v) or is_list(v) do
+    if Enum.all?(v, &env_pair?/1),
+      do: :ok,
+      else: {:error, "a map or list of {name, value} strings (names without \"=\" or NUL, values without NUL)"}
+  end
+
+  def env(_), do: {:error, "a map or list of {name, value} strings"}
+
+  defp env_pair?({k, v}) when is_binary(k) and is_binary(v),
+    do: k != "" and not String.contains?(k, ["=", <<0>>]) and not String.contains?(v, <<0>>)
+
+  defp env_pair?(_), do: false
+
+  @doc false
+  def string_map(v) when is_map(v) do
+    if Enum.all?(v, fn {k, val} -> stringish?(k) and stringish?(val) end),
+      do: :ok,
+      else: {:error, "a map of string keys to string values"}
+  end
+
+  def string_map(_), do: {:error, "a map of string keys to string values"}
+
+  defp stringish?(v), do: (is_binary(v) and v != "") or (is_atom(v) and v not in [nil, true, false])
+
+  @doc false
+  def map_or_nil(v) when is_nil(v) or is_map(v), do: :ok
+  def map_or_nil(_), do: {:error, "a map or nil"}
+
+  @doc false
+  def string_or_nil(v) when is_nil(v) or (is_binary(v) and v != ""), do: :ok
+  def string_or_nil(_), do: {:error, "a non-empty string or nil"}
+
+  @doc false
+  def boolean_or_nil(v) when is_nil(v) or is_boolean(v), do: :ok
+  def boolean_or_nil(_), do: {:error, "a boolean"}
+
+  @doc false
+  def interval(false), do: :ok
+  def interval(v) when is_integer(v) and v > 0, do: :ok
+  def interval(_), do: {:error, "a positive integer (milliseconds) or false"}
+
+  @doc false
+  def paths(nil), do: :ok
+  def paths(v) when is_binary(v) and v != "", do: :ok
+
+  def paths([_ | _] = v),
+    do: if(Enum.all?(v, &(is_binary(&1) and &1 != "")), do: :ok, else: paths(:bad))
+
+  def paths(_), do: {:error, "a path or a non-empty list of paths"}
+
+  @doc false
+  def workspace_source(nil), do: :ok
+  def workspace_source(v) when is_binary(v) and v != "", do: :ok
+
+  def workspace_source(v) when is_list(v) or is_map(v) do
+    with true <- is_map(v) or Keyword.keyword?(v),
+         m = Map.new(v),
+         [] <- Map.keys(m) -- [:git, :ref],
+         true <- is_binary(m[:git]) and m[:git] != "",
+         true <- is_nil(m[:ref]) or (is_binary(m[:ref]) and m[:ref] != "" and not String.starts_with?(m[:ref], "-")) do
+      :ok
+    else
+      _ -> workspace_source(:bad)
+    end
+  end
+
+  def workspace_source(_), do: {:error, "a git URL, or [git: url, ref: ref] (a ref not starting with \"-\")"}
+
+  @doc false
+  def host_aliases(v) when is_list(v) do
+    if Enum.all?(v, &host_alias?/1),
+      do: :ok,
+      else: {:error, "a list of %{ip: address, hostnames: [name, ...]}"}
+  end
+
+  def host_aliases(_), do: {:error, "a list of %{ip: address, hostnames: [name, ...]}"}
+
+  defp host_alias?(a) when is_map(a) or is_list(a) do
+    m = if is_map(a), do: a, else: (Keyword.keyword?(a) && Map.new(a)) || %{}
+    ip = m[:ip] || m["ip"]
+    names = m[:hostnames] || m["hostnames"]
+
+    is_binary(ip) and match?({:ok, _}, :inet.parse_strict_address(String.to_charlist(ip))) and
+      is_list(names) and names != [] and
+      Enum.all?(names, &(is_binary(&1) and &1 =~ ~r/\A[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?\z/))
+  end
+
+  defp host_alias?(_), do: false
+end

@@ -1,0 +1,229 @@
+defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
+  @moduledoc """
+  The Kubernetes objects the network policy adds to a sandbox pod
+  (docs/kubernetes.md, "Objects" and "Pod"), as plain maps ready to be
+  sent as JSON: the sidecar's Secret, the workspace's trust Secret, the
+  NetworkPolicy, and the pod's init containers, volumes, mounts and CA
+  environment.
+
+  `default_image/0` is the sidecar image matching this library's version
+  (`ghcr.io/tuist/condukt-egress:<version>`); `Condukt.Sandbox.Kubernetes`
+  takes another with `:network_policy_image`.
+  """
+
+  alias Condukt.Sandbox.NetworkPolicy
+
+  @version Mix.Project.config()[:version]
+  @binary "/usr/local/bin/condukt-egress"
+  @egress_dir "/etc/condukt-egress"
+  @trust_dir "/etc/condukt"
+  @proxy_port 15_001
+  @control_port 15_002
+  @mark "0x539"
+  @sidecar_uid 1337
+
+  @doc "`ghcr.io/tuist/condukt-egress:<library version>`."
+  @spec default_image() :: String.t()
+  def default_image, do: "ghcr.io/tuist/condukt-egress:#{@version}"
+
+  @doc "The sidecar's control port inside the pod (loopback only)."
+  @spec control_port() :: 15_002
+  def control_port, do: @control_port
+
+  @doc "The pod-level `fsGroup` through which the sidecar reads its Secret."
+  @spec sidecar_uid() :: 1337
+  def sidecar_uid, do: @sidecar_uid
+
+  @typedoc """
+  What the objects are made from: the pod's name and namespace, the
+  selector labels, the session id, and the session's CA, token and policy.
+  """
+  @type params :: %{
+          required(:pod) => String.t(),
+          required(:namespace) => String.t(),
+          required(:labels) => %{String.t() => String.t()},
+          optional(:session_id) => String.t(),
+          optional(:image) => String.t(),
+          optional(:ca_cert_pem) => String.t(),
+          optional(:ca_key_pem) => String.t(),
+          optional(:token) => String.t(),
+          optional(:policy_json) => String.t(),
+          optional(:upstream_ca) => String.t() | nil,
+          optional(:allow_private) => [String.t()]
+        }
+
+  @doc "Secret `<pod>-egress`: the sidecar's CA, key, token and policy (only the sidecar mounts it)."
+  @spec egress_secret(params()) :: map()
+  def egress_secret(p) do
+    data =
+      %{
+        "ca.pem" => p.ca_cert_pem,
+        "ca.key" => p.ca_key_pem,
+        "token" => p.token,
+        "policy.json" => p.policy_json
+      }
+      |> then(fn d -> if p[:upstream_ca], do: Map.put(d, "upstream-ca.pem", p.upstream_ca), else: d end)
+
+    secret(p.pod <> "-egress", p, data)
+  end
+
+  @doc "Secret `<pod>-trust`: the session CA and the trust bundle (Mozilla roots + session CA)."
+  @spec trust_secret(params()) :: map()
+  def trust_secret(p) do
+    secret(p.pod <> "-trust", p, %{
+      "ca.pem" => p.ca_cert_pem,
+      "ca-certificates.crt" => NetworkPolicy.CA.trust_bundle(p.ca_cert_pem)
+    })
+  end
+
+  defp secret(name, p, data) do
+    %{
+      "apiVersion" => "v1",
+      "kind" => "Secret",
+      "type" => "Opaque",
+      "metadata" => %{"name" => name, "namespace" => p.namespace, "labels" => p.labels},
+      "data" => Map.new(data, fn {k, v} -> {k, Base.encode64(v)} end)
+    }
+  end
+
+  @doc """
+  NetworkPolicy `<pod>-egress`: no ingress at all; egress only to DNS
+  (UDP and TCP 53) and TCP 80 and 443.
+  """
+  @spec network_policy(params()) :: map()
+  def network_policy(p) do
+    %{
+      "apiVersion" => "networking.k8s.io/v1",
+      "kind" => "NetworkPolicy",
+      "metadata" => %{"name" => p.pod <> "-egress", "namespace" => p.namespace, "labels" => p.labels},
+      "spec" => %{
+        "podSelector" => %{"matchLabels" => Map.take(p.labels, ["condukt.dev/sandbox"])},
+        "policyTypes" => ["Ingress", "Egress"],
+        "ingress" => [],
+        "egress" => [
+          %{
+            "ports" => [
+              %{"protocol" => "UDP", "port" => 53},
+              %{"protocol" => "TCP", "port" => 53},
+              %{"protocol" => "TCP", "port" => 80},
+              %{"protocol" => "TCP", "port" => 443}
+            ]
+          }
+        ]
+      }
+    }
+  end
+
+  @doc "The two init containers: `condukt-netfilter` (iptables) and the native sidecar `condukt-egress`."
+  @spec init_containers(params()) :: [map()]
+  def init_containers(p) do
+    netfilter = %{
+      "name" => "condukt-netfilter",
+      "image" => p.image,
+      "command" => [@binary, "netfilter-setup", "--proxy-port", "#{@proxy_port}", "--mark", @mark],
+      "securityContext" => %{
+        "runAsUser" => 0,
+        "runAsNonRoot" => false,
+        "allowPrivilegeEscalation" => false,
+        "readOnlyRootFilesystem" => true,
+        "capabilities" => %{"drop" => ["ALL"], "add" => ["NET_ADMIN", "NET_RAW"]}
+      }
+    }
+
+    upstream = if p[:upstream_ca], do: ["--upstream-extra-ca", "#{@egress_dir}/upstream-ca.pem"], else: []
+    private = Enum.flat_map(p[:allow_private] || [], &["--allow-private", &1])
+
+    sidecar = %{
+      "name" => "condukt-egress",
+      "image" => p.image,
+      "restartPolicy" => "Always",
+      "command" =>
+        [
+          @binary,
+          "proxy",
+          "--policy",
+          "#{@egress_dir}/policy.json",
+          "--ca-cert",
+          "#{@egress_dir}/ca.pem",
+          "--ca-key",
+          "#{@egress_dir}/ca.key",
+          "--token-file",
+          "#{@egress_dir}/token",
+          "--session-id",
+          p.session_id,
+          "--control",
+          "127.0.0.1:#{@control_port}",
+          "--listen",
+          "127.0.0.1:#{@proxy_port}",
+          "--listen",
+          "[::1]:#{@proxy_port}"
+        ] ++ upstream ++ private,
+      "securityContext" => %{
+        "runAsUser" => @sidecar_uid,
+        "runAsGroup" => @sidecar_uid,
+        "runAsNonRoot" => true,
+        "allowPrivilegeEscalation" => false,
+        "readOnlyRootFilesystem" => true,
+        "capabilities" => %{"drop" => ["ALL"], "add" => ["NET_ADMIN"]}
+      },
+      "volumeMounts" => [%{"name" => "condukt-egress", "mountPath" => @egress_dir, "readOnly" => true}]
+    }
+
+    [netfilter, sidecar]
+  end
+
+  @doc "The pod volumes of the two Secrets (the egress one group-readable only, 0440)."
+  @spec volumes(params()) :: [map()]
+  def volumes(p) do
+    [
+      %{"name" => "condukt-egress", "secret" => %{"secretName" => p.pod <> "-egress", "defaultMode" => 0o440}},
+      %{"name" => "condukt-trust", "secret" => %{"secretName" => p.pod <> "-trust", "defaultMode" => 0o444}}
+    ]
+  end
+
+  @doc """
+  The workspace container's mounts of the trust Secret: `/etc/condukt`,
+  and the bundle over the two system trust-store paths (subPath).
+  """
+  @spec workspace_mounts() :: [map()]
+  def workspace_mounts do
+    [
+      %{"name" => "condukt-trust", "mountPath" => @trust_dir, "readOnly" => true},
+      %{
+        "name" => "condukt-trust",
+        "mountPath" => "/etc/ssl/certs/ca-certificates.crt",
+        "subPath" => "ca-certificates.crt",
+        "readOnly" => true
+      },
+      %{
+        "name" => "condukt-trust",
+        "mountPath" => "/etc/ssl/cert.pem",
+        "subPath" => "ca-certificates.crt",
+        "readOnly" => true
+      }
+    ]
+  end
+
+  @doc "The six CA variables of seed 000, pointed at `/etc/condukt/ca.pem`, as pod `env` entries."
+  @spec ca_env() :: [map()]
+  def ca_env, do: Enum.map(NetworkPolicy.ca_env("#{@trust_dir}/ca.pem"), fn {k, v} -> %{"name" => k, "value" => v} end)
+
+  @doc "A merge patch that makes `obj` owned (not controlled) by the pod, for the garbage collector."
+  @spec owner_patch(String.t(), String.t()) :: map()
+  def owner_patch(pod_name, pod_uid) do
+    %{
+      "metadata" => %{
+        "ownerReferences" => [
+          %{
+            "apiVersion" => "v1",
+            "kind" => "Pod",
+            "name" => pod_name,
+            "uid" => pod_uid,
+            "controller" => false,
+            "blockOwnerDeletion" => false
+          }
+        ]
+      }
+    }
+  end
+end
