@@ -62,8 +62,14 @@ defmodule Condukt.Sandbox.Kubernetes.Glob do
         translated = Enum.map(alts, &translate(&1, dot, start?, []))
 
         case Enum.find(translated, &match?({:error, _}, &1)) do
-          nil -> translate(rest, dot, false, ["(?:" <> Enum.map_join(translated, "|", &elem(&1, 1)) <> ")" | acc])
-          error -> error
+          # Like :filelib (whose listing hides dot entries), a brace group
+          # at a segment start never matches a dot name unless match_dot.
+          nil ->
+            guard = if start? and not dot, do: "(?!\\.)", else: ""
+            translate(rest, dot, false, [guard <> "(?:" <> Enum.map_join(translated, "|", &elem(&1, 1)) <> ")" | acc])
+
+          error ->
+            error
         end
 
       :error ->

@@ -1,0 +1,373 @@
+defmodule Condukt.Sandbox.Kubernetes.UnitTest do
+  # What the Kubernetes backend decides without a cluster: names, option
+  # validation, the manifests of docs/kubernetes.md, glob translation.
+  use ExUnit.Case, async: true
+
+  alias Condukt.Sandbox.Error
+  alias Condukt.Sandbox.Kubernetes
+  alias Condukt.Sandbox.Kubernetes.{Glob, Manifest, Names, Schema}
+  alias Condukt.Sandbox.NetworkPolicy.K8s.Manifests
+
+  describe "names" do
+    test "any id gives a DNS-1123 label of at most 63 characters" do
+      ids = [
+        "job-42",
+        "Job_42",
+        "",
+        "---",
+        "日本語",
+        String.duplicate("a", 253),
+        String.duplicate("-a", 100),
+        "UPPER.case/with spaces\n and\ttabs",
+        "x" <> <<0>> <> "y",
+        "a--b",
+        String.duplicate("ab-", 20) <> "-"
+      ]
+
+      for id <- ids do
+        name = Names.pod_name(id)
+        assert byte_size(name) <= 63, "#{inspect(id)} -> #{name}"
+        assert name =~ ~r/\A[a-z0-9]([-a-z0-9]*[a-z0-9])?\z/, "#{inspect(id)} -> #{name}"
+        assert String.starts_with?(name, "condukt-")
+        # and the derived object names stay valid names
+        assert byte_size(Names.egress_secret(name)) <= 253
+      end
+    end
+
+    test "the slug and hash rules" do
+      assert Names.pod_name("Job 42") == "condukt-job-42-" <> Names.hash("Job 42")
+      assert Names.pod_name("日本語") == "condukt-" <> Names.hash("日本語")
+      assert Names.hash("job-42") =~ ~r/\A[0-9a-f]{10}\z/
+
+      assert Names.hash("job-42") ==
+               :crypto.hash(:sha256, "job-42") |> Base.encode16(case: :lower) |> binary_part(0, 10)
+
+      long = Names.pod_name(String.duplicate("abc-", 30))
+      [_, slug, _hash] = Regex.run(~r/\Acondukt-(.*)-([0-9a-f]{10})\z/, long)
+      assert byte_size(slug) <= 40
+      refute String.ends_with?(slug, "-")
+    end
+
+    test "distinct ids give distinct names, even when their slugs agree" do
+      ids = ["job-42", "JOB-42", "job_42", "job 42", "job--42", "-job-42-"]
+      names = Enum.map(ids, &Names.pod_name/1)
+      assert length(Enum.uniq(names)) == length(ids)
+      many = for i <- 1..2000, do: Names.pod_name("session-#{i}")
+      assert length(Enum.uniq(many)) == 2000
+    end
+
+    test "label values are valid and ours win over the caller's" do
+      labels =
+        Names.pod_labels("job-42", %{
+          "app.kubernetes.io/managed-by" => "me",
+          "condukt.dev/sandbox" => "x",
+          "tenant" => "acme"
+        })
+
+      assert labels["app.kubernetes.io/managed-by"] == "condukt"
+      assert labels["condukt.dev/sandbox"] == Names.hash("job-42")
+      assert labels["tenant"] == "acme"
+      for {_k, v} <- labels, do: assert(v =~ ~r/\A[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\z/)
+    end
+
+    test "heartbeat timestamps are RFC 3339 UTC with second precision" do
+      {:ok, t, 0} = DateTime.from_iso8601("2026-01-02T03:04:05.678Z")
+      assert Names.timestamp(t) == "2026-01-02T03:04:05Z"
+    end
+  end
+
+  describe "init options" do
+    defp init_error(opts) do
+      assert {:error, %Error{reason: :invalid_option, op: :new} = e} = Kubernetes.init(opts)
+      Exception.message(e)
+    end
+
+    test "unknown options are refused with a hint" do
+      assert init_error(namspace: "agents") =~ "unknown option :namspace (did you mean :namespace?)"
+      assert init_error(heartbeat_intervall: 5) =~ ":heartbeat_interval"
+    end
+
+    test "bad values are refused naming the option and the value" do
+      assert init_error(namespace: "Agents!") =~ ~s(:namespace to be a DNS-1123 label)
+      assert init_error(namespace: "Agents!") =~ ~s("Agents!")
+      assert init_error(cwd: "workspace") =~ ~s(:cwd to be an absolute path, got: "workspace")
+      assert init_error(heartbeat_interval: 0) =~ ":heartbeat_interval to be a positive integer (milliseconds) or false"
+      assert init_error(on_stale: :delete) =~ ":on_stale to be one of [:error, :recreate], got: :delete"
+      assert init_error(id: "") =~ ":id"
+      assert init_error(id: String.duplicate("a", 254)) =~ ":id"
+      assert init_error(env: %{"A=B" => "c"}) =~ ":env"
+      assert init_error(labels: %{"tenant" => 1}) =~ ":labels"
+      assert init_error(workspace_source: [git: "https://x", ref: "--upload-pack=evil"]) =~ ":workspace_source"
+      assert init_error(workspace_source: [url: "https://x"]) =~ ":workspace_source"
+      assert init_error(host_aliases: [%{ip: "not-an-ip", hostnames: ["a"]}]) =~ ":host_aliases"
+      assert init_error(active_deadline_seconds: -1) =~ ":active_deadline_seconds"
+      assert init_error(kubeconfig: []) =~ ":kubeconfig"
+      assert init_error(delete_on_shutdown: "yes") =~ ":delete_on_shutdown"
+    end
+
+    test "a bad policy is refused before any connection" do
+      assert {:error, %Error{reason: :invalid_network_policy}} =
+               Kubernetes.init(network_policy: [rules: [allow: [42]]], kubeconfig: "/nonexistent")
+    end
+
+    test "defaults are the seed's" do
+      {:ok, opts} = Condukt.Options.validate([], Schema.init())
+      assert opts[:namespace] == "default"
+      assert opts[:image] == "debian:bookworm-slim"
+      assert opts[:cwd] == "/workspace"
+      assert opts[:active_deadline_seconds] == 8 * 3600
+      assert opts[:heartbeat_interval] == 60_000
+      assert opts[:workspace_source_timeout] == 300_000
+      assert opts[:ready_timeout] == 120_000
+      assert opts[:on_stale] == :error
+      assert opts[:delete_on_shutdown] == nil
+      assert opts[:network_policy_image] == Manifests.default_image()
+      {:ok, _} = Condukt.Options.validate([heartbeat_interval: false], Schema.init())
+    end
+
+    test "the moduledoc renders every option" do
+      {:docs_v1, _, _, _, %{"en" => doc}, _, _} = Code.fetch_docs(Kubernetes)
+
+      for {key, _} <- Schema.init(), do: assert(doc =~ "`#{inspect(key)}`", "#{key} missing from the moduledoc")
+    end
+
+    test "terminate/2 and reap_stale/1 validate their options" do
+      assert {:error, %Error{reason: :invalid_option} = e} = Kubernetes.terminate("x", namespce: "a")
+      assert Exception.message(e) =~ ":namespace"
+      assert {:error, %Error{reason: :invalid_option}} = Kubernetes.terminate("", [])
+      assert {:error, %Error{reason: :invalid_option} = e} = Kubernetes.reap_stale(stale_after: 0)
+      assert Exception.message(e) =~ ":stale_after"
+      assert {:error, %Error{reason: :invalid_option}} = Kubernetes.reap_stale(now: "yesterday")
+    end
+  end
+
+  describe "manifests" do
+    @params %{
+      pod: "condukt-job-42-0123456789",
+      namespace: "agents",
+      labels: %{"app.kubernetes.io/managed-by" => "condukt", "condukt.dev/sandbox" => "0123456789"},
+      session_id: "job-42",
+      image: "registry.example/condukt-egress:1",
+      ca_cert_pem: "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n",
+      ca_key_pem: "KEY",
+      token: String.duplicate("ab", 32),
+      policy_json: ~s({"version":1}),
+      upstream_ca: nil,
+      allow_private: ["10.1.0.0/16"]
+    }
+
+    defp cfg(extra) do
+      {:ok, opts} = Condukt.Options.validate(Keyword.take(extra, Keyword.keys(Schema.init())), Schema.init())
+
+      opts
+      |> Map.new()
+      |> Map.merge(%{
+        id: "job-42",
+        pod: "condukt-job-42-0123456789",
+        namespace: "agents",
+        delete_on_shutdown: false,
+        now: ~U[2026-01-02 03:04:05Z]
+      })
+      |> Map.merge(Map.new(Keyword.drop(extra, Keyword.keys(Schema.init()))))
+    end
+
+    test "the plain pod: keepalive workspace, emptyDir at cwd, no token, no secret" do
+      pod = Manifest.pod(cfg(env: %{"A" => "1"}, labels: %{"tenant" => "acme"}, annotations: %{"x" => "y"}))
+      spec = pod["spec"]
+      assert spec["restartPolicy"] == "Always"
+      assert spec["activeDeadlineSeconds"] == 28_800
+      assert spec["automountServiceAccountToken"] == false
+      refute Map.has_key?(spec, "initContainers")
+      refute Map.has_key?(spec, "serviceAccountName")
+      refute Map.has_key?(spec, "hostAliases")
+      assert spec["volumes"] == [%{"name" => "workspace", "emptyDir" => %{}}]
+      [c] = spec["containers"]
+      assert c["name"] == "workspace"
+      assert c["image"] == "debian:bookworm-slim"
+      assert c["workingDir"] == "/workspace"
+      assert c["env"] == [%{"name" => "A", "value" => "1"}]
+      assert c["volumeMounts"] == [%{"name" => "workspace", "mountPath" => "/workspace"}]
+      assert pod["metadata"]["labels"]["tenant"] == "acme"
+      assert pod["metadata"]["annotations"]["condukt.dev/id"] == "job-42"
+      assert pod["metadata"]["annotations"]["condukt.dev/heartbeat"] == "2026-01-02T03:04:05Z"
+      assert pod["metadata"]["annotations"]["condukt.dev/delete-on-shutdown"] == "false"
+      assert pod["metadata"]["annotations"]["x"] == "y"
+      # JSON-ready
+      assert is_binary(Condukt.JSON.encode!(pod))
+    end
+
+    test "with a policy: least-privilege init containers, six CA variables, subPath trust, no secret on the workspace" do
+      pod =
+        Manifest.pod(
+          cfg(
+            env: %{"SSL_CERT_FILE" => "/mine", "B" => "2"},
+            host_aliases: [%{ip: "10.0.0.5", hostnames: ["git.internal"]}],
+            service_account: "runner",
+            policy_params: @params
+          )
+        )
+
+      spec = pod["spec"]
+      assert spec["securityContext"] == %{"fsGroup" => 1337}
+      assert spec["serviceAccountName"] == "runner"
+      assert spec["hostAliases"] == [%{"ip" => "10.0.0.5", "hostnames" => ["git.internal"]}]
+      [netfilter, sidecar] = spec["initContainers"]
+
+      assert netfilter["name"] == "condukt-netfilter"
+      assert netfilter["image"] == @params.image
+      assert netfilter["securityContext"]["capabilities"] == %{"drop" => ["ALL"], "add" => ["NET_ADMIN", "NET_RAW"]}
+      assert netfilter["securityContext"]["allowPrivilegeEscalation"] == false
+      assert netfilter["securityContext"]["readOnlyRootFilesystem"] == true
+      refute Map.has_key?(netfilter, "volumeMounts")
+
+      assert sidecar["name"] == "condukt-egress"
+      assert sidecar["restartPolicy"] == "Always"
+      sc = sidecar["securityContext"]
+      assert sc["runAsUser"] == 1337 and sc["runAsGroup"] == 1337 and sc["runAsNonRoot"] == true
+      assert sc["capabilities"] == %{"drop" => ["ALL"], "add" => ["NET_ADMIN"]}
+      assert sc["allowPrivilegeEscalation"] == false and sc["readOnlyRootFilesystem"] == true
+
+      assert sidecar["volumeMounts"] == [
+               %{"name" => "condukt-egress", "mountPath" => "/etc/condukt-egress", "readOnly" => true}
+             ]
+
+      cmd = sidecar["command"]
+      assert ["/usr/local/bin/condukt-egress", "proxy" | _] = cmd
+      assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--session-id", "job-42"])
+      assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--control", "127.0.0.1:15002"])
+      assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--allow-private", "10.1.0.0/16"])
+      refute "--upstream-extra-ca" in cmd
+
+      [c] = spec["containers"]
+      ca_vars = ~w(NODE_EXTRA_CA_CERTS REQUESTS_CA_BUNDLE SSL_CERT_FILE PIP_CERT CURL_CA_BUNDLE GIT_SSL_CAINFO)
+
+      for v <- ca_vars,
+          do: assert(%{"name" => v, "value" => "/etc/condukt/ca.pem"} in c["env"], "#{v} missing")
+
+      # the caller's SSL_CERT_FILE does not shadow the session CA
+      assert Enum.count(c["env"], &(&1["name"] == "SSL_CERT_FILE")) == 1
+      assert %{"name" => "B", "value" => "2"} in c["env"]
+
+      mounts = c["volumeMounts"]
+      assert %{"name" => "workspace", "mountPath" => "/workspace"} in mounts
+      refute Enum.any?(mounts, &(&1["name"] == "condukt-egress")), "the workspace must not see the sidecar's Secret"
+
+      for path <- ["/etc/ssl/certs/ca-certificates.crt", "/etc/ssl/cert.pem"] do
+        assert %{
+                 "name" => "condukt-trust",
+                 "mountPath" => ^path,
+                 "subPath" => "ca-certificates.crt",
+                 "readOnly" => true
+               } = Enum.find(mounts, &(&1["mountPath"] == path))
+      end
+
+      vols = Map.new(spec["volumes"], &{&1["name"], &1})
+
+      assert vols["condukt-egress"]["secret"] == %{
+               "secretName" => "condukt-job-42-0123456789-egress",
+               "defaultMode" => 0o440
+             }
+
+      assert vols["condukt-trust"]["secret"] == %{
+               "secretName" => "condukt-job-42-0123456789-trust",
+               "defaultMode" => 0o444
+             }
+
+      assert is_binary(Condukt.JSON.encode!(pod))
+    end
+
+    test "the Secrets and the NetworkPolicy" do
+      egress = Manifests.egress_secret(%{@params | upstream_ca: "UP"})
+      assert egress["metadata"]["name"] == "condukt-job-42-0123456789-egress"
+      assert egress["metadata"]["labels"] == @params.labels
+      data = Map.new(egress["data"], fn {k, v} -> {k, Base.decode64!(v)} end)
+
+      assert data == %{
+               "ca.pem" => @params.ca_cert_pem,
+               "ca.key" => "KEY",
+               "token" => @params.token,
+               "policy.json" => @params.policy_json,
+               "upstream-ca.pem" => "UP"
+             }
+
+      trust = Manifests.trust_secret(@params)
+      tdata = Map.new(trust["data"], fn {k, v} -> {k, Base.decode64!(v)} end)
+      assert Map.keys(tdata) |> Enum.sort() == ["ca-certificates.crt", "ca.pem"]
+      refute Map.has_key?(tdata, "ca.key")
+      assert String.ends_with?(tdata["ca-certificates.crt"], @params.ca_cert_pem)
+      assert tdata["ca-certificates.crt"] =~ "BEGIN CERTIFICATE"
+      assert byte_size(tdata["ca-certificates.crt"]) > 100_000
+
+      np = Manifests.network_policy(@params)
+      assert np["spec"]["podSelector"] == %{"matchLabels" => %{"condukt.dev/sandbox" => "0123456789"}}
+      assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
+      assert np["spec"]["ingress"] == []
+      [%{"ports" => ports}] = np["spec"]["egress"]
+
+      assert Enum.sort_by(ports, &{&1["port"], &1["protocol"]}) == [
+               %{"protocol" => "TCP", "port" => 53},
+               %{"protocol" => "UDP", "port" => 53},
+               %{"protocol" => "TCP", "port" => 80},
+               %{"protocol" => "TCP", "port" => 443}
+             ]
+
+      assert Manifests.owner_patch("p", "uid-1") == %{
+               "metadata" => %{
+                 "ownerReferences" => [
+                   %{
+                     "apiVersion" => "v1",
+                     "kind" => "Pod",
+                     "name" => "p",
+                     "uid" => "uid-1",
+                     "controller" => false,
+                     "blockOwnerDeletion" => false
+                   }
+                 ]
+               }
+             }
+    end
+
+    test "default_image/0 is the library version's tag" do
+      assert Manifests.default_image() == "ghcr.io/tuist/condukt-egress:#{Application.spec(:condukt, :vsn)}"
+    end
+  end
+
+  describe "glob translation (Path.wildcard semantics)" do
+    defp matches?(pattern, path, dot) do
+      {:ok, {_lit, re, _depth}} = Glob.compile(pattern, dot)
+      Regex.match?(re, path)
+    end
+
+    test "agrees with Path.wildcard on a real tree" do
+      dir = Path.join(System.tmp_dir!(), "glob-#{System.unique_integer([:positive])}")
+      on_exit(fn -> File.rm_rf(dir) end)
+
+      files = ~w(a.ex b.exs lib/x.ex lib/y/z.ex lib/.hidden.ex .dot/q.ex README.md lib/y/w.md [x].txt)
+
+      for f <- files do
+        File.mkdir_p!(Path.dirname(Path.join(dir, f)))
+        File.write!(Path.join(dir, f), "")
+      end
+
+      all = for f <- Path.wildcard(Path.join(dir, "**"), match_dot: true), do: Path.relative_to(f, dir)
+
+      patterns = ~w(*.ex **/*.ex lib/**/*.ex lib/* {lib,.dot}/*.ex lib/?/*.ex *.{ex,exs} [a-b].* lib/y/** ** README.md)
+
+      for pattern <- patterns, dot <- [false, true] do
+        expected =
+          Path.wildcard(Path.join(dir, pattern), match_dot: dot) |> Enum.map(&Path.relative_to(&1, dir)) |> Enum.sort()
+
+        got = Enum.filter(all, &matches?(pattern, &1, dot)) |> Enum.sort()
+        assert got == expected, "pattern #{pattern} match_dot #{dot}"
+      end
+    end
+
+    test "literal prefix and depth" do
+      assert {:ok, {"lib/y", _, 1}} = Glob.compile("lib/y/*.ex", false)
+      assert {:ok, {"lib", _, nil}} = Glob.compile("lib/**/*.ex", false)
+      assert {:ok, {"", _, 1}} = Glob.compile("mix.exs", false)
+      assert {:error, _} = Glob.compile("{a", false)
+      assert {:error, _} = Glob.compile("[a", false)
+    end
+  end
+end
