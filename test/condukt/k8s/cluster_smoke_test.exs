@@ -54,7 +54,7 @@ defmodule Condukt.K8s.ClusterSmokeTest do
     ns = c.namespace
     other = c.other_namespace
 
-    # Granted by the Role (seed 000's extras).
+    # Granted by the Role (docs/kubernetes.md, RBAC).
     secret = %{apiVersion: "v1", kind: "Secret", metadata: %{name: "mine"}, stringData: %{"k" => "v"}}
     assert {201, _} = Cluster.request(c, :sa, "POST", "/api/v1/namespaces/#{ns}/secrets", secret)
     assert {200, _} = Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{ns}/secrets/mine")
@@ -65,10 +65,11 @@ defmodule Condukt.K8s.ClusterSmokeTest do
     assert {403, _} = Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{other}/secrets/not-yours")
     assert {403, _} = Cluster.request(c, :sa, "POST", "/api/v1/namespaces/#{other}/pods", pod("elsewhere"))
 
-    # Outside the Role in its own namespace: secrets are not listable,
-    # pods not watchable, no services, no role changes, no nodes.
-    assert {403, %{"message" => msg}} = Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{ns}/secrets")
-    assert msg =~ ~s(cannot list resource "secrets")
+    # Outside the Role in its own namespace: secrets are not deletable as
+    # a collection, pods not watchable, no services, no role changes, no nodes.
+    assert {200, _} = Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{ns}/secrets")
+    assert {403, %{"message" => msg}} = Cluster.request(c, :sa, "DELETE", "/api/v1/namespaces/#{ns}/secrets")
+    assert msg =~ ~s(cannot deletecollection resource "secrets")
     assert {403, _} = Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{ns}/pods?watch=1&timeoutSeconds=1")
     assert {403, _} = Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{ns}/services")
     assert {403, _} = Cluster.request(c, :sa, "GET", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/roles")

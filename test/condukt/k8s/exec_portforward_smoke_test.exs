@@ -19,14 +19,9 @@ defmodule Condukt.K8s.ExecPortforwardSmokeTest do
     # authorizes them as `get` on pods/exec and pods/portforward, and since
     # 1.35 also as `create`. The seeds' Role grants only `create`, which is
     # enough for SPDY (POST) but not for WebSocket; the test below shows the
-    # 403, and this cluster's Role adds `get` (docs/k8s-tier.md, RBAC).
-    rules =
-      Enum.map(Cluster.role_rules(), fn
-        %{resources: [r]} = rule when r in ["pods/exec", "pods/portforward"] -> %{rule | verbs: ["get", "create"]}
-        rule -> rule
-      end)
-
-    c = Cluster.start(role_rules: rules)
+    # 403, and the documented Role (Cluster.role_rules/0) adds `get`
+    # (docs/k8s-tier.md, RBAC).
+    c = Cluster.start()
     {c, node} = Cluster.add_netns_node!(c, forward_ports: [@port])
 
     pod = %{
@@ -84,7 +79,7 @@ defmodule Condukt.K8s.ExecPortforwardSmokeTest do
 
     Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/roles", %{
       metadata: %{name: "seed"},
-      rules: Cluster.role_rules()
+      rules: Cluster.seed_role_rules()
     })
 
     Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/rolebindings", %{

@@ -10,8 +10,8 @@ defmodule Condukt.Test.K8s.Cluster do
   # `start/1` also creates, as the administrator: the namespace the tests
   # use, a second namespace with a Secret in it (for "cannot read another
   # namespace"), the ServiceAccount `condukt` bound by a RoleBinding to
-  # exactly the Role of `role_rules/0` (the seeds' Role: 003 and 004, plus
-  # the network-policy extras of 000), a kwok node, and a token for the
+  # exactly the Role of `role_rules/0` (docs/kubernetes.md, "RBAC"), a
+  # kwok node, and a token for the
   # ServiceAccount (TokenRequest). `kubeconfig` is a kubeconfig for that
   # ServiceAccount: the tests run as it, never as the administrator.
   #
@@ -44,13 +44,31 @@ defmodule Condukt.Test.K8s.Cluster do
   @start_timeout 90_000
 
   @doc """
-  The Role the ServiceAccount is bound to: the seeds' pod rules (003, 004)
-  and the network-policy extras (000: secrets, networkpolicies,
-  pods/portforward). The tier proves it sufficient; change it only with
-  the seeds' RBAC documentation.
+  The Role the ServiceAccount is bound to: exactly the RBAC section of
+  docs/kubernetes.md (the documented Role of `Condukt.Sandbox.Kubernetes`),
+  which the tier proves sufficient. It differs from the seeds' lists
+  (`seed_role_rules/0`) in two ways: WebSocket exec and port-forward are
+  GETs, so `pods/exec` and `pods/portforward` need `get` as well as
+  `create`; and `list`/`patch` on Secrets and NetworkPolicies are what the
+  owner-reference patch and the label-selected cleanup of `terminate/2`
+  and `reap_stale/1` use.
   """
   @spec role_rules() :: [map()]
   def role_rules do
+    [
+      %{apiGroups: [""], resources: ["pods"], verbs: ~w(get list create patch delete)},
+      %{apiGroups: [""], resources: ["pods/exec", "pods/portforward"], verbs: ~w(get create)},
+      %{apiGroups: [""], resources: ["secrets"], verbs: ~w(get list create patch delete)},
+      %{apiGroups: ["networking.k8s.io"], resources: ["networkpolicies"], verbs: ~w(get list create patch delete)}
+    ]
+  end
+
+  @doc """
+  The seeds' Role, verbatim: 003/004's pod rules plus 000's network-policy
+  extras. Kept to show where it falls short (docs/k8s-tier.md, RBAC).
+  """
+  @spec seed_role_rules() :: [map()]
+  def seed_role_rules do
     [
       %{apiGroups: [""], resources: ["pods"], verbs: ~w(get list create patch delete)},
       %{apiGroups: [""], resources: ["pods/exec"], verbs: ~w(create)},
