@@ -1,0 +1,324 @@
+defmodule Condukt.K8s.KubernetesSandboxTest do
+  # Condukt.Sandbox.Kubernetes against a real kube-apiserver (the
+  # :kubernetes tier, docs/k8s-tier.md), as the ServiceAccount bound to
+  # the documented Role (Cluster.role_rules/0): init, adoption, stale and
+  # terminating pods, heartbeat, reap_stale, terminate, the network-policy
+  # objects, and a refusal that names the missing grant.
+  #
+  # kwok plays the pods' status; it runs nothing here. The operations
+  # inside a pod are in kubernetes_ops_test.exs (a node in a network
+  # namespace), the sidecar end to end in kubernetes_e2e_test.exs.
+  use Condukt.Test.K8s.Case, async: false
+
+  alias Condukt.Sandbox
+  alias Condukt.Sandbox.Error
+  alias Condukt.Sandbox.Kubernetes
+
+  setup_all do
+    c = Cluster.start()
+    %{cluster: c}
+  end
+
+  setup %{cluster: c} do
+    conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: c.token]
+    # Pods go to the plain kwok node (the netns nodes take one pod each).
+    base = [namespace: c.namespace, conn: conn, node_selector: %{"type" => "kwok"}, ready_timeout: 30_000]
+    %{conn: conn, base: base}
+  end
+
+  defp id, do: "t-#{System.unique_integer([:positive])}"
+
+  defp admin_get(c, path) do
+    case Cluster.request(c, :admin, "GET", path) do
+      {200, body} -> body
+      {404, _} -> nil
+    end
+  end
+
+  defp pod(c, id), do: admin_get(c, "/api/v1/namespaces/#{c.namespace}/pods/#{Kubernetes.pod_name(id)}")
+
+  defp wait_gone(c, id) do
+    assert :ok == Cluster.wait_until(fn -> pod(c, id) == nil end)
+  end
+
+  defp list(c, kind, id) do
+    sel = URI.encode_www_form("condukt.dev/sandbox=#{Condukt.Sandbox.Kubernetes.Names.hash(id)}")
+
+    path =
+      case kind do
+        :secrets -> "/api/v1/namespaces/#{c.namespace}/secrets?labelSelector=#{sel}"
+        :networkpolicies -> "/apis/networking.k8s.io/v1/namespaces/#{c.namespace}/networkpolicies?labelSelector=#{sel}"
+      end
+
+    admin_get(c, path)["items"]
+  end
+
+  test "init creates the pod of the contract, a second init adopts it, terminate/2 deletes it",
+       %{cluster: c, base: base, conn: conn} do
+    id = id()
+
+    {:ok, sb} =
+      Sandbox.new({Kubernetes, base ++ [labels: %{"tenant" => "acme"}, annotations: %{"note" => "x"}]}, id: id)
+
+    p = pod(c, id)
+    assert p["status"]["phase"] == "Running"
+    assert p["metadata"]["name"] == Kubernetes.pod_name(id)
+    labels = p["metadata"]["labels"]
+    assert labels["app.kubernetes.io/managed-by"] == "condukt"
+    assert labels["condukt.dev/sandbox"] == Condukt.Sandbox.Kubernetes.Names.hash(id)
+    assert labels["tenant"] == "acme"
+    ann = p["metadata"]["annotations"]
+    assert ann["condukt.dev/id"] == id
+    assert ann["condukt.dev/delete-on-shutdown"] == "false"
+    assert ann["note"] == "x"
+    assert {:ok, _, 0} = DateTime.from_iso8601(ann["condukt.dev/heartbeat"])
+    assert p["spec"]["automountServiceAccountToken"] == false
+    assert p["spec"]["activeDeadlineSeconds"] == 28_800
+    uid = p["metadata"]["uid"]
+
+    # The same id again: adopted, not recreated.
+    {:ok, sb2} = Sandbox.new({Kubernetes, base}, id: id)
+    assert pod(c, id)["metadata"]["uid"] == uid
+
+    # An id was given: shutdown leaves the pod.
+    :ok = Sandbox.shutdown(sb)
+    :ok = Sandbox.shutdown(sb2)
+    assert pod(c, id)["metadata"]["uid"] == uid
+
+    :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
+    wait_gone(c, id)
+    # Idempotent.
+    :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
+  end
+
+  test "with a kubeconfig (the ServiceAccount's) and no id: single-use, shutdown deletes the pod", %{cluster: c} do
+    {:ok, sb} =
+      Sandbox.new(
+        {Kubernetes,
+         namespace: c.namespace, kubeconfig: c.kubeconfig, node_selector: %{"type" => "kwok"}, heartbeat_interval: false}
+      )
+
+    id = sb.state.id
+    assert pod(c, id)["metadata"]["annotations"]["condukt.dev/delete-on-shutdown"] == "true"
+    :ok = Sandbox.shutdown(sb)
+    wait_gone(c, id)
+  end
+
+  test "a Failed pod: {:stale_pod, phase} by default, recreated with on_stale: :recreate", %{
+    cluster: c,
+    base: base,
+    conn: conn
+  } do
+    id = id()
+    {:ok, sb} = Sandbox.new({Kubernetes, base}, id: id)
+    :ok = Sandbox.shutdown(sb)
+    uid = pod(c, id)["metadata"]["uid"]
+
+    Cluster.request!(
+      c,
+      :admin,
+      "PATCH",
+      "/api/v1/namespaces/#{c.namespace}/pods/#{Kubernetes.pod_name(id)}/status",
+      %{status: %{phase: "Failed"}},
+      content_type: "application/merge-patch+json"
+    )
+
+    assert {:error, %Error{reason: :backend, detail: {:stale_pod, "Failed"}}} = Sandbox.new({Kubernetes, base}, id: id)
+
+    {:ok, sb} = Sandbox.new({Kubernetes, base ++ [on_stale: :recreate]}, id: id)
+    p = pod(c, id)
+    assert p["metadata"]["uid"] != uid
+    assert p["status"]["phase"] == "Running"
+    :ok = Sandbox.shutdown(sb)
+    :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
+  end
+
+  test "init waits out a terminating pod, then creates a new one", %{cluster: c, base: base, conn: conn} do
+    id = id()
+    name = Kubernetes.pod_name(id)
+    {:ok, sb} = Sandbox.new({Kubernetes, base}, id: id)
+    :ok = Sandbox.shutdown(sb)
+    uid = pod(c, id)["metadata"]["uid"]
+    path = "/api/v1/namespaces/#{c.namespace}/pods/#{name}"
+
+    # A finalizer holds the pod in Terminating until we lift it.
+    Cluster.request!(c, :admin, "PATCH", path, %{metadata: %{finalizers: ["condukt.test/hold"]}},
+      content_type: "application/merge-patch+json"
+    )
+
+    Cluster.request!(c, :admin, "DELETE", path)
+    assert pod(c, id)["metadata"]["deletionTimestamp"]
+
+    task = Task.async(fn -> Sandbox.new({Kubernetes, base}, id: id) end)
+    Process.sleep(1_500)
+    assert Task.yield(task, 0) == nil, "init did not wait for the terminating pod"
+
+    Cluster.request!(c, :admin, "PATCH", path, %{metadata: %{finalizers: nil}},
+      content_type: "application/merge-patch+json"
+    )
+
+    assert {:ok, sb} = Task.await(task, 40_000)
+    assert pod(c, id)["metadata"]["uid"] != uid
+    :ok = Sandbox.shutdown(sb)
+    :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
+  end
+
+  test "a pod of that name not made for this id is refused", %{cluster: c, base: base} do
+    id = id()
+
+    Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{c.namespace}/pods", %{
+      metadata: %{name: Kubernetes.pod_name(id)},
+      spec: %{nodeSelector: %{"type" => "kwok"}, containers: [%{name: "x", image: "x"}]}
+    })
+
+    assert {:error, %Error{reason: :backend} = e} = Sandbox.new({Kubernetes, base}, id: id)
+    assert Exception.message(e) =~ "was not created by Condukt"
+    Cluster.request!(c, :admin, "DELETE", "/api/v1/namespaces/#{c.namespace}/pods/#{Kubernetes.pod_name(id)}")
+  end
+
+  test "the heartbeat worker refreshes the annotation; heartbeat/1 does it on demand; reap_stale/1 takes only stale pods",
+       %{cluster: c, base: base, conn: conn} do
+    fresh = id()
+    old = id()
+    {:ok, sb} = Sandbox.new({Kubernetes, base ++ [heartbeat_interval: 1_000]}, id: fresh)
+    {:ok, manual} = Sandbox.new({Kubernetes, base ++ [heartbeat_interval: false]}, id: old)
+
+    beat = fn id -> pod(c, id)["metadata"]["annotations"]["condukt.dev/heartbeat"] end
+    first = beat.(fresh)
+    assert :ok == Cluster.wait_until(fn -> beat.(fresh) != first end, 10_000)
+
+    # The manual one only moves when asked.
+    manual_first = beat.(old)
+    Process.sleep(1_200)
+    assert beat.(old) == manual_first
+    :ok = Kubernetes.heartbeat(manual)
+    assert beat.(old) != manual_first
+
+    # Nothing is stale now.
+    assert {:ok, []} = Kubernetes.reap_stale(namespace: c.namespace, conn: conn, stale_after: 60_000)
+
+    # An hour later, both are.
+    later = DateTime.add(DateTime.utc_now(), 3600, :second)
+    {:ok, reaped} = Kubernetes.reap_stale(namespace: c.namespace, conn: conn, stale_after: 60_000, now: later)
+    assert Kubernetes.pod_name(fresh) in reaped
+    assert Kubernetes.pod_name(old) in reaped
+    wait_gone(c, fresh)
+    wait_gone(c, old)
+
+    :ok = Sandbox.shutdown(sb)
+    :ok = Sandbox.shutdown(manual)
+  end
+
+  test "the heartbeat worker dies with the process that started the sandbox", %{cluster: c, base: base, conn: conn} do
+    id = id()
+    parent = self()
+
+    owner =
+      spawn(fn ->
+        {:ok, sb} = Sandbox.new({Kubernetes, base ++ [heartbeat_interval: 500]}, id: id)
+        send(parent, {:up, sb.state.heartbeat})
+        Process.sleep(:infinity)
+      end)
+
+    assert_receive {:up, hb}, 40_000
+    assert Process.alive?(hb)
+    Process.exit(owner, :kill)
+    assert :ok == Cluster.wait_until(fn -> not Process.alive?(hb) end, 5_000)
+    stamp = pod(c, id)["metadata"]["annotations"]["condukt.dev/heartbeat"]
+    Process.sleep(2_100)
+    assert pod(c, id)["metadata"]["annotations"]["condukt.dev/heartbeat"] == stamp
+    :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
+  end
+
+  test "network_policy: two Secrets and a NetworkPolicy owned by the pod; adoption reads the token back; terminate removes all",
+       %{cluster: c, base: base, conn: conn} do
+    id = id()
+    policy = [rules: [allow: ["example.com"]], default: :deny]
+
+    {:ok, sb} =
+      Sandbox.new({Kubernetes, base ++ [network_policy: policy, network_policy_image: "condukt-egress:test"]}, id: id)
+
+    p = pod(c, id)
+    uid = p["metadata"]["uid"]
+    assert Enum.map(p["spec"]["initContainers"], & &1["name"]) == ["condukt-netfilter", "condukt-egress"]
+    assert Enum.all?(p["spec"]["initContainers"], &(&1["image"] == "condukt-egress:test"))
+
+    secrets = list(c, :secrets, id)
+
+    assert Enum.map(secrets, & &1["metadata"]["name"]) |> Enum.sort() ==
+             Enum.sort([Kubernetes.pod_name(id) <> "-egress", Kubernetes.pod_name(id) <> "-trust"])
+
+    [np] = list(c, :networkpolicies, id)
+
+    for obj <- [np | secrets] do
+      assert [%{"kind" => "Pod", "uid" => ^uid, "controller" => false}] = obj["metadata"]["ownerReferences"]
+    end
+
+    egress = Enum.find(secrets, &String.ends_with?(&1["metadata"]["name"], "-egress"))
+    token = Base.decode64!(egress["data"]["token"])
+    assert token =~ ~r/\A[0-9a-f]{64}\z/
+    assert Base.decode64!(egress["data"]["policy.json"]) == Condukt.Sandbox.NetworkPolicy.to_sidecar_json(policy)
+
+    trust = Enum.find(secrets, &String.ends_with?(&1["metadata"]["name"], "-trust"))
+
+    assert String.ends_with?(
+             Base.decode64!(trust["data"]["ca-certificates.crt"]),
+             Base.decode64!(trust["data"]["ca.pem"])
+           )
+
+    refute Map.has_key?(trust["data"], "ca.key")
+
+    assert is_pid(sb.state.bridge)
+    :ok = Sandbox.shutdown(sb)
+    refute Process.alive?(sb.state.bridge)
+    refute File.exists?(sb.state.forward_dir)
+
+    # Reattach: the bridge comes back with the Secret's token.
+    {:ok, sb} = Sandbox.new({Kubernetes, base ++ [network_policy: policy]}, id: id)
+    assert pod(c, id)["metadata"]["uid"] == uid
+    assert is_pid(sb.state.bridge)
+    :ok = Sandbox.shutdown(sb)
+
+    # Adopting it without the sidecar is refused (fail closed).
+    plain = id()
+    {:ok, sb} = Sandbox.new({Kubernetes, base}, id: plain)
+    :ok = Sandbox.shutdown(sb)
+
+    assert {:error, %Error{reason: :network_policy_unenforceable}} =
+             Sandbox.new({Kubernetes, base ++ [network_policy: policy]}, id: plain)
+
+    :ok = Kubernetes.terminate(plain, namespace: c.namespace, conn: conn)
+    :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
+    wait_gone(c, id)
+    assert list(c, :secrets, id) == []
+    assert list(c, :networkpolicies, id) == []
+  end
+
+  test "a missing grant names the verb, the resource and the namespace", %{cluster: c} do
+    ns = "norbac-#{System.unique_integer([:positive])}"
+    Cluster.request!(c, :admin, "POST", "/api/v1/namespaces", %{metadata: %{name: ns}})
+    Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts", %{metadata: %{name: "default"}})
+    Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts", %{metadata: %{name: "weak"}})
+
+    Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/roles", %{
+      metadata: %{name: "weak"},
+      rules: [%{apiGroups: [""], resources: ["pods"], verbs: ["get"]}]
+    })
+
+    Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/rolebindings", %{
+      metadata: %{name: "weak"},
+      subjects: [%{kind: "ServiceAccount", name: "weak", namespace: ns}],
+      roleRef: %{kind: "Role", name: "weak", apiGroup: "rbac.authorization.k8s.io"}
+    })
+
+    %{"status" => %{"token" => token}} =
+      Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts/weak/token", %{
+        spec: %{audiences: ["https://kubernetes.default.svc"], expirationSeconds: 600}
+      })
+
+    conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: token]
+    assert {:error, %Error{} = e} = Sandbox.new({Kubernetes, namespace: ns, conn: conn, id: "x"})
+    assert %Condukt.Kube.Error{reason: :forbidden, verb: "create", resource: "pods", namespace: ^ns} = e.detail
+    assert Exception.message(e) =~ ~s[cannot create pods in namespace "#{ns}" (grant "create" on "pods")]
+  end
+end
