@@ -250,8 +250,11 @@ defmodule Condukt.Sandbox.Kubernetes.Ops do
       flags =
         ["-n", "-I", "-H", "--null", "--no-messages"] ++
           if(opts[:literal], do: ["-F"], else: ["-P"]) ++
-          if(opts[:ignore_case], do: ["-i"], else: []) ++
-          if(opts[:hidden] or files != :recursive, do: [], else: ["--exclude=.*", "--exclude-dir=.*"])
+          if(opts[:ignore_case], do: ["-i"], else: [])
+
+      # Hidden files are dropped below rather than with --exclude-dir=.*,
+      # which grep also applies to every suffix of the root's own path.
+      keep? = fn file -> opts[:hidden] or files != :recursive or not hidden_below?(file, abs_root) end
 
       argvs =
         case files do
@@ -263,7 +266,7 @@ defmodule Condukt.Sandbox.Kubernetes.Ops do
       Enum.reduce_while(argvs, {:ok, []}, fn argv, {:ok, acc} ->
         case run(t, argv, max_output: @max_list) do
           {:ok, %{exit_code: code} = r} when code in [0, 1] or (code == 2 and r.stdout != "") ->
-            {:cont, {:ok, acc ++ parse_grep(r.stdout, root, abs_root)}}
+            {:cont, {:ok, acc ++ parse_grep(r.stdout, root, abs_root, keep?)}}
 
           {:ok, %{exit_code: 2, stderr: ""}} ->
             # --no-messages: the root is missing or unreadable.
@@ -277,7 +280,7 @@ defmodule Condukt.Sandbox.Kubernetes.Ops do
         end
       end)
       |> case do
-        {:ok, matches} -> {:ok, matches |> Enum.sort_by(& &1.path) |> Enum.take(opts[:max_matches])}
+        {:ok, matches} -> {:ok, matches |> Enum.sort_by(&Path.split(&1.path)) |> Enum.take(opts[:max_matches])}
         error -> error
       end
     end
@@ -334,11 +337,21 @@ defmodule Condukt.Sandbox.Kubernetes.Ops do
     end
   end
 
-  defp parse_grep(out, root, abs_root) do
+  defp hidden_below?(file, abs_root) do
+    rel =
+      if String.starts_with?(file, abs_root <> "/"),
+        do: binary_part(file, byte_size(abs_root) + 1, byte_size(file) - byte_size(abs_root) - 1),
+        else: ""
+
+    rel |> String.split("/") |> Enum.any?(&String.starts_with?(&1, "."))
+  end
+
+  defp parse_grep(out, root, abs_root, keep?) do
     out
     |> :binary.split("\n", [:global, :trim_all])
     |> Enum.flat_map(fn record ->
       with [file, rest] <- :binary.split(record, <<0>>),
+           true <- keep?.(file),
            [n, line] <- :binary.split(rest, ":"),
            {n, ""} <- Integer.parse(n) do
         [%{path: shown(root, abs_root, file), line_number: n, line: display(line)}]
