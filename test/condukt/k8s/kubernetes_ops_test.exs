@@ -87,10 +87,11 @@ defmodule Condukt.K8s.KubernetesOpsTest do
   end
 
   @tag timeout: 600_000
-  test "write: content over 8 MiB goes in pieces", %{sb: sb, ws: ws} do
-    big = :binary.copy(:crypto.strong_rand_bytes(1024 * 1024), 9) <> "end"
+  test "write and read: content over one exec's stream goes in pieces", %{sb: sb, ws: ws} do
+    big = :binary.copy(:crypto.strong_rand_bytes(1024 * 1024), 17) <> "end"
     assert :ok = Sandbox.write(sb, "big.bin", big)
     assert File.read!(Path.join(ws, "big.bin")) == big
+    assert {:ok, ^big} = Sandbox.read(sb, "big.bin")
   end
 
   test "glob and grep: Local's semantics and result shapes", %{sb: sb, ws: ws} do

@@ -510,7 +510,7 @@ defmodule Condukt.Test.K8s.Cluster do
           name: condukt-local
         spec:
           forwards:
-        #{if forwards == "", do: "  []\n", else: forwards}
+        #{if forwards == "", do: "    []\n", else: forwards}
         """
     )
 

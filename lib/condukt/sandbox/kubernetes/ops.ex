@@ -13,9 +13,12 @@ defmodule Condukt.Sandbox.Kubernetes.Ops do
   @container "workspace"
   # write_file/3 sends content in pieces of this size.
   @piece 8 * 1024 * 1024
-  # What read_file/2 and the listing commands keep of stdout.
-  @max_read 64 * 1024 * 1024
-  @max_list 16 * 1024 * 1024
+  # The port keeps at most 15 MiB of a stream per exec: read_file/2
+  # reads in pieces of this size, up to @max_read in all.
+  @read_piece 15 * 1024 * 1024
+  @max_read 256 * 1024 * 1024
+  # What the listing commands (find, grep) keep of stdout.
+  @max_list 15 * 1024 * 1024
   # Added to a command's own timeout for the client's.
   @margin 15_000
   @op_timeout 120_000
@@ -90,8 +93,17 @@ defmodule Condukt.Sandbox.Kubernetes.Ops do
                 {:ok, %{output: output, exit_code: code}}
             end
 
+          # Runtimes that report a killed command only as a Status
+          # (kwok: "signal: killed") give no exit code.
           {:ok, r} ->
-            {:error, %Error{reason: :spawn_failed, op: :exec, path: opts[:cwd], detail: r.status}}
+            if System.monotonic_time(:millisecond) - started >= timeout do
+              output = output(r.stdout, r.stdout_dropped, max)
+
+              {:error,
+               %Error{reason: :timeout, op: :exec, path: opts[:cwd], detail: %{timeout: timeout, output: output}}}
+            else
+              {:error, %Error{reason: :spawn_failed, op: :exec, path: opts[:cwd], detail: r.status}}
+            end
 
           {:error, %Kube.Error{reason: :timeout}} ->
             {:error, %Error{reason: :timeout, op: :exec, path: opts[:cwd], detail: %{timeout: timeout, output: ""}}}
@@ -128,12 +140,29 @@ defmodule Condukt.Sandbox.Kubernetes.Ops do
   @spec read_file(target(), String.t()) :: {:ok, binary()} | {:error, Error.t()}
   def read_file(t, path) do
     with :ok <- check_path(path, :read) do
-      case run(t, ["cat", "--", resolve(t, path)], max_output: @max_read) do
-        {:ok, %{exit_code: 0, stdout_dropped: 0, stdout: content}} -> {:ok, content}
-        {:ok, %{exit_code: 0}} -> {:error, %Error{reason: :efbig, op: :read, path: path}}
-        {:ok, r} -> {:error, %Error{reason: posix(r.stderr), op: :read, path: path, detail: detail(r)}}
-        {:error, e} -> {:error, %Error{reason: :backend, op: :read, path: path, detail: e}}
-      end
+      read_from(t, path, resolve(t, path), ["cat", "--", resolve(t, path)], [])
+    end
+  end
+
+  # A file larger than one exec's stream is read on with `tail -c +N`.
+  defp read_from(t, path, abs, argv, acc) do
+    case run(t, argv, max_output: @read_piece) do
+      {:ok, %{exit_code: 0, stdout_dropped: 0, stdout: content}} ->
+        {:ok, IO.iodata_to_binary([acc | content])}
+
+      {:ok, %{exit_code: 0, stdout: content}} ->
+        acc = [acc | content]
+        offset = IO.iodata_length(acc)
+
+        if offset >= @max_read,
+          do: {:error, %Error{reason: :efbig, op: :read, path: path}},
+          else: read_from(t, path, abs, ["tail", "-c", "+#{offset + 1}", "--", abs], acc)
+
+      {:ok, r} ->
+        {:error, %Error{reason: posix(r.stderr), op: :read, path: path, detail: detail(r)}}
+
+      {:error, e} ->
+        {:error, %Error{reason: :backend, op: :read, path: path, detail: e}}
     end
   end
 
