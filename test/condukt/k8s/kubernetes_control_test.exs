@@ -36,10 +36,11 @@ defmodule Condukt.K8s.KubernetesControlTest do
     # test address reaches the OUTPUT chain, where netfilter-setup's rules
     # send it to the sidecar.
     ip = "/usr/sbin/ip"
-    Cmd.run!([ip, "-n", node.netns, "link", "add", "dummy0", "type", "dummy"])
-    Cmd.run!([ip, "-n", node.netns, "addr", "add", "10.9.9.1/24", "dev", "dummy0"])
-    Cmd.run!([ip, "-n", node.netns, "link", "set", "dummy0", "up"])
-    Cmd.run!([ip, "-n", node.netns, "route", "add", "default", "dev", "dummy0"])
+    Cmd.run!([ip, "-n", node.netns, "link", "add", "out0", "type", "veth", "peer", "name", "out1"])
+    Cmd.run!([ip, "-n", node.netns, "addr", "add", "10.9.9.1/24", "dev", "out0"])
+    Cmd.run!([ip, "-n", node.netns, "link", "set", "out0", "up"])
+    Cmd.run!([ip, "-n", node.netns, "link", "set", "out1", "up"])
+    Cmd.run!([ip, "-n", node.netns, "route", "add", "default", "dev", "out0"])
     ws = Path.join(node.dir, "workspace")
     File.mkdir_p!(ws)
     %{cluster: c, node: node, ws: ws}
@@ -47,7 +48,7 @@ defmodule Condukt.K8s.KubernetesControlTest do
 
   # The pod's init containers, by hand: netfilter-setup as root, then the
   # proxy as uid 1337 with only CAP_NET_ADMIN, from the Secret's files.
-  defp start_sidecar!(c, node, pod) do
+  defp start_sidecar!(c, node, pod, netfilter? \\ true) do
     %{"data" => data} = Cluster.request!(c, :admin, "GET", "/api/v1/namespaces/#{c.namespace}/secrets/#{pod}-egress")
     dir = Path.join(node.dir, "egress-#{System.unique_integer([:positive])}")
     File.mkdir_p!(dir)
@@ -66,23 +67,19 @@ defmodule Condukt.K8s.KubernetesControlTest do
 
     File.chmod!(dir, 0o711)
 
-    Cmd.run!([
-      "/usr/sbin/ip",
-      "netns",
-      "exec",
-      node.netns,
-      bin,
-      "netfilter-setup",
-      "--proxy-port",
-      "15001",
-      "--mark",
-      "0x539"
-    ])
+    if netfilter? do
+      Cmd.run!(["/usr/sbin/ip", "netns", "exec", node.netns, bin | ~w(netfilter-setup --proxy-port 15001 --mark 0x539)])
+    end
+
+    # The sidecar's own command from the pod manifest, its /etc/condukt-egress
+    # files where this test wrote them.
+    %{"spec" => %{"initContainers" => inits}} =
+      Cluster.request!(c, :admin, "GET", "/api/v1/namespaces/#{c.namespace}/pods/#{pod}")
+
+    ["/usr/local/bin/condukt-egress" | args] = Enum.find(inits, &(&1["name"] == "condukt-egress"))["command"]
 
     args =
-      ["proxy", "--policy", Path.join(dir, "policy.json"), "--ca-cert", Path.join(dir, "ca.pem")] ++
-        ["--ca-key", Path.join(dir, "ca.key"), "--token-file", Path.join(dir, "token"), "--session-id", "from-secret"] ++
-        ["--control", "127.0.0.1:15002", "--listen", "127.0.0.1:15001", "--trust-bundle", mozilla, "--mark", "0x539"]
+      Enum.map(args, &String.replace(&1, "/etc/condukt-egress", dir)) ++ ["--trust-bundle", mozilla, "--mark", "0x539"]
 
     argv =
       ["/usr/sbin/ip", "netns", "exec", node.netns, "/usr/bin/setpriv", "--reuid=1337", "--regid=1337"] ++
@@ -122,10 +119,12 @@ defmodule Condukt.K8s.KubernetesControlTest do
 
     decider = fn _ctx, req ->
       send(test_pid, {:asked, req.host})
-      if req.host == "ask-allow.test", do: :allow, else: {:deny, "not this one"}
+      if req.host == "10.9.9.9", do: :allow, else: {:deny, "not this one"}
     end
 
     policy = [rules: [deny: ["blocked.test"], decide: [call: decider, cache: false]], default: :deny]
+    # 10.9.9.9 stands for an upstream; the sidecar refuses private
+    # addresses unless told otherwise.
     id = "ctl-#{System.unique_integer([:positive])}"
     conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: c.token]
 
@@ -138,7 +137,8 @@ defmodule Condukt.K8s.KubernetesControlTest do
          cwd: ws,
          node_selector: %{"kubernetes.io/hostname" => node.name},
          heartbeat_interval: false,
-         network_policy: policy}
+         network_policy: policy,
+         network_policy_allow_private: ["10.9.9.0/24"]}
       )
 
     on_exit(fn -> Kubernetes.terminate(id, namespace: c.namespace, conn: conn) end)
@@ -165,17 +165,18 @@ defmodule Condukt.K8s.KubernetesControlTest do
     assert_receive {:event, :request_denied, _, %{request: %{host: "ask-deny.test"}, matched_rule: %{kind: :decide}}},
                    10_000
 
-    _ = curl(sb, "ask-allow.test")
-    assert_receive {:asked, "ask-allow.test"}, 10_000
+    # (nothing answers at 10.9.9.9: the request is allowed, then fails)
+    {:ok, _} = Sandbox.exec(sb, "curl -sS -m 3 -o /dev/null http://10.9.9.9/ 2>/dev/null; true")
+    assert_receive {:asked, "10.9.9.9"}, 10_000
 
-    assert_receive {:event, :request_allowed, _, %{request: %{host: "ask-allow.test"}, matched_rule: %{kind: :decide}}},
+    assert_receive {:event, :request_allowed, _, %{request: %{host: "10.9.9.9"}, matched_rule: %{kind: :decide}}},
                    10_000
 
     # The tunnel drops (the sidecar goes away); the bridge re-dials
     # through the same listener once a sidecar listens again.
     Cmd.kill([sidecar])
     assert_receive {:event, :control_disconnected, _, %{session_id: ^id}}, 15_000
-    _sidecar = start_sidecar!(c, node, pod)
+    _sidecar = start_sidecar!(c, node, pod, false)
     assert_receive {:event, :control_connected, _, %{session_id: ^id}}, 30_000
     assert curl(sb, "ask-deny.test") == "403"
     assert_receive {:asked, "ask-deny.test"}, 10_000
