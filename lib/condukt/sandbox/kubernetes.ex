@@ -569,7 +569,11 @@ defmodule Condukt.Sandbox.Kubernetes do
         policy: state.network_policy,
         address: address,
         token: token,
-        messages: cfg.messages
+        messages: cfg.messages,
+        # A port-forward tunnel may not report that the sidecar went away
+        # (docs/kubernetes.md): silence is probed.
+        ping_interval: 5_000,
+        ping_timeout: 5_000
       ]
 
       case ControlBridge.start(bridge_opts) do

@@ -37,6 +37,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
       closed through the sidecar's decide timeout. A successful welcome
       resets the count.
     * A channel that drops is re-dialled (after the first backoff step).
+      With `:ping_interval`, a channel silent that long gets a `ping`, and
+      one that then stays silent for `:ping_timeout` is closed and
+      re-dialled: a tunnel (a Kubernetes port-forward) may not report that
+      its far end went away.
       Decisions in flight keep running; an answer that finds no channel is
       held and sent when the sidecar asks again (it re-sends every pending
       request to a new peer).
@@ -164,7 +168,11 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
       unacked: 0,
       ack_batch: max(1, div(opts[:window], 4)),
       held: %{},
-      port_deaths: []
+      port_deaths: [],
+      # Liveness (:ping_interval): the timer of the next ping or of the
+      # pong deadline, and a counter that tells stale timers apart.
+      ping_timer: nil,
+      ping_ref: 0
     }
 
     {:ok, state, {:continue, :dial}}
@@ -199,13 +207,40 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
 
   def handle_info({:condukt_control, native, chan, {:frame, frame}}, %{native: native, chan: chan} = state) do
     state = frame(frame, state)
-    {:noreply, credit(state)}
+    {:noreply, state |> credit() |> arm_ping()}
   end
 
   def handle_info({:condukt_control, native, chan, {:closed, reason}}, %{native: native, chan: chan} = state) do
     Logger.info("network policy (session #{inspect(state.session_id)}): control channel closed: #{reason}")
     Telemetry.control_disconnected(state.session_id, reason)
-    {:noreply, schedule_dial(%{state | chan: nil, unacked: 0})}
+    {:noreply, schedule_dial(%{disarm_ping(state) | chan: nil, unacked: 0})}
+  end
+
+  def handle_info({:ping, ref}, %{ping_ref: ref, chan: chan} = state) when chan != nil do
+    send_ping(state)
+    timer = Process.send_after(self(), {:pong_deadline, ref}, state.opts[:ping_timeout])
+    {:noreply, %{state | ping_timer: timer}}
+  end
+
+  def handle_info({:pong_deadline, ref}, %{ping_ref: ref, chan: chan} = state) when chan != nil do
+    Logger.info(
+      "network policy (session #{inspect(state.session_id)}): control channel silent for " <>
+        "#{state.opts[:ping_timeout]} ms after a ping; closing and re-dialling"
+    )
+
+    try do
+      Native.control_detach(state.native, chan)
+    catch
+      :exit, _ -> :ok
+    end
+
+    Telemetry.control_disconnected(state.session_id, :ping_timeout)
+    {:noreply, schedule_dial(%{disarm_ping(state) | chan: nil, unacked: 0})}
+  end
+
+  def handle_info({tag, _ref}, state) when tag in [:ping, :pong_deadline] do
+    # A timer of a channel we already left behind.
+    {:noreply, state}
   end
 
   def handle_info({:condukt_control, _native, _chan, _message}, state) do
@@ -275,7 +310,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
       check_welcome(state, welcome)
       attempt = state.failures + 1
       Telemetry.control_connected(state.session_id, attempt, welcome_dropped(welcome))
-      {:noreply, %{state | chan: chan, failures: 0, unacked: 0, held: expire_held(state.held)}}
+      {:noreply, arm_ping(%{state | chan: chan, failures: 0, unacked: 0, held: expire_held(state.held)})}
     else
       {:error, reason, state} ->
         failures = state.failures + 1
@@ -320,6 +355,32 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
   catch
     # The port died under the call; its EXIT message follows and restarts it.
     :exit, reason -> {:error, {:native_exited, reason}, state}
+  end
+
+  # Any frame proves the channel alive: the next ping waits a full
+  # interval again.
+  defp arm_ping(state) do
+    case state.opts[:ping_interval] do
+      nil ->
+        state
+
+      interval ->
+        state = disarm_ping(state)
+        %{state | ping_timer: Process.send_after(self(), {:ping, state.ping_ref}, interval)}
+    end
+  end
+
+  defp disarm_ping(%{ping_timer: nil} = state), do: %{state | ping_ref: state.ping_ref + 1}
+
+  defp disarm_ping(state) do
+    Process.cancel_timer(state.ping_timer)
+    %{state | ping_timer: nil, ping_ref: state.ping_ref + 1}
+  end
+
+  defp send_ping(state) do
+    Native.control_send(state.native, state.chan, %{type: "ping"})
+  catch
+    :exit, _ -> :error
   end
 
   defp schedule_dial(%{dial_timer: nil} = state) do

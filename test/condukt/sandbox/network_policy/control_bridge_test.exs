@@ -301,4 +301,59 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridgeLocalTest do
       assert ControlBridge.stop(bridge) == :ok
     end)
   end
+
+  test "with :ping_interval, a channel that goes silent (a tunnel that never reports its drop) is closed and re-dialled" do
+    alias Condukt.Test.ControlListener
+    me = self()
+    session = "ping-#{System.unique_integer([:positive])}"
+    id = {__MODULE__, session}
+
+    :telemetry.attach_many(
+      id,
+      [
+        [:condukt, :sandbox, :network_policy, :control_connected],
+        [:condukt, :sandbox, :network_policy, :control_disconnected]
+      ],
+      fn
+        event, _m, %{session_id: ^session} = meta, _ -> send(me, {:control, List.last(event), meta})
+        _, _, _, _ -> :ok
+      end,
+      nil
+    )
+
+    on_exit(fn -> :telemetry.detach(id) end)
+    listener = ControlListener.start()
+
+    capture_log(fn ->
+      {:ok, bridge} =
+        ControlBridge.start(
+          session_id: session,
+          owner: self(),
+          policy: [rules: [decide: fn _, _ -> :allow end]],
+          address: {:unix, listener.path},
+          token: String.duplicate("0f", 16),
+          backoff: {10, 40},
+          ping_interval: 200,
+          ping_timeout: 300
+        )
+
+      assert_receive {:listener, :hello, %{"type" => "hello"}, conn}, 5_000
+      ControlListener.welcome(conn, session)
+      assert_receive {:control, :control_connected, _}, 5_000
+
+      # A live peer answers the ping: no drop.
+      assert_receive {:listener, :line, %{"type" => "ping"}}, 2_000
+      ControlListener.send_frames(conn, [%{type: "pong"}])
+      assert_receive {:listener, :line, %{"type" => "ping"}}, 2_000
+      refute_received {:control, :control_disconnected, _}
+
+      # Now silence: the bridge gives the channel up and dials again.
+      assert_receive {:control, :control_disconnected, %{reason: :ping_timeout}}, 2_000
+      assert_receive {:listener, :hello, %{"type" => "hello"}, conn2}, 5_000
+      assert conn2 != conn
+      ControlListener.welcome(conn2, session)
+      assert_receive {:control, :control_connected, _}, 5_000
+      assert ControlBridge.stop(bridge) == :ok
+    end)
+  end
 end

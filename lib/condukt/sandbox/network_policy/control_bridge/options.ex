@@ -59,6 +59,19 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge.Options do
         default: 256,
         doc: "frame credit: how many frames the port may deliver before the bridge acknowledges them."
       ],
+      ping_interval: [
+        type: {:custom, &ping_interval/1},
+        default: nil,
+        doc:
+          "milliseconds of silence on a connected channel after which the bridge sends a `ping`; when no frame " <>
+            "follows within `:ping_timeout` the channel is taken as dead, closed and re-dialled. For transports that " <>
+            "may not report a drop (a port-forward tunnel). `nil`: no pings."
+      ],
+      ping_timeout: [
+        type: :pos_integer,
+        default: 10_000,
+        doc: "milliseconds to wait for any frame after a `ping` (see `:ping_interval`)."
+      ],
       native: [
         type: :keyword,
         default: [],
@@ -152,6 +165,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge.Options do
   defp messages(v) when is_list(v) or is_function(v, 0), do: :ok
   defp messages({m, f, a}) when is_atom(m) and is_atom(f) and is_list(a), do: :ok
   defp messages(_), do: {:error, "nil, a list, a 0-arity function or {m, f, a}"}
+
+  defp ping_interval(nil), do: :ok
+  defp ping_interval(v) when is_integer(v) and v > 0, do: :ok
+  defp ping_interval(_), do: {:error, "a positive integer (milliseconds) or nil"}
 
   defp backoff({initial, max}) when is_integer(initial) and is_integer(max) and initial > 0 and max >= initial,
     do: :ok
