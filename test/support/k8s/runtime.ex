@@ -75,6 +75,7 @@ defmodule Condukt.Test.K8s.Runtime do
   # Debian images' PATH.
   @image_path "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
   @container_sh Path.expand("container.sh", __DIR__)
+  @crilog Path.expand("crilog.py", __DIR__)
 
   @type option ::
           {:nodes, [map()]}
@@ -228,7 +229,9 @@ defmodule Condukt.Test.K8s.Runtime do
   end
 
   defp public(p) do
-    Map.take(p, [:uid, :dir, :log_dir, :logs, :state]) |> Map.put(:pids, Map.new(p.procs, &{&1.name, &1.pid}))
+    p
+    |> Map.take([:uid, :dir, :log_dir, :logs, :state])
+    |> Map.put(:pids, for(%{name: n, pid: pid} when n != nil <- p.procs, into: %{}, do: {n, pid}))
   end
 
   # --- the loop ----------------------------------------------------------------
@@ -435,13 +438,25 @@ defmodule Condukt.Test.K8s.Runtime do
     argv = container_argv!(state, ps, pod, node, volumes, ctr, command!(ctr))
 
     if ctr["restartPolicy"] == "Always" do
-      pid = Cluster.spawn_recorded!(state.c, "pod-#{ps.name}-#{cname}", argv, log)
-      ps = %{ps | procs: ps.procs ++ [%{name: cname, pid: pid, log: log}]}
-      wait_listening!(node, ctr, pid, log, cname)
+      stdout = Path.join(ps.log_dir, "#{cname}.stdout")
+      stderr = Path.join(ps.log_dir, "#{cname}.stderr")
+      pid = spawn_split!(state.c, "pod-#{ps.name}-#{cname}", argv, stdout, stderr)
+
+      writer =
+        Cluster.spawn_recorded!(
+          state.c,
+          "crilog-#{ps.name}-#{cname}",
+          ["/usr/bin/python3", @crilog, stdout, stderr, log],
+          Path.join(ps.log_dir, "#{cname}.crilog.log")
+        )
+
+      procs = [%{name: cname, pid: pid, stdout: stdout, stderr: stderr}, %{name: nil, pid: writer, stderr: nil}]
+      ps = %{ps | procs: ps.procs ++ procs}
+      wait_listening!(node, ctr, pid, stderr, cname)
       {state, ps}
     else
       {out, status} = Cmd.run(argv, timeout: @init_timeout, stderr: :stdout)
-      File.write!(log, out, [:append])
+      File.write!(log, cri_lines(out, "stdout"), [:append])
 
       if status != 0 do
         throw({:fail, cname, {status, out}})
@@ -449,6 +464,22 @@ defmodule Condukt.Test.K8s.Runtime do
 
       {state, ps}
     end
+  end
+
+  # Starts `argv` detached with stdout and stderr in two files (as a
+  # container runtime keeps the two streams apart); returns its pid,
+  # recorded in the cluster's pids file.
+  defp spawn_split!(c, name, argv, stdout, stderr) do
+    script = ~S(out=$1; err=$2; shift 2; setsid "$@" </dev/null >>"$out" 2>>"$err" & echo $!)
+    pid = Cmd.run!(["/bin/sh", "-c", script, "sh", stdout, stderr | argv]) |> String.trim() |> String.to_integer()
+    File.write!(Path.join(c.dir, "pids"), "#{name} #{pid}\n", [:append])
+    pid
+  end
+
+  # kubelet's (CRI) log lines, which kwok's log endpoint parses.
+  defp cri_lines(text, stream) do
+    now = DateTime.utc_now() |> DateTime.to_iso8601()
+    text |> String.split("\n", trim: true) |> Enum.map_join("", &"#{now} #{stream} F #{&1}\n")
   end
 
   defp command!(ctr) do
@@ -848,11 +879,17 @@ defmodule Condukt.Test.K8s.Runtime do
   # TERM, a drain period, then KILL; returns the sanitizer reports found
   # in the containers' logs.
   defp stop_procs(_state, ps) do
-    pids = Enum.map(ps.procs, & &1.pid)
-    Cmd.kill(pids, @drain_ms)
-    Cmd.poll(fn -> Enum.all?(pids, &(not Cmd.alive?(&1))) end, 5_000)
+    # The containers first (they drain), then their log writers (which
+    # copy what is left and exit).
+    {containers, writers} = Enum.split_with(ps.procs, & &1.name)
 
-    for %{name: name, log: log} <- ps.procs,
+    for group <- [containers, writers] do
+      pids = Enum.map(group, & &1.pid)
+      Cmd.kill(pids, @drain_ms)
+      Cmd.poll(fn -> Enum.all?(pids, &(not Cmd.alive?(&1))) end, 5_000)
+    end
+
+    for %{name: name, stderr: log} <- containers,
         {:ok, text} <- [File.read(log)],
         text =~ ~r/Sanitizer|runtime error:/ do
       "#{ps.namespace}/#{ps.name}: container #{name} reported a sanitizer error:\n#{text}"
