@@ -1,14 +1,25 @@
 defmodule Condukt.Test.K8s.Case do
-  @moduledoc false
-  # `use Condukt.Test.K8s.Case` in a `:kubernetes` tier module: tags it,
-  # gives it a generous timeout, and marks every test skipped with the
-  # tier's reason when this machine cannot run the tier (test_helper.exs
-  # has printed the reason, or failed the run under
-  # CONDUKT_REQUIRE_ALL_TIERS=1); the skip matters for `mix test --only
-  # kubernetes`, whose include overrides the exclusion.
+  @moduledoc """
+  `use Condukt.Test.K8s.Case` in a `:kubernetes` tier module: tags it,
+  gives it a generous timeout, and marks every test skipped with the
+  tier's reason when this machine cannot run the tier (test_helper.exs
+  has printed the reason, or failed the run under
+  CONDUKT_REQUIRE_ALL_TIERS=1); the skip matters for `mix test --only
+  kubernetes`, whose include overrides the exclusion.
+
+  `use Condukt.Test.K8s.Case, pods: true` is for tests whose pods must
+  really run (`start_pod_tier!/1`): it also tags the module `:netns` and
+  skips it with the netns tier's reason (root, nginx, ...) when that tier
+  cannot run.
+  """
   use ExUnit.CaseTemplate
 
-  using do
+  alias Condukt.Test.K8s.{Cluster, Runtime}
+  alias Condukt.Test.Netns.Testbed
+
+  using opts do
+    pods = Keyword.get(opts, :pods, false)
+
     quote do
       @moduletag :kubernetes
       @moduletag timeout: 300_000
@@ -17,7 +28,95 @@ defmodule Condukt.Test.K8s.Case do
         @moduletag skip: "kubernetes tier: " <> reason
       end
 
-      alias Condukt.Test.K8s.Cluster
+      if unquote(pods) do
+        @moduletag :netns
+
+        if reason = Condukt.Test.Netns.Tier.skip_reason() do
+          @moduletag skip: "kubernetes tier (real pods need the netns tier): " <> reason
+        end
+      end
+
+      alias Condukt.Test.K8s.{Cluster, Runtime}
     end
+  end
+
+  @typedoc """
+  What `start_pod_tier!/1` returns:
+
+    * `:cluster` — the `Cluster` (API server, controllers, RBAC);
+    * `:node` — the netns node (`Cluster.add_netns_node!/2`), whose network
+      namespace is the testbed's "pod" side;
+    * `:runtime` — the `Runtime` pid realizing pods bound to that node;
+    * `:testbed` — the netns `Testbed` (nginx and friends in "inet");
+    * `:kubeconfig` — path of a kubeconfig for the ServiceAccount
+      `condukt` in `:namespace`, bound to `Cluster.contract_role_rules/0`
+      (docs/kubernetes.md, RBAC); `:token` is its bearer token, `:server`
+      the API server URL and `:ca` the cluster CA file;
+    * `:namespace` — where that ServiceAccount may work ("agents");
+    * `:upstream_ca_pem` — the testbed's root CA (PEM): pass it as
+      `network_policy_upstream_ca` so the sidecar trusts nginx;
+    * `:host_aliases` — the pod `hostAliases` mapping the testbed's names
+      (allowed.test, denied.test, decide.test, other.test, ws.test,
+      git.test) to its "inet" addresses (IPv4 and IPv6), as
+      `[%{"ip" => ..., "hostnames" => [...]}]`;
+    * `:allow_private` — the CIDRs to give the sidecar as `--allow-private`
+      (the testbed's addresses are private): the inet /24 and the two
+      IPv6 /128s;
+    * `:egress_image` — an image name the runtime maps to the built
+      `condukt-egress` (any name containing "condukt-egress" is).
+  """
+  @type pod_tier :: %{
+          cluster: Cluster.t(),
+          node: map(),
+          runtime: pid(),
+          testbed: Testbed.t(),
+          kubeconfig: Path.t(),
+          token: String.t(),
+          server: String.t(),
+          ca: Path.t(),
+          namespace: String.t(),
+          upstream_ca_pem: String.t(),
+          host_aliases: [map()],
+          allow_private: [String.t()],
+          egress_image: String.t()
+        }
+
+  @doc """
+  Starts everything a test needs to run real pods (docs/k8s-tier.md, "The
+  pod runtime"): a netns testbed, a cluster whose ServiceAccount has the
+  contract's Role, one netns node whose namespace is the testbed's pod
+  side, and a runtime for it. Call it from `setup_all` or `setup`;
+  everything is stopped by `on_exit` (the runtime first, which fails the
+  test on a sanitizer report from a sidecar).
+
+  Options: `:role_rules` (default `Cluster.contract_role_rules/0`),
+  `:testbed` (options for `Testbed.start/1`, default `[big_size: 1 MiB]`),
+  `:runtime` (options for `Runtime.start/3`).
+  """
+  @spec start_pod_tier!(keyword()) :: pod_tier()
+  def start_pod_tier!(opts \\ []) do
+    tb = Testbed.start(Keyword.get(opts, :testbed, big_size: 1024 * 1024))
+    # No plain kwok node: every pod the scheduler places lands on the
+    # runtime's node.
+    c = Cluster.start(role_rules: Keyword.get(opts, :role_rules, Cluster.contract_role_rules()), kwok: false)
+    {c, node} = Cluster.add_netns_node!(c, netns: tb.pod_ns, runtime: true)
+    rt = Runtime.start(c, [node], Keyword.get(opts, :runtime, []))
+    names = Testbed.names()
+
+    %{
+      cluster: c,
+      node: node,
+      runtime: rt,
+      testbed: tb,
+      kubeconfig: c.kubeconfig,
+      token: c.token,
+      server: c.server,
+      ca: Cluster.ca(c),
+      namespace: c.namespace,
+      upstream_ca_pem: File.read!(tb.ca_cert),
+      host_aliases: [%{"ip" => tb.inet.v4, "hostnames" => names}, %{"ip" => tb.inet.v6, "hostnames" => names}],
+      allow_private: [String.replace(tb.inet.v4, ~r/\.\d+$/, ".0/24"), tb.inet.v6 <> "/128", tb.pod.v6 <> "/128"],
+      egress_image: "ghcr.io/tuist/condukt-egress:#{Application.spec(:condukt, :vsn)}"
+    }
   end
 end

@@ -79,6 +79,22 @@ defmodule Condukt.Test.K8s.Cluster do
   end
 
   @doc """
+  The Role of docs/kubernetes.md ("RBAC"): what the backend needs, with
+  `get` on pods/exec and pods/portforward (WebSocket upgrades are GETs) and
+  `list`/`patch` on Secrets and NetworkPolicies (owner references and
+  label-selected cleanup).
+  """
+  @spec contract_role_rules() :: [map()]
+  def contract_role_rules do
+    [
+      %{apiGroups: [""], resources: ["pods"], verbs: ~w(get list create patch delete)},
+      %{apiGroups: [""], resources: ["pods/exec", "pods/portforward"], verbs: ~w(get create)},
+      %{apiGroups: [""], resources: ["secrets"], verbs: ~w(get list create patch delete)},
+      %{apiGroups: ["networking.k8s.io"], resources: ["networkpolicies"], verbs: ~w(get list create patch delete)}
+    ]
+  end
+
+  @doc """
   Starts a cluster and returns its struct.
 
   Options: `:on_exit` (register `stop/1` with ExUnit, default true),
@@ -387,7 +403,7 @@ defmodule Condukt.Test.K8s.Cluster do
   defp start_kwok!(c, extra_config) do
     [port] = free_ports(1)
     config = Path.join(c.dir, "kwok.yaml")
-    File.write!(config, kwok_stages() <> extra_config)
+    File.write!(config, kwok_stages(false) <> extra_config)
 
     request!(c, :admin, "POST", "/api/v1/nodes", %{
       apiVersion: "v1",
@@ -435,13 +451,26 @@ defmodule Condukt.Test.K8s.Cluster do
 
   `node.forward_ports` lists the pod ports that port-forward reaches
   (127.0.0.1:PORT inside the namespace).
+
+  Options: `:forward_ports`; `:netns`, an existing namespace to use
+  instead of a new one (the netns testbed's "pod" side: its owner deletes
+  it, the cluster only kills what it started there); `:runtime`, true
+  when `Condukt.Test.K8s.Runtime` realizes this node's pods: kwok's pod
+  stage then waits for the pod annotation `runtime_ready_annotation/0`
+  before it reports `Running`.
   """
   @spec add_netns_node!(t(), keyword()) :: {t(), map()}
   def add_netns_node!(%__MODULE__{} = c, opts \\ []) do
     n = map_size(Map.get(c.ports, :netns_nodes, %{}))
     name = "kwok-#{c.id}-ns#{n}"
-    netns = "ck-#{c.id}-#{n}"
-    ndir = Path.join(c.dir, netns)
+
+    {netns, own_netns} =
+      case Keyword.get(opts, :netns) do
+        nil -> {"ck-#{c.id}-#{n}", true}
+        existing -> {existing, false}
+      end
+
+    ndir = Path.join(c.dir, "node-#{n}")
     File.mkdir_p!(ndir)
     ip = Tier.tool!("ip")
     python = "/usr/bin/python3"
@@ -450,8 +479,11 @@ defmodule Condukt.Test.K8s.Cluster do
     api_sock = Path.join(ndir, "api.sock")
     kubelet_sock = Path.join(ndir, "kubelet.sock")
 
-    Cmd.run!([ip, "netns", "add", netns])
-    File.write!(Path.join(c.dir, "netns"), "#{netns}\n", [:append])
+    if own_netns do
+      Cmd.run!([ip, "netns", "add", netns])
+      File.write!(Path.join(c.dir, "netns"), "#{netns}\n", [:append])
+    end
+
     Cmd.run!([ip, "-n", netns, "link", "set", "lo", "up"])
 
     c =
@@ -489,10 +521,11 @@ defmodule Condukt.Test.K8s.Cluster do
       end)
 
     config = Path.join(ndir, "kwok.yaml")
+    runtime = Keyword.get(opts, :runtime, false)
 
     File.write!(
       config,
-      kwok_stages() <>
+      kwok_stages(runtime) <>
         """
         ---
         apiVersion: kwok.x-k8s.io/v1alpha1
@@ -509,8 +542,7 @@ defmodule Condukt.Test.K8s.Cluster do
         metadata:
           name: condukt-local
         spec:
-          forwards:
-        #{if forwards == "", do: "    []\n", else: forwards}
+        #{if forwards == "", do: "  forwards: []\n", else: "  forwards:\n" <> forwards}\
         """
     )
 
@@ -527,25 +559,56 @@ defmodule Condukt.Test.K8s.Cluster do
     })
 
     kwok_name = :"kwok-ns-#{n}"
-
-    c =
-      spawn!(c, kwok_name, [
-        ip,
-        "netns",
-        "exec",
-        netns,
-        bin(c, "kwok"),
-        "--kubeconfig=#{kubeconfig}",
-        "--config=#{config}",
-        "--manage-single-node=#{name}",
-        "--server-address=127.0.0.1:10250"
-      ])
+    kwok_args = kwok_node_args(c, kubeconfig, config, name)
+    c = spawn!(c, kwok_name, [ip, "netns", "exec", netns | kwok_args])
 
     wait_node_ready!(c, kwok_name, name)
 
-    node = %{name: name, netns: netns, dir: ndir, forward_ports: ports}
+    node = %{
+      name: name,
+      netns: netns,
+      dir: ndir,
+      forward_ports: ports,
+      kwok_pid: c.pids[kwok_name],
+      kwok_kubeconfig: kubeconfig,
+      kwok_config: config,
+      runtime: runtime
+    }
+
     nodes = Map.put(Map.get(c.ports, :netns_nodes, %{}), name, node)
     {%{c | ports: Map.put(c.ports, :netns_nodes, nodes)}, node}
+  end
+
+  @doc """
+  The argv (without any namespace prefix) of the kwok that plays netns
+  node `name` with `config` (its --config file): the runtime restarts it
+  inside a pod's workspace view (docs/k8s-tier.md).
+  """
+  @spec kwok_node_args(t(), Path.t(), Path.t(), String.t()) :: [String.t()]
+  def kwok_node_args(c, kubeconfig, config, name) do
+    [
+      bin(c, "kwok"),
+      "--kubeconfig=#{kubeconfig}",
+      "--config=#{config}",
+      "--manage-single-node=#{name}",
+      "--server-address=127.0.0.1:10250"
+    ]
+  end
+
+  @doc "The annotation whose value \"true\" lets kwok report a runtime node's pod Running."
+  @spec runtime_ready_annotation() :: String.t()
+  def runtime_ready_annotation, do: "condukt.test/runtime-ready"
+
+  @doc """
+  Starts a detached process (its own session, output to `log`) and
+  records it in the cluster's pids file, so `stop/1` kills it even when
+  its owner did not. Returns the OS pid.
+  """
+  @spec spawn_recorded!(t(), String.t(), [String.t()], Path.t()) :: pos_integer()
+  def spawn_recorded!(%__MODULE__{dir: dir}, name, argv, log) do
+    pid = Cmd.spawn_daemon(argv, log)
+    File.write!(Path.join(dir, "pids"), "#{name} #{pid}\n", [:append])
+    pid
   end
 
   # The TaintNodesByCondition admission plugin gives every new node the
@@ -657,10 +720,24 @@ defmodule Condukt.Test.K8s.Cluster do
     path
   end
 
-  # Our own minimal stages (kwok's Stage API): a managed node is Ready with
-  # the addresses it was created with; a pod bound to it becomes Running
-  # with every container running; a pod being deleted is removed.
-  defp kwok_stages do
+  @doc """
+  Our own minimal stages (kwok's Stage API): a managed node is Ready with
+  the addresses it was created with; a pod bound to it becomes Running
+  with every container running (with `runtime` true, only once the pod
+  carries `runtime_ready_annotation/0` = "true"); a pod being deleted is
+  removed.
+  """
+  @spec kwok_stages(boolean()) :: String.t()
+  def kwok_stages(runtime) do
+    ready =
+      if runtime,
+        do: """
+            - key: '.metadata.annotations["#{runtime_ready_annotation()}"]'
+              operator: In
+              values: ['true']
+        """,
+        else: ""
+
     """
     apiVersion: kwok.x-k8s.io/v1alpha1
     kind: Stage
@@ -696,7 +773,7 @@ defmodule Condukt.Test.K8s.Cluster do
         - key: '.status.phase'
           operator: In
           values: ['Pending']
-      next:
+    #{ready}  next:
         statusTemplate: |
           phase: Running
           startTime: {{ Now | Quote }}
@@ -720,7 +797,12 @@ defmodule Condukt.Test.K8s.Cluster do
             image: {{ .image | Quote }}
             ready: true
             restartCount: 0
+            {{ if .restartPolicy }}
+            started: true
+            state: {running: {startedAt: {{ Now | Quote }}}}
+            {{ else }}
             state: {terminated: {exitCode: 0, reason: Completed, startedAt: {{ Now | Quote }}, finishedAt: {{ Now | Quote }}}}
+            {{ end }}
           {{ end }}
     ---
     apiVersion: kwok.x-k8s.io/v1alpha1
