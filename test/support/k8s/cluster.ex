@@ -78,21 +78,9 @@ defmodule Condukt.Test.K8s.Cluster do
     ]
   end
 
-  @doc """
-  The Role of docs/kubernetes.md ("RBAC"): what the backend needs, with
-  `get` on pods/exec and pods/portforward (WebSocket upgrades are GETs) and
-  `list`/`patch` on Secrets and NetworkPolicies (owner references and
-  label-selected cleanup).
-  """
+  @doc "The Role of docs/kubernetes.md (\"RBAC\"); the same as `role_rules/0`."
   @spec contract_role_rules() :: [map()]
-  def contract_role_rules do
-    [
-      %{apiGroups: [""], resources: ["pods"], verbs: ~w(get list create patch delete)},
-      %{apiGroups: [""], resources: ["pods/exec", "pods/portforward"], verbs: ~w(get create)},
-      %{apiGroups: [""], resources: ["secrets"], verbs: ~w(get list create patch delete)},
-      %{apiGroups: ["networking.k8s.io"], resources: ["networkpolicies"], verbs: ~w(get list create patch delete)}
-    ]
-  end
+  def contract_role_rules, do: role_rules()
 
   @doc """
   Starts a cluster and returns its struct.

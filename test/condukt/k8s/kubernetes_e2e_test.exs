@@ -1,0 +1,131 @@
+defmodule Condukt.K8s.KubernetesE2ETest do
+  # Condukt.Sandbox.Kubernetes with a network policy, end to end on the
+  # tier's pod runtime (docs/k8s-tier.md, "The pod runtime"): the sandbox
+  # creates the pod of the contract; the runtime runs its netfilter init
+  # container and native sidecar for real in the netns testbed's pod
+  # namespace; the workspace's curl (through Condukt.Sandbox.exec/3) goes
+  # through the real iptables rules and the real sidecar to the testbed's
+  # nginx; the decide rule runs here, through the ControlBridge, the
+  # kube_forward listener and a port-forward WebSocket; every request is a
+  # :telemetry event. As the ServiceAccount with the documented Role.
+  use Condukt.Test.K8s.Case, async: false, pods: true
+
+  alias Condukt.Sandbox
+  alias Condukt.Sandbox.Kubernetes
+
+  @events [
+    [:condukt, :sandbox, :network_policy, :request_allowed],
+    [:condukt, :sandbox, :network_policy, :request_denied],
+    [:condukt, :sandbox, :network_policy, :request_closed],
+    [:condukt, :sandbox, :network_policy, :control_connected]
+  ]
+
+  setup_all do
+    %{tier: Condukt.Test.K8s.Case.start_pod_tier!()}
+  end
+
+  defp curl(sb, url) do
+    {:ok, %{output: out}} =
+      Sandbox.exec(sb, "curl -sS --max-time 15 -o /dev/stdout -w ' %{http_code}\\n' #{url} 2>/dev/null; true")
+
+    out
+  end
+
+  test "deny, allow and a decider on the BEAM, with telemetry; the workspace trusts the session CA and holds no secret",
+       %{tier: tier} do
+    me = self()
+    handler = "kube-e2e-#{System.unique_integer([:positive])}"
+    :telemetry.attach_many(handler, @events, fn e, m, meta, _ -> send(me, {:event, List.last(e), m, meta}) end, nil)
+    on_exit(fn -> :telemetry.detach(handler) end)
+
+    decider = fn ctx, req ->
+      send(me, {:asked, req.host, ctx.session_id})
+      if req.host == "decide.test", do: :allow, else: {:deny, "the decider said no"}
+    end
+
+    policy = [
+      rules: [deny: ["denied.test"], allow: ["allowed.test"], decide: [call: decider, cache: false]],
+      default: :deny
+    ]
+
+    id = "e2e-#{System.unique_integer([:positive])}"
+    conn = [server: tier.server, ca_pem: File.read!(tier.ca), token: tier.token]
+
+    {:ok, sb} =
+      Sandbox.new(
+        {Kubernetes,
+         id: id,
+         namespace: tier.namespace,
+         conn: conn,
+         heartbeat_interval: false,
+         host_aliases: tier.host_aliases,
+         network_policy: policy,
+         network_policy_image: tier.egress_image,
+         network_policy_upstream_ca: tier.upstream_ca_pem,
+         network_policy_allow_private: tier.allow_private}
+      )
+
+    on_exit(fn -> Kubernetes.terminate(id, namespace: tier.namespace, conn: conn) end)
+    assert_receive {:event, :control_connected, _, %{session_id: ^id}}, 30_000
+
+    # allow: the sidecar alone; curl trusts the session CA (the six variables).
+    assert curl(sb, "https://allowed.test/") == "hello from allowed.test\n 200\n"
+
+    assert_receive {:event, :request_allowed, _, %{request: %{host: "allowed.test"}, matched_rule: %{kind: :allow}}},
+                   10_000
+
+    assert_receive {:event, :request_closed, %{bytes_in: _}, %{request: %{host: "allowed.test"}}}, 10_000
+
+    # Without any CA variable: the system bundle overlay (subPath mounts).
+    {:ok, %{output: out}} =
+      Sandbox.exec(
+        sb,
+        "env -u CURL_CA_BUNDLE -u SSL_CERT_FILE curl -sS --max-time 15 -o /dev/null -w '%{http_code}' https://allowed.test/"
+      )
+
+    assert out == "200"
+
+    # deny
+    assert curl(sb, "https://denied.test/") =~ ~r/ 403\n\z/
+
+    assert_receive {:event, :request_denied, _, %{request: %{host: "denied.test"}, matched_rule: %{kind: :deny}}},
+                   10_000
+
+    refute_received {:asked, "denied.test", _}
+
+    # decide, on the BEAM
+    assert curl(sb, "https://decide.test/") =~ ~r/ 200\n\z/
+    assert_receive {:asked, "decide.test", ^id}, 10_000
+
+    assert_receive {:event, :request_allowed, _, %{request: %{host: "decide.test"}, matched_rule: %{kind: :decide}}},
+                   10_000
+
+    assert curl(sb, "https://other.test/") =~ ~r/ 403\n\z/
+    assert_receive {:asked, "other.test", ^id}, 10_000
+
+    assert_receive {:event, :request_denied, _,
+                    %{request: %{host: "other.test"}, matched_rule: %{kind: :decide}, reason: "the decider said no"}},
+                   10_000
+
+    # The workspace: the session CA, none of the sidecar's secrets, no NET_ADMIN.
+    assert {:ok, %{exit_code: 0}} = Sandbox.exec(sb, "grep -q 'BEGIN CERTIFICATE' /etc/condukt/ca.pem")
+    assert {:ok, %{exit_code: code}} = Sandbox.exec(sb, "ls /etc/condukt-egress")
+    assert code != 0
+    assert {:error, %Sandbox.Error{reason: :enoent}} = Sandbox.read(sb, "/etc/condukt-egress/ca.key")
+    assert {:ok, %{exit_code: code}} = Sandbox.exec(sb, "iptables -t nat -F")
+    assert code != 0
+
+    # Reattach (a retried job): the bridge comes back, decisions still run here.
+    :ok = Sandbox.shutdown(sb)
+
+    {:ok, sb} =
+      Sandbox.new(
+        {Kubernetes, id: id, namespace: tier.namespace, conn: conn, heartbeat_interval: false, network_policy: policy}
+      )
+
+    assert_receive {:event, :control_connected, _, %{session_id: ^id}}, 30_000
+    assert curl(sb, "https://decide.test/") =~ ~r/ 200\n\z/
+    assert_receive {:asked, "decide.test", ^id}, 10_000
+    :ok = Sandbox.shutdown(sb)
+  end
+end
