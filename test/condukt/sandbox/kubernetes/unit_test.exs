@@ -223,7 +223,8 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert sidecar["name"] == "condukt-egress"
       assert sidecar["restartPolicy"] == "Always"
       sc = sidecar["securityContext"]
-      assert sc["runAsUser"] == 1337 and sc["runAsGroup"] == 1337 and sc["runAsNonRoot"] == true
+      # uid 0 with NET_ADMIN only (docs/kubernetes.md: no ambient capabilities for non-root)
+      assert sc["runAsUser"] == 0 and sc["runAsGroup"] == 1337 and sc["runAsNonRoot"] == false
       assert sc["capabilities"] == %{"drop" => ["ALL"], "add" => ["NET_ADMIN"]}
       assert sc["allowPrivilegeEscalation"] == false and sc["readOnlyRootFilesystem"] == true
 

@@ -30,7 +30,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   @spec control_port() :: 15_002
   def control_port, do: @control_port
 
-  @doc "The pod-level `fsGroup` through which the sidecar reads its Secret."
+  @doc "The sidecar's group: the pod-level `fsGroup` of the egress Secret."
   @spec sidecar_uid() :: 1337
   def sidecar_uid, do: @sidecar_uid
 
@@ -158,10 +158,14 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
           "--listen",
           "[::1]:#{@proxy_port}"
         ] ++ upstream ++ private,
+      # uid 0 with NET_ADMIN alone (docs/kubernetes.md): runtimes give a
+      # non-root process no ambient capabilities, and no_new_privs rules
+      # out file capabilities, so this is the one way to hold SO_MARK's
+      # capability and nothing else.
       "securityContext" => %{
-        "runAsUser" => @sidecar_uid,
+        "runAsUser" => 0,
         "runAsGroup" => @sidecar_uid,
-        "runAsNonRoot" => true,
+        "runAsNonRoot" => false,
         "allowPrivilegeEscalation" => false,
         "readOnlyRootFilesystem" => true,
         "capabilities" => %{"drop" => ["ALL"], "add" => ["NET_ADMIN"]}
