@@ -74,7 +74,9 @@ defmodule Condukt.Sandbox.Kubernetes do
   control port through a port-forward listener on a Unix socket in a
   private directory: decide rules run on the BEAM and every request
   becomes a `:telemetry` event. A dropped tunnel is re-dialled through the
-  listener; reattaching to an existing pod brings the bridge back.
+  listener (a silent one is found by a ping every 5 s); reattaching to an
+  existing pod brings the bridge back with the token from the pod's
+  Secret.
 
   ## RBAC
 

@@ -209,6 +209,8 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     :ok = Sandbox.shutdown(manual)
   end
 
+  # (the killed owner's port server logs its own end)
+  @tag :capture_log
   test "the heartbeat worker dies with the process that started the sandbox", %{cluster: c, base: base, conn: conn} do
     id = id()
     parent = self()
