@@ -473,12 +473,20 @@ defmodule Condukt.Sandbox.Kubernetes do
   ## after the pod is Running ---------------------------------------------------
 
   defp attach(state, cfg, pod, how) do
+    # The bridge before the clone: a decide rule may gate the git host.
     with :ok <- check_policy_shape(state, pod),
          :ok <- if(how == :adopted, do: beat(state), else: :ok),
-         :ok <- workspace_source(state, cfg),
-         {:ok, state} <- start_bridge(state, cfg, pod) do
+         {:ok, state} <- start_bridge(state, cfg, pod),
+         :ok <- release_on_error(state, workspace_source(state, cfg)) do
       {:ok, start_heartbeat(state, cfg)}
     end
+  end
+
+  defp release_on_error(_state, :ok), do: :ok
+
+  defp release_on_error(state, error) do
+    release(state)
+    error
   end
 
   defp check_policy_shape(state, pod) do

@@ -128,4 +128,46 @@ defmodule Condukt.K8s.KubernetesE2ETest do
     assert_receive {:asked, "decide.test", ^id}, 10_000
     :ok = Sandbox.shutdown(sb)
   end
+
+  test "workspace_source clones through the sidecar; the file operations work in the pod's emptyDir; a reattach keeps the checkout",
+       %{tier: tier} do
+    tb = tier.testbed
+    id = "git-#{System.unique_integer([:positive])}"
+    conn = [server: tier.server, ca_pem: File.read!(tier.ca), token: tier.token]
+
+    opts = [
+      id: id,
+      namespace: tier.namespace,
+      conn: conn,
+      heartbeat_interval: false,
+      host_aliases: tier.host_aliases,
+      network_policy: [rules: [allow: ["git.test"]], default: :deny],
+      network_policy_image: tier.egress_image,
+      network_policy_upstream_ca: tier.upstream_ca_pem,
+      network_policy_allow_private: tier.allow_private,
+      workspace_source: [git: tb.git.url, ref: "main"]
+    ]
+
+    {:ok, sb} = Sandbox.new({Kubernetes, opts})
+    on_exit(fn -> Kubernetes.terminate(id, namespace: tier.namespace, conn: conn) end)
+
+    assert {:ok, %{output: head, exit_code: 0}} = Sandbox.exec(sb, "git rev-parse HEAD")
+    assert String.trim(head) == tb.git.head
+    assert {:ok, "# repo.git\n" <> _} = Sandbox.read(sb, "README.md")
+    assert {:ok, ["README.md", "data.txt"]} = Sandbox.glob(sb, "*")
+    assert {:ok, [%{path: "data.txt", line_number: 42, line: "line 42"}]} = Sandbox.grep(sb, "^line 42$")
+
+    # Work in progress survives a reattach (same id): the checkout is reused.
+    :ok = Sandbox.write(sb, "notes/wip.md", "- half done\n")
+    :ok = Sandbox.edit(sb, "README.md", "Served by", "Cloned from")
+    :ok = Sandbox.shutdown(sb)
+
+    {:ok, sb} = Sandbox.new({Kubernetes, opts})
+    assert {:ok, "- half done\n"} = Sandbox.read(sb, "notes/wip.md")
+    assert {:ok, readme} = Sandbox.read(sb, "README.md")
+    assert readme =~ "Cloned from"
+    assert {:ok, %{output: head}} = Sandbox.exec(sb, "git rev-parse HEAD")
+    assert String.trim(head) == tb.git.head
+    :ok = Sandbox.shutdown(sb)
+  end
 end
