@@ -163,9 +163,9 @@ defmodule Condukt.K8s.RuntimeTest do
             restartPolicy: "Always",
             command: proxy,
             securityContext: %{
-              runAsUser: 1337,
+              runAsUser: 0,
               runAsGroup: 1337,
-              runAsNonRoot: true,
+              runAsNonRoot: false,
               allowPrivilegeEscalation: false,
               readOnlyRootFilesystem: true,
               capabilities: %{drop: ["ALL"], add: ["NET_ADMIN"]}
@@ -256,10 +256,13 @@ defmodule Condukt.K8s.RuntimeTest do
     assert %{"running" => _} = statuses["condukt-egress"]["state"]
     assert %{"terminated" => %{"exitCode" => 0}} = statuses["condukt-netfilter"]["state"]
 
-    # The sidecar runs as 1337 with only CAP_NET_ADMIN, no_new_privs.
+    # The sidecar runs as root with only CAP_NET_ADMIN, no_new_privs
+    # (docs/kubernetes.md: the one combination runc makes work).
     info = Runtime.pod(tier.runtime, tier.namespace, pod)
     status = File.read!("/proc/#{info.pids["condukt-egress"]}/status")
-    assert status =~ ~r/^Uid:\s+1337\s+1337\s+1337\s+1337$/m
+    assert status =~ ~r/^Uid:\s+0\s+0\s+0\s+0$/m
+    assert status =~ ~r/^Gid:\s+1337\s+1337\s+1337\s+1337$/m
+    assert status =~ ~r/^CapBnd:\s+0000000000001000$/m
     assert status =~ ~r/^CapEff:\s+0000000000001000$/m
     assert status =~ ~r/^NoNewPrivs:\s+1$/m
 

@@ -20,7 +20,7 @@ defmodule Condukt.Test.K8s.Runtime do
        host's root file system as the image, the container's volumeMounts
        with subPath as file bind mounts, the runtime's directory hidden,
        `pivot_root`), as the uid/gid of its securityContext with exactly
-       its capability set (`setpriv`: bounding set, ambient for non-root,
+       its capability set (`setpriv`: the bounding set and nothing ambient, as runc:
        no_new_privs when `allowPrivilegeEscalation: false`); an image
        whose name contains "condukt-egress" gets `/usr/local/bin` =
        `condukt-egress` (the sanitizer build when `CONDUKT_EGRESS_SAN_BIN`
@@ -568,14 +568,13 @@ defmodule Condukt.Test.K8s.Runtime do
     caps = capabilities(sc["capabilities"] || %{})
     capstr = Enum.map_join(caps, "", &",+#{&1}")
 
+    # As runc does: the bounding set is the container's capabilities
+    # and nothing is ambient, so a non-root process keeps none of them
+    # after execve (and no_new_privs rules out file capabilities).
     setpriv =
       [Tier.tool!("setpriv"), "--reuid=#{uid}", "--regid=#{gid}"] ++
         if(groups == [], do: ["--clear-groups"], else: ["--groups=#{Enum.join(groups, ",")}"]) ++
-        ["--bounding-set=-all#{capstr}"] ++
-        if(uid != 0 and caps != [],
-          do: ["--inh-caps=-all#{capstr}", "--ambient-caps=-all#{capstr}"],
-          else: ["--inh-caps=-all"]
-        ) ++
+        ["--bounding-set=-all#{capstr}", "--inh-caps=-all"] ++
         if(sc["allowPrivilegeEscalation"] == false, do: ["--no-new-privs"], else: [])
 
     env =
