@@ -327,4 +327,26 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     assert %Condukt.Kube.Error{reason: :forbidden, verb: "create", resource: "pods", namespace: ^ns} = e.detail
     assert Exception.message(e) =~ ~s[cannot create pods in namespace "#{ns}" (grant "create" on "pods")]
   end
+
+  test "connection errors name their cause: a missing kubeconfig, a context it lacks, an unreachable server", %{
+    cluster: c
+  } do
+    missing = Path.join(c.dir, "nope.kubeconfig")
+
+    assert {:error, %Error{op: :new, detail: %Condukt.Kube.Error{reason: :config}} = e} =
+             Kubernetes.init(kubeconfig: missing)
+
+    assert Exception.message(e) =~ missing
+
+    assert {:error, %Error{detail: %Condukt.Kube.Error{reason: :config}} = e} =
+             Kubernetes.init(kubeconfig: c.kubeconfig, context: "no-such-context")
+
+    assert Exception.message(e) =~ "no-such-context"
+
+    {:ok, l} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
+    {:ok, port} = :inet.port(l)
+    :gen_tcp.close(l)
+    conn = [server: "https://127.0.0.1:#{port}", ca_pem: File.read!(Cluster.ca(c)), token: "x"]
+    assert {:error, %Error{detail: %Condukt.Kube.Error{reason: :unavailable}}} = Kubernetes.init(conn: conn, id: "x")
+  end
 end
