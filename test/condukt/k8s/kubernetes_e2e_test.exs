@@ -170,4 +170,26 @@ defmodule Condukt.K8s.KubernetesE2ETest do
     assert String.trim(head) == tb.git.head
     :ok = Sandbox.shutdown(sb)
   end
+
+  test "a sidecar that cannot start: init gives up at :ready_timeout naming the failed container", %{tier: tier} do
+    id = "bad-#{System.unique_integer([:positive])}"
+    conn = [server: tier.server, ca_pem: File.read!(tier.ca), token: tier.token]
+
+    assert {:error, %Sandbox.Error{reason: :timeout, op: :new} = e} =
+             Sandbox.new({
+               Kubernetes,
+               # an image the runtime does not map to the sidecar binary
+               id: id,
+               namespace: tier.namespace,
+               conn: conn,
+               ready_timeout: 10_000,
+               network_policy: [rules: [allow: ["allowed.test"]]],
+               network_policy_image: "registry.example/not-the-sidecar:1"
+             })
+
+    Kubernetes.terminate(id, namespace: tier.namespace, conn: conn)
+    message = Exception.message(e)
+    assert message =~ "did not reach Running within 10000 ms"
+    assert message =~ "condukt-netfilter"
+  end
 end
