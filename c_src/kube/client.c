@@ -36,6 +36,7 @@
 
 #include "common/error.h"
 #include "common/text.h"
+#include "control/listen.h"
 #include "kube/proto.h"
 
 extern char **environ;
@@ -502,7 +503,7 @@ static void conn_finish(conn_t *cn, int err, const char *fmt, ...) {
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
   }
-  bool quiet = cn->silent || cn->k == NULL || cn->k->c->destroying;
+  bool quiet = cn->silent;
   if (cn->kind == K_HTTP && !quiet) {
     ce_kube_http_res_t r = {.err = err, .msg = msg, .status = cn->status,
                             .content_type = cn->resp_ctype,
@@ -998,6 +999,23 @@ static int kube_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
   conn_t *cn = wsi != NULL ? lws_get_opaque_user_data(wsi) : NULL;
   if (cn == NULL)
     return 0;
+  if (cn->k == NULL) {
+    /* The handle was closed under a live connection: end it. */
+    switch (reason) {
+    case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
+    case LWS_CALLBACK_CLOSED_CLIENT_HTTP:
+    case LWS_CALLBACK_CLIENT_CLOSED:
+    case LWS_CALLBACK_WSI_DESTROY:
+      if (cn->kind == K_TUNNEL)
+        tunnel_close_local(cn);
+      conn_lws_gone(cn);
+      return 0;
+    case LWS_CALLBACK_OPENSSL_PERFORM_SERVER_CERT_VERIFICATION:
+      return 1;
+    default:
+      return -1;
+    }
+  }
   switch (reason) {
   case LWS_CALLBACK_OPENSSL_PERFORM_SERVER_CERT_VERIFICATION:
     return tls_verify(cn, (X509_STORE_CTX *)user, (int)len);
@@ -1555,7 +1573,7 @@ static void fwd_close(fwd_t *f) {
     }
   }
   if (f->is_unix && f->path != NULL)
-    unlink(f->path);
+    ce__listen_remove(f->path);
   uv_close((uv_handle_t *)&f->l, on_fwd_closed);
 }
 
@@ -1792,63 +1810,59 @@ int ce_kube_forward(ce_kube_t *k, const ce_kube_fwd_req_t *req, ce_kube_fwd_err_
                     void *arg, uint64_t *fchan, uint16_t *bound_port, char *err,
                     size_t errlen) {
   ce_kube_client_t *c = k->c;
+  ce__listen_addr_t la;
+  char why[256];
+  int rc = ce__listen_parse(req->listen, &la, why, sizeof(why));
+  if (rc != CE_OK)
+    return efmt(err, errlen, rc, "kube_forward: %s", why);
   fwd_t *f = calloc(1, sizeof(*f));
   if (f == NULL)
     return efmt(err, errlen, CE_ENOMEM, "kube_forward: out of memory");
   f->c = c;
   f->k = k;
-  f->is_unix = req->is_unix;
+  f->is_unix = la.is_unix;
   f->port = req->port;
   f->cb = cb;
   f->arg = arg;
   snprintf(f->ns, sizeof(f->ns), "%s", req->ns);
   snprintf(f->pod, sizeof(f->pod), "%s", req->pod);
-  int rc;
-  char s[SHOWN_MAX];
-  if (req->is_unix) {
-    f->path = strdup(req->path);
-    if (f->path == NULL) {
-      free(f);
-      return efmt(err, errlen, CE_ENOMEM, "kube_forward: out of memory");
-    }
-    uv_pipe_init(c->loop, &f->l.pipe, 0);
-    rc = uv_pipe_bind(&f->l.pipe, req->path);
-    if (rc == 0)
-      chmod(req->path, 0600);
-  } else {
-    uv_tcp_init(c->loop, &f->l.tcp);
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof(ss));
-    if (strchr(req->host, ':') != NULL)
-      rc = uv_ip6_addr(req->host, req->lport, (struct sockaddr_in6 *)&ss);
-    else
-      rc = uv_ip4_addr(req->host, req->lport, (struct sockaddr_in *)&ss);
-    if (rc == 0)
-      rc = uv_tcp_bind(&f->l.tcp, (struct sockaddr *)&ss, 0);
+  if (la.is_unix && (f->path = strdup(la.path)) == NULL) {
+    free(f);
+    return efmt(err, errlen, CE_ENOMEM, "kube_forward: out of memory");
+  }
+  int fd = -1, port = 0;
+  /* The sidecar's own listener code: 0600 sockets, stale ones replaced,
+   * live ones and other files refused. */
+  rc = ce__listen_open(&la, 64, &fd, &port, why, sizeof(why));
+  if (rc != CE_OK) {
+    free(f->path);
+    free(f);
+    return efmt(err, errlen, rc, "kube_forward: %s", why);
+  }
+  int urc = la.is_unix ? uv_pipe_init(c->loop, &f->l.pipe, 0) : uv_tcp_init(c->loop, &f->l.tcp);
+  if (urc != 0) {
+    close(fd);
+    if (la.is_unix)
+      ce__listen_remove(la.path);
+    free(f->path);
+    free(f);
+    return efmt(err, errlen, CE_EIO, "kube_forward: %s", uv_strerror(urc));
   }
   f->l.tcp.data = f;
-  if (rc == 0)
-    rc = uv_listen((uv_stream_t *)&f->l, 64, on_fwd_connection);
-  if (rc != 0) {
-    efmt(err, errlen, rc == UV_EADDRINUSE ? CE_EINVAL : CE_EIO,
-         "kube_forward: cannot listen on %s: %s",
-         req->is_unix ? shown(s, req->path) : shown(s, req->host), uv_strerror(rc));
-    f->path != NULL ? (void)0 : (void)0;
-    if (req->is_unix && rc != UV_EADDRINUSE)
-      unlink(req->path);
+  urc = la.is_unix ? uv_pipe_open(&f->l.pipe, fd) : uv_tcp_open(&f->l.tcp, fd);
+  if (urc != 0)
+    close(fd);
+  else
+    urc = uv_listen((uv_stream_t *)&f->l, 64, on_fwd_connection);
+  if (urc != 0) {
+    if (la.is_unix)
+      ce__listen_remove(la.path);
     free(f->path);
     f->path = NULL;
     uv_close((uv_handle_t *)&f->l, on_fwd_closed);
-    return rc == UV_EADDRINUSE ? CE_EINVAL : CE_EIO;
+    return efmt(err, errlen, CE_EIO, "kube_forward: cannot listen: %s", uv_strerror(urc));
   }
-  *bound_port = req->lport;
-  if (!req->is_unix) {
-    struct sockaddr_storage ss;
-    int sl = sizeof(ss);
-    if (uv_tcp_getsockname(&f->l.tcp, (struct sockaddr *)&ss, &sl) == 0)
-      *bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                   : ((struct sockaddr_in *)&ss)->sin_port);
-  }
+  *bound_port = (uint16_t)port;
   f->id = c->next_fchan++;
   f->next = c->fwds;
   c->fwds = f;

@@ -12,8 +12,8 @@
  *
  * Completion callbacks run exactly once, from the loop, never from inside
  * the call that started the operation; their arguments live only for the
- * call. Closing a handle completes its operations with CE_ECLOSED; the
- * client's destruction drops them without a callback.
+ * call. Closing a handle, or destroying the client, completes its
+ * operations with CE_ECLOSED.
  */
 #ifndef CE_KUBE_CLIENT_H
 #define CE_KUBE_CLIENT_H
@@ -117,10 +117,7 @@ int ce_kube_exec(ce_kube_t *k, const ce_kube_exec_req_t *req, ce_kube_exec_cb cb
 typedef struct {
   const char *ns, *pod;
   uint16_t port;
-  bool is_unix;
-  const char *path;          /* is_unix */
-  const char *host;          /* an IP literal on loopback */
-  uint16_t lport;            /* 0: any */
+  const char *listen;        /* control/listen.h's grammar: loopback only */
 } ce_kube_fwd_req_t;
 
 /* An error of one tunnelled connection (the listener stays). */

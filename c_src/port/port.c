@@ -68,6 +68,7 @@
 #include "common/error.h"
 #include "port/channel.h"
 #include "port/etf.h"
+#include "port/kube_ops.h"
 #include "port/ops.h"
 #include "port/request.h"
 
@@ -212,6 +213,7 @@ void ce__port_stop(ce_port_t *p, int exit_code) {
   p->stopping = true;
   p->exit_code = exit_code;
   ce__chan_close_all(p);
+  ce__kube_stop(p);
   if (!uv_is_closing((uv_handle_t *)&p->in))
     uv_close((uv_handle_t *)&p->in, NULL);
   if (!uv_is_closing((uv_handle_t *)&p->out))
