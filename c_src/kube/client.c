@@ -354,8 +354,10 @@ static int ensure_context(ce_kube_client_t *c, char *err, size_t errlen) {
   static bool logs_set;
   if (!logs_set) {
     /* libwebsockets logs to stderr, which is the port's log: errors only. */
+    /* Our own messages say what failed; libwebsockets' log is for
+     * debugging (CONDUKT_PORT_DEBUG=1). */
     lws_set_log_level(getenv("CONDUKT_PORT_DEBUG") != NULL ? LLL_ERR | LLL_WARN | LLL_NOTICE
-                                                            : LLL_ERR,
+                                                            : 0,
                       NULL);
     logs_set = true;
   }
@@ -478,6 +480,8 @@ static conn_t *conn_new(ce_kube_t *k, kind_t kind) {
 
 /* libwebsockets is done with the wsi (or there never was one). */
 static void conn_lws_gone(conn_t *cn) {
+  if (getenv("CONDUKT_KUBE_TRACE") != NULL)
+    fprintf(stderr, "lws_gone cn=%p wsi=%p finished=%d\n", (void *)cn, (void *)cn->wsi, cn->finished);
   if (cn->wsi != NULL)
     lws_set_opaque_user_data(cn->wsi, NULL);
   cn->wsi = NULL;
@@ -559,24 +563,28 @@ static void conn_retry_after_401(conn_t *cn);
 
 /* ---- HTTP ------------------------------------------------------------------------------ */
 
+static int add_auth_header(conn_t *cn, struct lws *wsi, unsigned char **p, unsigned char *end) {
+  if (cn->bearer == NULL)
+    return 0;
+  size_t tl = strlen(cn->bearer) + 8;
+  char *v = malloc(tl);
+  if (v == NULL)
+    return -1;
+  snprintf(v, tl, "Bearer %s", cn->bearer);
+  int r = lws_add_http_header_by_name(wsi, (const unsigned char *)"authorization:",
+                                      (const unsigned char *)v, (int)strlen(v), p, end);
+  OPENSSL_clear_free(v, tl);
+  return r != 0 ? -1 : 0;
+}
+
 static int http_cb(conn_t *cn, struct lws *wsi, enum lws_callback_reasons reason, void *in,
                    size_t len) {
   switch (reason) {
   case LWS_CALLBACK_CLIENT_APPEND_HANDSHAKE_HEADER: {
     unsigned char **p = (unsigned char **)in, *end = *p + len;
     char clen[32];
-    if (cn->bearer != NULL) {
-      size_t tl = strlen(cn->bearer) + 8;
-      char *v = malloc(tl);
-      if (v == NULL)
-        return -1;
-      snprintf(v, tl, "Bearer %s", cn->bearer);
-      int r = lws_add_http_header_by_name(wsi, (const unsigned char *)"authorization:",
-                                          (const unsigned char *)v, (int)strlen(v), p, end);
-      OPENSSL_clear_free(v, tl);
-      if (r != 0)
-        return -1;
-    }
+    if (add_auth_header(cn, wsi, p, end) != 0)
+      return -1;
     if (lws_add_http_header_by_name(wsi, (const unsigned char *)"accept:",
                                     (const unsigned char *)"application/json, */*", 21, p,
                                     end) != 0 ||
@@ -764,9 +772,12 @@ static int upgrade_code(int status) {
 static int exec_cb(conn_t *cn, struct lws *wsi, enum lws_callback_reasons reason, void *in,
                    size_t len) {
   switch (reason) {
-  case LWS_CALLBACK_CLIENT_ESTABLISHED:
+  case LWS_CALLBACK_CLIENT_FILTER_PRE_ESTABLISH:
+    /* The response headers are still there: the chosen subprotocol. */
     if (lws_hdr_copy(wsi, cn->protocol, sizeof(cn->protocol), WSI_TOKEN_PROTOCOL) < 0)
       cn->protocol[0] = '\0';
+    return 0;
+  case LWS_CALLBACK_CLIENT_ESTABLISHED:
     if (cn->has_stdin)
       lws_callback_on_writable(wsi);
     return 0;
@@ -994,11 +1005,16 @@ static int tunnel_cb(conn_t *cn, struct lws *wsi, enum lws_callback_reasons reas
 
 static int kube_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in,
                    size_t len) {
+  if (getenv("CONDUKT_KUBE_TRACE") != NULL)
+    fprintf(stderr, "kube_cb wsi=%p reason=%d len=%zu cn=%p\n", (void *)wsi, (int)reason, len,
+            wsi != NULL ? lws_get_opaque_user_data(wsi) : NULL);
   if (reason == LWS_CALLBACK_OPENSSL_LOAD_EXTRA_CLIENT_VERIFY_CERTS)
     return tls_setup((SSL_CTX *)user);
   conn_t *cn = wsi != NULL ? lws_get_opaque_user_data(wsi) : NULL;
   if (cn == NULL)
     return 0;
+  /* Not ci.pwsi: libwebsockets clears that pointer at the upgrade. */
+  cn->wsi = wsi;
   if (cn->k == NULL) {
     /* The handle was closed under a live connection: end it. */
     switch (reason) {
@@ -1051,6 +1067,10 @@ static int kube_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
   default:
     break;
   }
+  if (reason == LWS_CALLBACK_CLIENT_APPEND_HANDSHAKE_HEADER && cn->kind != K_HTTP) {
+    unsigned char **p = (unsigned char **)in;
+    return add_auth_header(cn, wsi, p, *p + len);
+  }
   switch (cn->kind) {
   case K_HTTP:
     return http_cb(cn, wsi, reason, in, len);
@@ -1085,10 +1105,11 @@ static void conn_connect(conn_t *cn) {
     ci.local_protocol_name = "kube-ws";
   }
   ci.opaque_user_data = cn;
-  ci.pwsi = &cn->wsi;
   cn->in_connect = true;
   struct lws *w = lws_client_connect_via_info(&ci);
   cn->in_connect = false;
+  if (!cn->lws_gone && w != NULL)
+    cn->wsi = w;
   if (cn->lws_gone) {
     conn_maybe_free(cn);
     return;
