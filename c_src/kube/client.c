@@ -1678,6 +1678,15 @@ void ce_kube_client_destroy(ce_kube_client_t *c) {
       cn->lws_gone = true;
     kube_free(k);
   }
+  /* With a foreign loop this only starts: libwebsockets closes its libuv
+   * handles as the loop runs on; ce_kube_client_free() finishes. */
+  if (c->lws != NULL)
+    lws_context_destroy(c->lws);
+}
+
+void ce_kube_client_free(ce_kube_client_t *c) {
+  if (c == NULL)
+    return;
   if (c->lws != NULL)
     lws_context_destroy(c->lws);
   free(c);

@@ -49,9 +49,12 @@ typedef struct ce_kube_client ce_kube_client_t;
 typedef struct ce_kube ce_kube_t;
 
 ce_kube_client_t *ce_kube_client_new(uv_loop_t *loop);
-/* Closes every handle and listener without callbacks; the loop must run
- * afterwards for libwebsockets' handles to close. */
+/* Closes every handle and listener (their operations complete with
+ * CE_ECLOSED) and starts closing libwebsockets' libuv handles; the loop
+ * must then run until it ends, and ce_kube_client_free() be called. */
 void ce_kube_client_destroy(ce_kube_client_t *c);
+/* Finishes libwebsockets' teardown once the loop has ended. */
+void ce_kube_client_free(ce_kube_client_t *c);
 
 /* Opens a handle on cfg (taken in every case). Nothing is sent. */
 int ce_kube_open(ce_kube_client_t *c, ce_kube_config_t *cfg, ce_kube_t **out, char *err,

@@ -35,13 +35,21 @@ static const char *shown(char *dst, const char *s, size_t n) {
 }
 
 static ce_kube_client_t *client(ce_port_t *p) {
+  if (p->kube_stopped)
+    return NULL;
   if (p->kube == NULL)
     p->kube = ce_kube_client_new(p->loop);
   return p->kube;
 }
 
 void ce__kube_stop(ce_port_t *p) {
-  ce_kube_client_destroy(p->kube);
+  if (p->kube != NULL && !p->kube_stopped)
+    ce_kube_client_destroy(p->kube);
+  p->kube_stopped = true;
+}
+
+void ce__kube_free(ce_port_t *p) {
+  ce_kube_client_free(p->kube);
   p->kube = NULL;
 }
 
@@ -108,7 +116,7 @@ static bool read_kube(ce_port_t *p, const char *buf, int *i, uint64_t id, const 
     BADARG("%s: Kube must be a positive integer", op);
     return false;
   }
-  *k = p->kube != NULL ? ce_kube_find(p->kube, h) : NULL;
+  *k = p->kube != NULL && !p->kube_stopped ? ce_kube_find(p->kube, h) : NULL;
   if (*k == NULL) {
     ce__port_reply_error(p, id, CE_ECLOSED, "%s: no open Kubernetes handle %llu", op,
                          (unsigned long long)h);

@@ -22,5 +22,7 @@ void ce__op_kube_forward_close(ce_port_t *p, const char *buf, int i, uint64_t id
 /* Closes every handle and listener (the port is stopping); pending
  * replies are dropped with the port's output. */
 void ce__kube_stop(ce_port_t *p);
+/* After the loop has ended: frees what ce__kube_stop() left. */
+void ce__kube_free(ce_port_t *p);
 
 #endif

@@ -408,6 +408,7 @@ int ce_cmd_port(int argc, char **argv) {
   uv_run(&loop, UV_RUN_DEFAULT);
   code = p->exit_code;
   free(p->body);
+  ce__kube_free(p);
   goto done;
 
 fail_out:

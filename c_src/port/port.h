@@ -65,6 +65,7 @@ typedef struct ce_port {
   /* The Kubernetes client (kube_ops.c, c_src/kube/), made at the first
    * kube_open. */
   struct ce_kube_client *kube;
+  bool kube_stopped;
 } ce_port_t;
 
 /* Queues the term in x (which must start with the version byte) as one
