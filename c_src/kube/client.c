@@ -205,6 +205,14 @@ static const char *g_tls_cert, *g_tls_key;
 static size_t g_tls_cert_len, g_tls_key_len;
 static char g_tls_err[1024];
 
+/* CONDUKT_PORT_DEBUG=1 traces libwebsockets' callbacks to stderr. */
+static bool trace_on(void) {
+  static int on = -1;
+  if (on < 0)
+    on = getenv("CONDUKT_PORT_DEBUG") != NULL;
+  return on == 1;
+}
+
 static const char *shown(char *dst, const char *s) {
   ce_text_sanitize(dst, SHOWN_MAX, s, strlen(s), 1);
   return dst;
@@ -480,8 +488,9 @@ static conn_t *conn_new(ce_kube_t *k, kind_t kind) {
 
 /* libwebsockets is done with the wsi (or there never was one). */
 static void conn_lws_gone(conn_t *cn) {
-  if (getenv("CONDUKT_KUBE_TRACE") != NULL)
-    fprintf(stderr, "lws_gone cn=%p wsi=%p finished=%d\n", (void *)cn, (void *)cn->wsi, cn->finished);
+  if (trace_on())
+    fprintf(stderr, "condukt-egress port: kube: conn %p done with wsi %p\n", (void *)cn,
+            (void *)cn->wsi);
   if (cn->wsi != NULL)
     lws_set_opaque_user_data(cn->wsi, NULL);
   cn->wsi = NULL;
@@ -1005,9 +1014,9 @@ static int tunnel_cb(conn_t *cn, struct lws *wsi, enum lws_callback_reasons reas
 
 static int kube_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in,
                    size_t len) {
-  if (getenv("CONDUKT_KUBE_TRACE") != NULL)
-    fprintf(stderr, "kube_cb wsi=%p reason=%d len=%zu cn=%p\n", (void *)wsi, (int)reason, len,
-            wsi != NULL ? lws_get_opaque_user_data(wsi) : NULL);
+  if (trace_on())
+    fprintf(stderr, "condukt-egress port: kube: wsi %p reason %d len %zu conn %p\n",
+            (void *)wsi, (int)reason, len, wsi != NULL ? lws_get_opaque_user_data(wsi) : NULL);
   if (reason == LWS_CALLBACK_OPENSSL_LOAD_EXTRA_CLIENT_VERIFY_CERTS)
     return tls_setup((SSL_CTX *)user);
   conn_t *cn = wsi != NULL ? lws_get_opaque_user_data(wsi) : NULL;

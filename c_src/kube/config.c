@@ -258,7 +258,7 @@ int ce_kube_config_set_server(ce_kube_config_t *out, const char *url, char *err,
                 shown(s, url));
   const char *h = url + 8;
   const char *end = h + strcspn(h, "/?#");
-  if (*end == '?' || *end == '#')
+  if (strpbrk(h, "?#") != NULL)
     return fail(err, errlen, CE_EINVAL, "server \"%s\" must not have a query or fragment",
                 shown(s, url));
   const char *host = h, *hend, *portp = NULL;
