@@ -398,8 +398,10 @@ static struct lws_vhost *make_vhost(ce_kube_t *k, const char *cert, size_t cert_
   vi.vhost_name = name;
   vi.options = LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
   vi.user = k;
-  vi.timeout_secs = 30;
-  vi.connect_timeout_secs = 30;
+  /* Each operation's own timer decides; libwebsockets' stage timeouts
+   * only back it up. */
+  vi.timeout_secs = CE_KUBE_TIMEOUT_MAX / 1000;
+  vi.connect_timeout_secs = CE_KUBE_TIMEOUT_MAX / 1000;
   g_tls_for = k;
   g_tls_cert = cert;
   g_tls_cert_len = cert_len;

@@ -243,6 +243,78 @@ defmodule Condukt.NativeKubeTest do
       assert {:ok, %{status: 200}} = Native.kube_request(n, k2, %{method: :get, path: path})
     end
 
+    test "a token file is re-read when it changes", %{n: n, cluster: c} do
+      file = Path.join(c.dir, "tok-#{System.unique_integer([:positive])}")
+      File.write!(file, c.token <> "\n")
+
+      {:ok, %{kube: k, auth: :token_file}} =
+        Native.kube_open(n, %{source: :explicit, server: c.server, ca_pem: File.read!(Cluster.ca(c)), token_file: file})
+
+      path = "/api/v1/namespaces/#{c.namespace}/pods"
+      assert {:ok, %{status: 200}} = Native.kube_request(n, k, %{method: :get, path: path})
+      File.write!(file, "rotated-away")
+      File.touch!(file, System.os_time(:second) + 5)
+      assert {:ok, %{status: 401}} = Native.kube_request(n, k, %{method: :get, path: path})
+      File.write!(file, c.token)
+      File.touch!(file, System.os_time(:second) + 10)
+      assert {:ok, %{status: 200}} = Native.kube_request(n, k, %{method: :get, path: path})
+    end
+
+    test "in_cluster: the ServiceAccount directory, namespace and all", %{n: n, cluster: c} do
+      dir = Path.join(c.dir, "sa-#{System.unique_integer([:positive])}")
+      File.mkdir_p!(dir)
+      File.write!(Path.join(dir, "token"), c.token)
+      File.cp!(Cluster.ca(c), Path.join(dir, "ca.crt"))
+      File.write!(Path.join(dir, "namespace"), c.namespace)
+      %URI{host: host, port: port} = URI.parse(c.server)
+
+      assert {:ok, %{kube: k, auth: :token_file, namespace: ns, context: nil}} =
+               Native.kube_open(n, %{source: :in_cluster, dir: dir, host: host, port: port})
+
+      assert ns == c.namespace
+
+      assert {:ok, %{status: 200, body: %{"kind" => "PodList"}}} =
+               Native.kube_request(n, k, %{method: :get, path: "/api/v1/namespaces/#{ns}/pods"})
+    end
+
+    test "an exec plugin that gives a client certificate", %{n: n, cluster: c} do
+      dir = Path.join(c.dir, "plugin-cert-#{System.unique_integer([:positive])}")
+      File.mkdir_p!(dir)
+      plugin = Path.join(dir, "cert.py")
+
+      File.write!(plugin, """
+      #!/usr/bin/python3
+      import json
+      print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": "ExecCredential",
+        "status": {"clientCertificateData": open("#{c.admin.cert}").read(),
+                   "clientKeyData": open("#{c.admin.key}").read(),
+                   "expirationTimestamp": "2099-01-01T00:00:00Z"}}))
+      """)
+
+      File.chmod!(plugin, 0o755)
+      ca = c |> Cluster.ca() |> File.read!() |> Base.encode64()
+      kubeconfig = Path.join(dir, "kubeconfig")
+
+      File.write!(kubeconfig, """
+      clusters:
+      - name: c
+        cluster: {server: "#{c.server}", certificate-authority-data: #{ca}}
+      users:
+      - name: u
+        user:
+          exec: {apiVersion: client.authentication.k8s.io/v1beta1, command: #{plugin}, provideClusterInfo: true}
+      contexts:
+      - name: x
+        context: {cluster: c, user: u}
+      current-context: x
+      """)
+
+      {:ok, %{kube: k, auth: :exec}} = Native.kube_open(n, %{source: :kubeconfig, paths: [kubeconfig]})
+      # Only the administrator's certificate may list nodes.
+      assert {:ok, %{status: 200, body: %{"kind" => "NodeList"}}} =
+               Native.kube_request(n, k, %{method: :get, path: "/api/v1/nodes"})
+    end
+
     test "a failing exec plugin is an error naming it", %{n: n, cluster: c} do
       dir = Path.join(c.dir, "plugin-bad-#{System.unique_integer([:positive])}")
       File.mkdir_p!(dir)
