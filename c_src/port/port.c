@@ -24,6 +24,12 @@
  *            | {control_attach, Address, Token, AttachOpts}
  *            | {control_send, Chan, Frame}
  *            | {control_detach, Chan}
+ *            | {kube_open, KubeOpts}       % Kubernetes: docs/port-protocol.md,
+ *            | {kube_close, Kube}          % "Kubernetes", and port/kube_ops.c
+ *            | {kube_request, Kube, Req}
+ *            | {kube_exec, Kube, ExecReq}
+ *            | {kube_forward, Kube, FwdReq}
+ *            | {kube_forward_close, FChan}
  *
  *   CaOpts     = #{common_name := binary(), days := 1..3650,
  *                  cert_path => binary(), key_path => binary()}
@@ -40,6 +46,7 @@
  *   Message   = binary()
  *   Async     = {control, Chan, {frame, Frame}}
  *             | {control, Chan, {closed, Reason}}
+ *             | {kube_forward, FChan, {error, Message}}
  *   Malformed = {error, badterm | too_big | badarg, Message}
  *
  *   version        -> {ok, #{version => binary(), protocol => 1}}
@@ -53,7 +60,8 @@
  * JSON <-> term: see port/json_term.h.
  *
  * Everything runs on one libuv loop. Requests are handled in the order
- * they arrive; only control_attach answers later (after welcome).
+ * they arrive; control_attach (after welcome), kube_request and kube_exec
+ * answer later, while the loop serves everything else.
  */
 #include "port/port.h"
 
