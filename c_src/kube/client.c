@@ -1048,8 +1048,14 @@ static int kube_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
     return tls_verify(cn, (X509_STORE_CTX *)user, (int)len);
   case LWS_CALLBACK_CLIENT_CONNECTION_ERROR: {
     int status = (int)lws_http_client_http_response(wsi);
-    if (status == 401 && cn->kind != K_HTTP && cn->k != NULL &&
-        cn->k->cfg.auth == CE_KUBE_AUTH_EXEC && !cn->retried) {
+    bool exec_auth = cn->k->cfg.auth == CE_KUBE_AUTH_EXEC;
+    if (status == 401 && exec_auth && cn->kind == K_TUNNEL && cn->k->cred_valid) {
+      /* A tunnel is not retried (its client is waiting): the next
+       * connection runs the plugin again. */
+      ce_kube_cred_free(&cn->k->cred);
+      cn->k->cred_valid = false;
+    }
+    if (status == 401 && cn->kind == K_EXEC && exec_auth && !cn->retried) {
       conn_retry_after_401(cn);
     } else if (status >= 200 && cn->kind != K_HTTP) {
       conn_finish(cn, upgrade_code(status),
@@ -1504,6 +1510,10 @@ static void plugin_start(ce_kube_t *k) {
   po.stdio = stdio;
   po.stdio_count = 3;
   int rc = uv_spawn(k->c->loop, &pl->proc, &po);
+  /* The process handle is initialised even when the spawn failed, and
+   * must be closed either way. */
+  pl->spawned = true;
+  pl->handles++;
   free(env);
   if (info_kv != NULL)
     OPENSSL_clear_free(info_kv, strlen(info_kv));
@@ -1516,8 +1526,6 @@ static void plugin_start(ce_kube_t *k) {
     waiting_release(k, CE_EPERM, err);
     return;
   }
-  pl->spawned = true;
-  pl->handles++;
   pl->pending = 3;
   k->plugin = pl;
   uv_read_start((uv_stream_t *)&pl->out, on_plugin_alloc, on_plugin_read);

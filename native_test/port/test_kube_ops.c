@@ -158,6 +158,35 @@ Test(port_kube, open_kubeconfig_and_close) {
   finish_clean();
 }
 
+Test(port_kube, exec_plugin_that_cannot_run) {
+  char path[128], req[512];
+  snprintf(path, sizeof(path), "%s/kc", dir);
+  FILE *f = fopen(path, "w");
+  fprintf(f,
+          "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:%u', "
+          "insecure-skip-tls-verify: true}}]\n"
+          "users: [{name: u, user: {exec: {apiVersion: client.authentication.k8s.io/v1, "
+          "command: ./no-such-plugin}}}]\n"
+          "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n",
+          closed_port());
+  fclose(f);
+  snprintf(req, sizeof(req), "{call, 1, {kube_open, #{source => kubeconfig, paths => [<<\"%s\">>]}}}",
+           path);
+  has(req, "kube => 1", "auth => exec");
+  /* Two requests wait for the same run; both get its error. */
+  ce_test_port_send(&pp, "{call, 2, {kube_request, 1, #{method => get, path => <<\"/\">>}}}");
+  ce_test_port_send(&pp, "{call, 3, {kube_request, 1, #{method => get, path => <<\"/\">>}}}");
+  for (int k = 0; k < 2; k++) {
+    char *got = ce_test_port_recv(&pp, WAIT_MS);
+    cr_assert_not_null(got);
+    cr_assert(strstr(got, "{error,{perm,") != NULL, "%s", got);
+    cr_assert(strstr(got, "no-such-plugin") != NULL && strstr(got, "cannot run") != NULL, "%s",
+              got);
+    free(got);
+  }
+  finish_clean();
+}
+
 Test(port_kube, request_refusals_and_unavail) {
   char req[512];
   snprintf(req, sizeof(req),
