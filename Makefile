@@ -12,7 +12,8 @@ VERSION := $(shell sed -n 's/^ *@version "\(.*\)"/\1/p' mix.exs)
 ROOT := $(abspath .)
 
 CC ?= cc
-PKGS := jansson libuv openssl
+# libwebsockets and yaml-0.1: the Kubernetes client (c_src/kube/).
+PKGS := jansson libuv openssl libwebsockets yaml-0.1
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lunistring
 # erl_interface (ei) ships with Erlang, not pkg-config: Debian's erlang-dev

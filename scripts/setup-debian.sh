@@ -8,7 +8,7 @@ PACKAGES="
   make gcc pkg-config git curl ca-certificates
   elixir erlang-nox erlang-dev erlang-jiffy
   libjansson-dev libunistring-dev libssl-dev libuv1-dev libnghttp2-dev
-  libwebsockets-dev libyaml-dev
+  libwebsockets-dev libwebsockets-evlib-uv libyaml-dev
   libcriterion-dev clang libclang-rt-14-dev
   iptables iproute2 util-linux openssl nginx-light nodejs
   python3 python3-requests python3-websockets

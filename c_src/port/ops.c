@@ -25,6 +25,7 @@
 #include "port/channel.h"
 #include "port/etf.h"
 #include "port/json_term.h"
+#include "port/kube_ops.h"
 #include "tls/ca.h"
 
 #ifndef CE_VERSION
@@ -591,6 +592,12 @@ static const struct {
     {"control_attach", 3, "{control_attach, Address, Token, AttachOpts}", op_attach},
     {"control_send", 2, "{control_send, Chan, Frame}", op_send},
     {"control_detach", 1, "{control_detach, Chan}", op_detach},
+    {"kube_open", 1, "{kube_open, KubeOpts}", ce__op_kube_open},
+    {"kube_close", 1, "{kube_close, Kube}", ce__op_kube_close},
+    {"kube_request", 2, "{kube_request, Kube, Req}", ce__op_kube_request},
+    {"kube_exec", 2, "{kube_exec, Kube, ExecReq}", ce__op_kube_exec},
+    {"kube_forward", 2, "{kube_forward, Kube, FwdReq}", ce__op_kube_forward},
+    {"kube_forward_close", 1, "{kube_forward_close, FChan}", ce__op_kube_forward_close},
 };
 
 void ce__port_call(ce_port_t *p, const char *buf, const ce_port_request_t *req) {

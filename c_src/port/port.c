@@ -24,6 +24,12 @@
  *            | {control_attach, Address, Token, AttachOpts}
  *            | {control_send, Chan, Frame}
  *            | {control_detach, Chan}
+ *            | {kube_open, KubeOpts}       % Kubernetes: docs/port-protocol.md,
+ *            | {kube_close, Kube}          % "Kubernetes", and port/kube_ops.c
+ *            | {kube_request, Kube, Req}
+ *            | {kube_exec, Kube, ExecReq}
+ *            | {kube_forward, Kube, FwdReq}
+ *            | {kube_forward_close, FChan}
  *
  *   CaOpts     = #{common_name := binary(), days := 1..3650,
  *                  cert_path => binary(), key_path => binary()}
@@ -40,6 +46,7 @@
  *   Message   = binary()
  *   Async     = {control, Chan, {frame, Frame}}
  *             | {control, Chan, {closed, Reason}}
+ *             | {kube_forward, FChan, {error, Message}}
  *   Malformed = {error, badterm | too_big | badarg, Message}
  *
  *   version        -> {ok, #{version => binary(), protocol => 1}}
@@ -53,7 +60,8 @@
  * JSON <-> term: see port/json_term.h.
  *
  * Everything runs on one libuv loop. Requests are handled in the order
- * they arrive; only control_attach answers later (after welcome).
+ * they arrive; control_attach (after welcome), kube_request and kube_exec
+ * answer later, while the loop serves everything else.
  */
 #include "port/port.h"
 
@@ -68,6 +76,7 @@
 #include "common/error.h"
 #include "port/channel.h"
 #include "port/etf.h"
+#include "port/kube_ops.h"
 #include "port/ops.h"
 #include "port/request.h"
 
@@ -212,6 +221,7 @@ void ce__port_stop(ce_port_t *p, int exit_code) {
   p->stopping = true;
   p->exit_code = exit_code;
   ce__chan_close_all(p);
+  ce__kube_stop(p);
   if (!uv_is_closing((uv_handle_t *)&p->in))
     uv_close((uv_handle_t *)&p->in, NULL);
   if (!uv_is_closing((uv_handle_t *)&p->out))
@@ -406,6 +416,7 @@ int ce_cmd_port(int argc, char **argv) {
   uv_run(&loop, UV_RUN_DEFAULT);
   code = p->exit_code;
   free(p->body);
+  ce__kube_free(p);
   goto done;
 
 fail_out:

@@ -37,6 +37,7 @@
 #define CE__PORT_BADARG 1
 
 typedef struct ce__chan ce__chan_t;
+struct ce_kube_client;
 
 typedef enum { IN_HEADER, IN_BODY, IN_SKIP } ce__in_state_t;
 
@@ -60,6 +61,11 @@ typedef struct ce_port {
   /* Control channels (channel.c). */
   ce__chan_t *chans;
   uint64_t next_chan;
+
+  /* The Kubernetes client (kube_ops.c, c_src/kube/), made at the first
+   * kube_open. */
+  struct ce_kube_client *kube;
+  bool kube_stopped;
 } ce_port_t;
 
 /* Queues the term in x (which must start with the version byte) as one

@@ -1,7 +1,8 @@
 defmodule Condukt.Native do
   @moduledoc """
   The owner of one `condukt-egress port` process: the BEAM's native helper
-  for tokens, session CAs, policy files and sidecar control channels.
+  for tokens, session CAs, policy files, sidecar control channels and the
+  Kubernetes API client (`kube_*`).
 
   The two sides exchange Erlang terms, one per `{:packet, 4}` frame; the
   grammar is normative in `docs/port-protocol.md` (and heads
@@ -151,6 +152,94 @@ defmodule Condukt.Native do
   @spec ack(server(), chan(), pos_integer()) :: :ok
   def ack(server, chan, n) when is_integer(n) and n > 0, do: GenServer.cast(server, {:ack, chan, n})
 
+  ## Kubernetes ---------------------------------------------------------------
+
+  @typedoc "A Kubernetes client handle, given out by the port."
+  @type kube :: pos_integer()
+
+  @typedoc "A port-forward listener, given out by the port."
+  @type fchan :: pos_integer()
+
+  @doc """
+  Opens a Kubernetes client handle (docs/port-protocol.md, "Kubernetes").
+  Nothing is sent to the API server; the kubeconfig (or the in-cluster
+  files) is read and checked now.
+
+  `opts` is one of
+
+      %{source: :kubeconfig, paths: [path, ...], context: binary}   # context optional
+      %{source: :in_cluster, dir: path, host: binary, port: 1..65535} # all optional
+      %{source: :explicit, server: "https://host:port", ca_pem: binary, insecure: boolean,
+        token: binary, token_file: path, client_cert_pem: binary, client_key_pem: binary}
+
+  and the value `%{kube: kube, server: binary, context: binary | nil,
+  namespace: binary | nil, user: binary | nil, auth: :none | :token |
+  :token_file | :client_cert | :exec}`.
+  """
+  @spec kube_open(server(), map()) :: {:ok, map()} | error()
+  def kube_open(server, opts) when is_map(opts) do
+    opts = Map.new(opts, fn {k, v} -> {k, kube_encode_opt(k, v)} end)
+    call(server, {:kube_open, opts})
+  end
+
+  @doc "Closes a handle and its forward listeners; `:ok` also for one already closed."
+  @spec kube_close(server(), kube()) :: :ok | error()
+  def kube_close(server, kube), do: call(server, {:kube_close, kube})
+
+  @doc """
+  One API request: `req` is `%{method: :get | :post | :put | :patch | :delete,
+  path: "/api/v1/...", body: map() | list() | binary(), content_type: binary(),
+  timeout: ms}` (path escaped by the caller; `body` a map or list is sent as
+  JSON, a binary as it is; PATCH defaults to `application/merge-patch+json`;
+  timeout default 30000). The value is `%{status: 100..599, body: term |
+  binary}` for every HTTP status: a JSON body decoded (binary keys), any
+  other body as a binary. Errors are only for no HTTP answer: `:unavail`,
+  `:tls`, `:timedout`, `:toobig`, `:proto`, `:closed`.
+  """
+  @spec kube_request(server(), kube(), map()) :: {:ok, %{status: integer(), body: term()}} | error()
+  def kube_request(server, kube, req) when is_map(req) do
+    req = Map.update(req, :path, nil, &IO.iodata_to_binary/1)
+    call(server, {:kube_request, kube, req}, Map.get(req, :timeout, 30_000) + @call_margin)
+  end
+
+  @doc """
+  Runs a command in a container over the exec WebSocket: `exec` is
+  `%{namespace:, pod:, container:, command: [binary, ...], stdin: binary,
+  timeout: ms, max_output: bytes}` (stdin, timeout (default 60000) and
+  max_output (default 8 MiB per stream) optional). The value is
+  `%{exit_code: integer | nil, status: map | nil, stdout:, stderr:,
+  stdout_dropped:, stderr_dropped:, protocol:}`.
+  """
+  @spec kube_exec(server(), kube(), map()) :: {:ok, map()} | error()
+  def kube_exec(server, kube, exec) when is_map(exec) do
+    call(server, {:kube_exec, kube, exec}, Map.get(exec, :timeout, 60_000) + @call_margin)
+  end
+
+  @doc """
+  Opens a port-forward listener: `fwd` is `%{namespace:, pod:, port:
+  1..65535, listen: {:unix, path} | {:tcp, host, port}}` (loopback only;
+  port 0 picks one). Each accepted connection is tunnelled to the pod's
+  port. The value is `{fchan, %{address: {:unix, path} | {:tcp, host,
+  port}}}`. A tunnel that fails is reported to the caller as
+
+      {:condukt_kube_forward, native :: pid(), fchan, {:error, message}}
+
+  and the listener stays. A caller that dies has its listeners closed.
+  """
+  @spec kube_forward(server(), kube(), map()) :: {:ok, {fchan(), map()}} | error()
+  def kube_forward(server, kube, fwd) when is_map(fwd) do
+    fwd = Map.update(fwd, :listen, nil, &encode_address/1)
+    call(server, {:kube_forward, kube, fwd}, @default_call_timeout, self())
+  end
+
+  @doc "Closes a forward listener and its tunnels; `:ok` also for one already closed."
+  @spec kube_forward_close(server(), fchan()) :: :ok | error()
+  def kube_forward_close(server, fchan), do: call(server, {:kube_forward_close, fchan})
+
+  defp kube_encode_opt(:paths, paths) when is_list(paths), do: Enum.map(paths, &IO.iodata_to_binary/1)
+  defp kube_encode_opt(key, path) when key in [:dir, :token_file], do: IO.iodata_to_binary(path)
+  defp kube_encode_opt(_key, value), do: value
+
   defp call(server, op, timeout \\ @default_call_timeout, owner \\ nil) do
     GenServer.call(server, {:call, op, owner}, timeout)
   end
@@ -186,7 +275,9 @@ defmodule Condukt.Native do
          # chan => owner pid
          chans: %{},
          # owner pid => monitor ref
-         owners: %{}
+         owners: %{},
+         # forward listener => owner pid (monitored apart)
+         fwds: %{}
        }}
     rescue
       e in ErlangError ->
@@ -195,7 +286,13 @@ defmodule Condukt.Native do
   end
 
   @impl true
-  def handle_call({:call, op, owner}, from, state) do
+  def handle_call({:call, {:kube_forward_close, fchan} = op, owner}, from, state) do
+    handle_call({:call, op, owner, :forgotten}, from, %{state | fwds: Map.delete(state.fwds, fchan)})
+  end
+
+  def handle_call({:call, op, owner}, from, state), do: handle_call({:call, op, owner, :sent}, from, state)
+
+  def handle_call({:call, op, owner, _}, from, state) do
     id = state.next_id
     send_term(state, {:call, id, op})
     pending = Map.put(state.pending, id, {from, elem(op, 0), owner})
@@ -227,6 +324,14 @@ defmodule Condukt.Native do
 
   def handle_info({:DOWN, _ref, :process, owner, _reason}, state) do
     {chans, kept} = Enum.split_with(state.chans, fn {_chan, pid} -> pid == owner end)
+    {fwds, kept_fwds} = Enum.split_with(state.fwds, fn {_fchan, pid} -> pid == owner end)
+
+    # Close the dead owner's forward listeners; the replies are dropped.
+    state =
+      Enum.reduce(fwds, %{state | fwds: Map.new(kept_fwds)}, fn {fchan, _}, acc ->
+        send_term(acc, {:call, acc.next_id, {:kube_forward_close, fchan}})
+        %{acc | next_id: acc.next_id + 1, pending: Map.put(acc.pending, acc.next_id, {nil, :kube_forward_close, nil})}
+      end)
 
     # Detach the dead owner's channels; the replies are dropped (from = nil).
     state =
@@ -280,6 +385,15 @@ defmodule Condukt.Native do
     {:noreply, state}
   end
 
+  defp handle_term({:kube_forward, fchan, {:error, message}}, state) do
+    case state.fwds do
+      %{^fchan => owner} -> send(owner, {:condukt_kube_forward, self(), fchan, {:error, message}})
+      _ -> Logger.debug("condukt-egress port: error for a closed forward listener #{fchan}: #{message}")
+    end
+
+    {:noreply, state}
+  end
+
   defp handle_term({:error, kind, message}, state) do
     Logger.error("condukt-egress port refused a packet (#{inspect(kind)}): #{message}")
     {:noreply, state}
@@ -300,6 +414,11 @@ defmodule Condukt.Native do
   end
 
   defp reply(:control_detach, :ok, _owner, state), do: {:ok, state}
+
+  defp reply(:kube_forward, {:ok, {fchan, info}}, owner, state) when is_integer(fchan) do
+    Process.monitor(owner)
+    {{:ok, {fchan, info}}, %{state | fwds: Map.put(state.fwds, fchan, owner)}}
+  end
 
   defp reply(op, result, _owner, state) do
     reply =
@@ -335,7 +454,8 @@ defmodule Condukt.Native do
     message = "the port program exited (#{format_exit(how)})"
     fail_pending(state, message)
     for {chan, owner} <- state.chans, do: send(owner, {:condukt_control, self(), chan, {:closed, message}})
-    state = %{state | pending: %{}, chans: %{}}
+    for {fchan, owner} <- state.fwds, do: send(owner, {:condukt_kube_forward, self(), fchan, {:error, message}})
+    state = %{state | pending: %{}, chans: %{}, fwds: %{}}
     Logger.error("condukt-egress port: #{message}")
     {:stop, {:port_exited, how}, state}
   end

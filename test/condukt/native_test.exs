@@ -160,6 +160,67 @@ defmodule Condukt.NativeTest do
     end
   end
 
+  describe "kube_* without an API server" do
+    setup do
+      {:ok, l} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
+      {:ok, port} = :inet.port(l)
+      :gen_tcp.close(l)
+      %{server: "https://127.0.0.1:#{port}"}
+    end
+
+    test "forward errors go to the listener's owner; its death closes the listener", %{native: n, server: server} do
+      {:ok, %{kube: k, auth: :none, context: nil}} = Native.kube_open(n, %{source: :explicit, server: server})
+      sock = Path.join(System.tmp_dir!(), "ck-fwd-#{System.unique_integer([:positive])}.sock")
+      test = self()
+
+      owner =
+        spawn(fn ->
+          result = Native.kube_forward(n, k, %{namespace: "a", pod: "p", port: 80, listen: {:unix, sock}})
+          send(test, {:opened, result})
+
+          receive do
+            msg -> send(test, {:owner_got, msg})
+          end
+
+          receive do
+            :exit -> :ok
+          end
+        end)
+
+      assert_receive {:opened, {:ok, {f, %{address: {:unix, ^sock}}}}}
+      {:ok, s} = :gen_tcp.connect({:local, sock}, 0, [:binary, active: false])
+      assert {:error, :closed} = :gen_tcp.recv(s, 0, 5_000)
+      assert_receive {:owner_got, {:condukt_kube_forward, ^n, ^f, {:error, msg}}}, 5_000
+      assert msg =~ "cannot connect"
+      ref = Process.monitor(owner)
+      send(owner, :exit)
+      assert_receive {:DOWN, ^ref, :process, ^owner, _}
+      assert :ok = wait_until(fn -> not File.exists?(sock) end)
+      assert :ok = Native.kube_close(n, k)
+    end
+
+    test "kube_request with no server is unavail; a malformed request is badarg", %{native: n, server: server} do
+      {:ok, %{kube: k}} = Native.kube_open(n, %{source: :explicit, server: server, token: "t"})
+      assert {:error, %Error{op: :kube_request, code: :unavail}} = Native.kube_request(n, k, %{method: :get, path: "/"})
+
+      assert {:error, %Error{code: :badarg}} = Native.kube_request(n, k, %{method: :get})
+    end
+  end
+
+  defp wait_until(fun, tries \\ 100) do
+    cond do
+      fun.() ->
+        :ok
+
+      tries == 0 ->
+        :timeout
+
+      true ->
+        Process.sleep(20)
+        wait_until(fun, tries - 1)
+    end
+  end
+
   test "stop closes the program: the OS process is gone", %{native: n} do
     os_pid = Native.os_pid(n)
     assert File.exists?("/proc/#{os_pid}")
