@@ -94,7 +94,7 @@ defmodule Condukt.Sandbox.Kubernetes do
 
   alias Condukt.{Kube, Native, Options}
   alias Condukt.Sandbox.Error
-  alias Condukt.Sandbox.Kubernetes.{Heartbeat, Manifest, Names, Ops, Schema}
+  alias Condukt.Sandbox.Kubernetes.{Forward, Heartbeat, Manifest, Names, Ops, Schema}
   alias Condukt.Sandbox.Local.Schema, as: LocalSchema
   alias Condukt.Sandbox.NetworkPolicy
   alias Condukt.Sandbox.NetworkPolicy.ControlBridge
@@ -129,7 +129,7 @@ defmodule Condukt.Sandbox.Kubernetes do
           kube: Kube.t(),
           heartbeat: pid() | nil,
           bridge: pid() | nil,
-          forward: pos_integer() | nil,
+          forward: pid() | nil,
           forward_dir: Path.t() | nil,
           network_policy: NetworkPolicy.t() | nil,
           delete_on_shutdown: boolean(),
@@ -560,18 +560,12 @@ defmodule Condukt.Sandbox.Kubernetes do
     File.chmod!(dir, 0o700)
     state = %{state | forward_dir: dir}
 
+    listen = {:unix, Path.join(dir, "control.sock")}
+
     with {:ok, token} <- read_token(state),
-         {:ok, {fchan, address}} <-
-           wrap(
-             Kube.forward(
-               state.kube,
-               state.namespace,
-               state.pod,
-               Manifests.control_port(),
-               {:unix, Path.join(dir, "control.sock")}
-             )
-           ) do
-      state = %{state | forward: fchan}
+         {:ok, forward, address} <-
+           wrap_forward(Forward.start(state.kube, state.namespace, state.pod, Manifests.control_port(), listen)) do
+      state = %{state | forward: forward}
 
       bridge_opts = [
         session_id: state.id,
@@ -591,6 +585,7 @@ defmodule Condukt.Sandbox.Kubernetes do
           {:ok, %{state | bridge: bridge}}
 
         {:error, reason} ->
+          release(state)
           {:error, %Error{reason: :backend, op: :new, detail: "the control bridge did not start: #{inspect(reason)}"}}
       end
     else
@@ -600,8 +595,8 @@ defmodule Condukt.Sandbox.Kubernetes do
     end
   end
 
-  defp wrap({:ok, _} = ok), do: ok
-  defp wrap({:error, e}), do: kube_error(e)
+  defp wrap_forward({:ok, _pid, _address} = ok), do: ok
+  defp wrap_forward({:error, e}), do: kube_error(e)
 
   # The control token, from the sidecar's Secret (also when we just wrote
   # it: one path for created and adopted pods).
@@ -648,7 +643,7 @@ defmodule Condukt.Sandbox.Kubernetes do
   defp release(state) do
     Heartbeat.stop(state.heartbeat)
     ControlBridge.stop(state.bridge)
-    if state.forward, do: Kube.forward_close(state.kube, state.forward)
+    Forward.stop(state.forward)
     if state.forward_dir, do: File.rm_rf(state.forward_dir)
     :ok
   end

@@ -274,6 +274,7 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     :ok = Sandbox.shutdown(sb)
     refute Process.alive?(sb.state.bridge)
     refute File.exists?(sb.state.forward_dir)
+    refute Process.alive?(sb.state.forward)
 
     # Reattach: the bridge comes back with the Secret's token.
     {:ok, sb} = Sandbox.new({Kubernetes, base ++ [network_policy: policy]}, id: id)
