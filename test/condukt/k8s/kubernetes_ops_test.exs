@@ -46,6 +46,11 @@ defmodule Condukt.K8s.KubernetesOpsTest do
     assert {:ok, %{output: out}} = Sandbox.exec(sb, "pwd", cwd: "sub dir")
     assert String.trim(out) == Path.join(ws, "sub dir")
     assert {:ok, %{output: "v $x\n"}} = Sandbox.exec(sb, "echo \"$V\" '$x'", env: %{"V" => "v"})
+    # env names travel after "--": "-i" is no option (which would have
+    # emptied the environment, PATH included); nil unsets
+    assert {:ok, %{output: "set|\n"}} =
+             Sandbox.exec(sb, ~S(echo "${PATH:+set}|$HOME"), env: [{"-i", "d"}, {"HOME", nil}])
+
     assert {:ok, %{output: "\n"}} = Sandbox.exec(sb, "cd /; export Q=1; echo $Q >/dev/null; echo $V")
     assert {:error, %Error{reason: :enoent, op: :exec}} = Sandbox.exec(sb, "true", cwd: "missing")
     assert {:error, %Error{reason: :invalid_command}} = Sandbox.exec(sb, "echo \0")

@@ -120,14 +120,13 @@ defmodule Condukt.Sandbox.Kubernetes.Ops do
 
   defp env_argv(env) when is_map(env) and map_size(env) == 0, do: []
 
+  # `env -u NAME... -- NAME=VALUE...`: after "--" nothing is an option, so
+  # a name that starts with "-" stays a name.
   defp env_argv(env) do
-    args =
-      Enum.flat_map(env, fn
-        {k, nil} -> ["-u", k]
-        {k, v} -> ["#{k}=#{v}"]
-      end)
+    {unset, set} = Enum.split_with(env, fn {_k, v} -> v == nil end)
 
-    ["env" | args]
+    ["env"] ++
+      Enum.flat_map(unset, fn {k, nil} -> ["-u", k] end) ++ ["--"] ++ Enum.map(set, fn {k, v} -> "#{k}=#{v}" end)
   end
 
   defp output(out, 0, _max), do: out
