@@ -148,18 +148,20 @@ defmodule Condukt.Kube do
     end
   end
 
-  defp open(source, native) do
-    {native, started?} =
-      case native do
-        nil ->
-          {:ok, pid} = Native.start_link()
-          {pid, true}
+  defp open(source, nil) do
+    case Native.start_link() do
+      {:ok, pid} ->
+        open(source, pid, true)
 
-        pid ->
-          {pid, false}
-      end
+      {:error, reason} ->
+        {:error, %Error{reason: :native, message: "the port program did not start: #{inspect(reason)}"}}
+    end
+  end
 
-    case Native.kube_open(native, source) do
+  defp open(source, native), do: open(source, native, false)
+
+  defp open(source, native, started?) do
+    case native_call(fn -> Native.kube_open(native, source) end, nil) do
       {:ok, info} ->
         {:ok,
          %__MODULE__{
