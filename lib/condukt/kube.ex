@@ -362,7 +362,8 @@ defmodule Condukt.Kube do
       |> put_if(:timeout, opts[:timeout])
       |> put_if(:max_output, opts[:max_output])
 
-    info = %{verb: "create", resource: "pods/exec", namespace: namespace, name: pod}
+    # A WebSocket upgrade is a GET: RBAC wants `get` on the subresource.
+    info = %{verb: "get", resource: "pods/exec", namespace: namespace, name: pod}
 
     case native_call(fn -> Native.kube_exec(kube.native, kube.handle, req) end, opts[:timeout]) do
       {:ok, result} -> {:ok, atomize_exec(result)}
@@ -384,7 +385,7 @@ defmodule Condukt.Kube do
           {:ok, {pos_integer(), Native.address()}} | {:error, Error.t()}
   def forward(%__MODULE__{} = kube, namespace, pod, port, listen) do
     req = %{namespace: namespace, pod: pod, port: port, listen: listen}
-    info = %{verb: "create", resource: "pods/portforward", namespace: namespace, name: pod}
+    info = %{verb: "get", resource: "pods/portforward", namespace: namespace, name: pod}
 
     case native_call(fn -> Native.kube_forward(kube.native, kube.handle, req) end, nil) do
       {:ok, {fchan, %{} = value}} -> {:ok, {fchan, get(value, :address)}}

@@ -297,6 +297,48 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     assert list(c, :networkpolicies, id) == []
   end
 
+  test "with the seeds' Role, exec is refused naming the missing grant: get on pods/exec (WebSocket upgrades are GETs)",
+       %{cluster: c} do
+    ns = "seedrole-#{System.unique_integer([:positive])}"
+    Cluster.request!(c, :admin, "POST", "/api/v1/namespaces", %{metadata: %{name: ns}})
+
+    {code, _} =
+      Cluster.request(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts", %{metadata: %{name: "default"}})
+
+    assert code in [201, 409]
+    Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts", %{metadata: %{name: "seed"}})
+
+    Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/roles", %{
+      metadata: %{name: "seed"},
+      rules: Cluster.seed_role_rules()
+    })
+
+    Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/rolebindings", %{
+      metadata: %{name: "seed"},
+      subjects: [%{kind: "ServiceAccount", name: "seed", namespace: ns}],
+      roleRef: %{kind: "Role", name: "seed", apiGroup: "rbac.authorization.k8s.io"}
+    })
+
+    %{"status" => %{"token" => token}} =
+      Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts/seed/token", %{
+        spec: %{audiences: ["https://kubernetes.default.svc"], expirationSeconds: 600}
+      })
+
+    conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: token]
+
+    {:ok, sb} =
+      Sandbox.new(
+        {Kubernetes, namespace: ns, conn: conn, node_selector: %{"type" => "kwok"}, heartbeat_interval: false}
+      )
+
+    assert {:error, %Error{op: :exec, detail: %Condukt.Kube.Error{reason: :forbidden} = ke} = e} =
+             Sandbox.exec(sb, "true")
+
+    assert %{verb: "get", resource: "pods/exec", namespace: ^ns} = ke
+    assert Exception.message(e) =~ ~s[cannot get pods/exec in namespace "#{ns}" (grant "get" on "pods/exec")]
+    :ok = Sandbox.shutdown(sb)
+  end
+
   # The port's client loses the API server's 403 answer to a POST about one
   # time in three on a fresh connection, and always on a connection that
   # already carried one ("unavail: the connection closed before a
