@@ -95,6 +95,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert init_error(on_stale: :delete) =~ ":on_stale to be one of [:error, :recreate], got: :delete"
       assert init_error(id: "") =~ ":id"
       assert init_error(id: String.duplicate("a", 254)) =~ ":id"
+      assert init_error(id: "a\0b") =~ "no NUL"
       assert init_error(env: %{"A=B" => "c"}) =~ ":env"
       assert init_error(labels: %{"tenant" => 1}) =~ ":labels"
       assert init_error(workspace_source: [git: "https://x", ref: "--upload-pack=evil"]) =~ ":workspace_source"
