@@ -177,7 +177,7 @@ defmodule Condukt.Kube do
 
       {:error, %Native.Error{} = e} ->
         if started?, do: Native.stop(native)
-        {:error, %{Error.from_native(e) | reason: :config}}
+        {:error, %{Error.from_native(e) | reason: :config, status: nil}}
     end
   end
 

@@ -170,8 +170,9 @@ defmodule Condukt.Sandbox.Kubernetes.Schema do
   @doc false
   def id(nil), do: :ok
 
-  def id(v) when is_binary(v) and byte_size(v) in 1..253,
-    do: if(String.valid?(v) and not String.contains?(v, <<0>>), do: :ok, else: id(:bad))
+  def id(v) when is_binary(v) and byte_size(v) in 1..253 do
+    if String.valid?(v) and not String.contains?(v, <<0>>), do: :ok, else: id({:bad, v})
+  end
 
   def id(v) when is_atom(v) or is_integer(v), do: id(to_string(v))
   def id(_), do: {:error, "a string of 1 to 253 bytes (UTF-8, no NUL), an atom or an integer"}
