@@ -560,11 +560,9 @@ defmodule Condukt.Sandbox.Kubernetes do
     File.chmod!(dir, 0o700)
     state = %{state | forward_dir: dir}
 
-    listen = {:unix, Path.join(dir, "control.sock")}
-
     with {:ok, token} <- read_token(state),
          {:ok, forward, address} <-
-           wrap_forward(Forward.start(state.kube, state.namespace, state.pod, Manifests.control_port(), listen)) do
+           wrap_forward(Forward.start(state.kube, state.namespace, state.pod, Manifests.control_port(), dir)) do
       state = %{state | forward: forward}
 
       bridge_opts = [

@@ -232,6 +232,7 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
   end
 
+  @tag :capture_log
   test "network_policy: two Secrets and a NetworkPolicy owned by the pod; adoption reads the token back; terminate removes all",
        %{cluster: c, base: base, conn: conn} do
     id = id()
@@ -281,6 +282,22 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     assert pod(c, id)["metadata"]["uid"] == uid
     assert is_pid(sb.state.bridge)
     :ok = Sandbox.shutdown(sb)
+
+    # An owner that dies takes its bridge, listener and directory along.
+    me = self()
+
+    owner =
+      spawn(fn ->
+        {:ok, sb} = Sandbox.new({Kubernetes, base ++ [network_policy: policy]}, id: id)
+        send(me, {:up, sb.state})
+        Process.sleep(:infinity)
+      end)
+
+    assert_receive {:up, st}, 40_000
+    assert File.dir?(st.forward_dir)
+    Process.exit(owner, :kill)
+    assert :ok == Cluster.wait_until(fn -> not File.exists?(st.forward_dir) end, 5_000)
+    assert :ok == Cluster.wait_until(fn -> not Process.alive?(st.bridge) and not Process.alive?(st.forward) end, 5_000)
 
     # Adopting it without the sidecar is refused (fail closed).
     plain = id()
