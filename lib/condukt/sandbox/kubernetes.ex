@@ -435,10 +435,6 @@ defmodule Condukt.Sandbox.Kubernetes do
         rollback(kube, ns, done)
         kube_error(e)
     end
-    |> case do
-      {:error, _, _, _} = unexpected -> {:error, %Error{reason: :backend, op: :new, detail: unexpected}}
-      other -> other
-    end
   end
 
   defp own(_kube, _ns, _pod, []), do: :ok
