@@ -394,6 +394,23 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     assert Exception.message(e) =~ ~s[cannot create pods in namespace "#{ns}" (grant "create" on "pods")]
   end
 
+  test "a pod the API server refuses: the Secrets and NetworkPolicy created before it are deleted, the error names the field",
+       %{cluster: c, base: base} do
+    id = id()
+    policy = [rules: [allow: ["example.com"]]]
+
+    assert {:error, %Error{op: :new, detail: %Condukt.Kube.Error{reason: :invalid}} = e} =
+             Sandbox.new(
+               {Kubernetes, base ++ [network_policy: policy, resources: %{requests: %{cpu: "2"}, limits: %{cpu: "1"}}]},
+               id: id
+             )
+
+    assert Exception.message(e) =~ "spec.containers[0].resources.requests"
+    assert pod(c, id) == nil
+    assert list(c, :secrets, id) == []
+    assert list(c, :networkpolicies, id) == []
+  end
+
   test "connection errors name their cause: a missing kubeconfig, a context it lacks, an unreachable server", %{
     cluster: c
   } do
