@@ -4,7 +4,7 @@
 # peers and cleans up after a crash or Ctrl-C.
 #
 #   mix run bench/run.exs [--quick] [--rounds N] [--seconds S]
-#                         [--only direct,condukt,...] [--no-decide] [--profile]
+#                         [--only direct,condukt,...] [--no-decide] [--[no-]profile]
 #                         [--out DIR]
 
 for file <- ~w(cmd tier pki nginx client testbed) do
@@ -46,7 +46,8 @@ cfg = %{
       list -> String.split(list, ",", trim: true)
     end,
   decide: Keyword.get(opts, :decide, true),
-  profile: Keyword.get(opts, :profile, false),
+  # the full mode profiles the sidecar once (perf), the quick mode only when asked
+  profile: Keyword.get(opts, :profile, not quick),
   out: Keyword.get(opts, :out, Path.join(__DIR__, "results"))
 }
 
@@ -80,7 +81,11 @@ result =
 
     # IPv4 only in the pod: every client and proxy takes the same path.
     hosts = Path.join(["/etc/netns", tb.pod_ns, "hosts"])
-    File.write!(hosts, hosts |> File.read!() |> String.split("\n") |> Enum.reject(&(&1 =~ ~r/^fd00:/)) |> Enum.join("\n"))
+
+    File.write!(
+      hosts,
+      hosts |> File.read!() |> String.split("\n") |> Enum.reject(&(&1 =~ ~r/^fd00:/)) |> Enum.join("\n")
+    )
 
     # Many short connections: a wide port range, TIME_WAIT reuse (both are
     # per namespace).
@@ -89,7 +94,14 @@ result =
     # h2load does not reconnect an h2 connection: the benchmark's nginx
     # serves any number (a reload; the new workers are pinned below).
     conf = Path.join([tb.dir, "nginx", "nginx.conf"])
-    File.write!(conf, String.replace(File.read!(conf), "keepalive_timeout 30s;", "keepalive_timeout 30s;\n  keepalive_requests 100000000;"))
+    # 1000 idle connections may land on one worker: more than its 1024.
+    text =
+      conf
+      |> File.read!()
+      |> String.replace("keepalive_timeout 30s;", "keepalive_timeout 30s;\n  keepalive_requests 100000000;")
+      |> String.replace("worker_connections 1024;", "worker_connections 8192;")
+
+    File.write!(conf, text)
     {nginx_pid, _} = Integer.parse(File.read!(Path.join([tb.dir, "nginx", "nginx.pid"])))
     old_workers = Bench.Os.tree(nginx_pid) -- [nginx_pid]
     System.cmd("kill", ["-HUP", "#{nginx_pid}"])
@@ -111,7 +123,9 @@ result =
           try do
             # Warm-up: the first request through a proxy mints its leaf
             # certificate and resolves the name.
-            {out, st} = Bench.Os.client(tb, ["/usr/bin/curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", url_1k], ca: ic.ca)
+            {out, st} =
+              Bench.Os.client(tb, ["/usr/bin/curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", url_1k], ca: ic.ca)
+
             if st != 0 or out != "200", do: raise("#{kind}: warm-up request failed: exit #{st}: #{out}")
 
             acc = add.(acc, kind, :h1, Bench.Measure.keepalive(tb, url_1k, :h1, cfg.seconds))
@@ -154,4 +168,3 @@ result =
 elapsed = System.monotonic_time(:second) - started
 log.("measurements done in #{elapsed} s; writing #{cfg.out}")
 Bench.Report.write(result, cfg, elapsed)
-

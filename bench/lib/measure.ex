@@ -34,7 +34,9 @@ defmodule Bench.Measure do
   to last about `secs`.
   """
   def new_conns(tb, url, secs) do
-    run = fn n -> h2load(tb, ["--h1", "-c", "#{@h1_conns}", "-t", "1", "-H", "connection: close", "-n", "#{n}", url], 120) end
+    run = fn n ->
+      h2load(tb, ["--h1", "-c", "#{@h1_conns}", "-t", "1", "-H", "connection: close", "-n", "#{n}", url], 120)
+    end
 
     case run.(200) do
       %{rps: rate} when is_number(rate) and rate > 0 -> run.(min(max(round(rate * secs), 200), 100_000))
@@ -52,7 +54,14 @@ defmodule Bench.Measure do
     succeeded = capture(out, ~r/requests: .* (\d+) succeeded/)
     failed = capture(out, ~r/requests: .* (\d+) failed/)
     errored = capture(out, ~r/requests: .* (\d+) errored/)
-    proto = case Regex.run(~r/Application protocol: (\S+)/, out), do: ([_, p] -> p; _ -> nil)
+
+    proto =
+      case Regex.run(~r/Application protocol: (\S+)/, out),
+        do:
+          (
+            [_, p] -> p
+            _ -> nil
+          )
 
     cond do
       rps == nil or status != 0 ->
@@ -73,7 +82,16 @@ defmodule Bench.Measure do
     {out, status} =
       Bench.Os.client(
         tb,
-        ["/usr/bin/curl", "-sS", "-o", "/dev/null", "--max-time", "300", "-w", "%{http_code} %{size_download} %{speed_download}"] ++
+        [
+          "/usr/bin/curl",
+          "-sS",
+          "-o",
+          "/dev/null",
+          "--max-time",
+          "300",
+          "-w",
+          "%{http_code} %{size_download} %{speed_download}"
+        ] ++
           range_args ++ [url],
         ca: ca,
         timeout: 310_000
