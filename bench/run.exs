@@ -134,10 +134,17 @@ result =
             acc = add.(acc, kind, :latency, Bench.Measure.latency(tb, url_1k, ic.ca, cfg.latency_seconds))
             acc = add.(acc, kind, :bulk, Bench.Measure.bulk(tb, url_big, ic.ca, cfg.bulk_range))
 
-            if round == cfg.rounds and kind != "direct" do
-              add.(acc, kind, :idle, Bench.Measure.idle_rss(tb, ic, url_1k, cfg.idle_conns))
-            else
-              acc
+            acc =
+              if round == cfg.rounds and kind != "direct" do
+                add.(acc, kind, :idle, Bench.Measure.idle_rss(tb, ic, url_1k, cfg.idle_conns))
+              else
+                acc
+              end
+
+            # A proxy that crashed is a result too: its log goes in the report.
+            case Bench.Interceptor.died(ic) do
+              nil -> acc
+              why -> add.(acc, kind, :alive, %{error: "in round #{round}: " <> why})
             end
           after
             Bench.Interceptor.stop(ic)

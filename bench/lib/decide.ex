@@ -38,7 +38,12 @@ defmodule Bench.Decide do
       try do
         decide = Bench.Measure.latency(tb, "https://decide.test/1k.bin", ic.ca, secs)
         allow = Bench.Measure.latency(tb, "https://allowed.test/1k.bin", ic.ca, secs)
-        %{decide: decide, allow: allow}
+        r = %{decide: decide, allow: allow}
+
+        case Bench.Interceptor.died(ic) do
+          nil -> r
+          why -> Map.put(r, :proxy, %{error: why})
+        end
       after
         ControlBridge.stop(bridge)
       end

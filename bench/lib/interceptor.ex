@@ -286,6 +286,30 @@ defmodule Bench.Interceptor do
     Cmd.kill(Bench.Os.tree(ic.pid))
   end
 
+  @doc "nil while the interceptor runs; else why not, with the end of its log."
+  def died(%{pid: nil}), do: nil
+
+  def died(ic) do
+    if Cmd.alive?(ic.pid) do
+      nil
+    else
+      log =
+        case ic.name do
+          "condukt" -> "proxy.stderr"
+          "mitmproxy" -> "mitmdump.err"
+          "squid" -> "cache.log"
+        end
+
+      tail =
+        case File.read(Path.join(ic.dir, log)) do
+          {:ok, text} -> String.slice(text, -1500, 1500)
+          _ -> "(no log)"
+        end
+
+      "#{ic.name} (pid #{ic.pid}) exited during the round; the end of #{log}:\n#{tail}"
+    end
+  end
+
   @doc "The proxy's processes (the tree under its pid): what the RSS counts."
   def pids(%{pid: nil}), do: []
   def pids(%{pid: pid}), do: Bench.Os.tree(pid)

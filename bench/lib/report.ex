@@ -104,7 +104,7 @@ defmodule Bench.Report do
         {metric, rounds} <- r,
         {round, i} <- Enum.with_index(rounds, 1),
         Map.has_key?(round, :error) do
-      "#{kind} #{metric} round #{i}: #{round.error |> String.replace("\n", " ") |> String.slice(0, 300)}"
+      "#{kind} #{metric} round #{i}: #{round.error |> String.replace("\n", " ") |> String.slice(0, 800)}"
     end
   end
 
@@ -170,6 +170,7 @@ defmodule Bench.Report do
         decide &&
           Map.new(Map.delete(decide, :errors), fn {k, m} -> {k, Map.new(m, fn {mk, v} -> {mk, jsonable(v)} end)} end),
       raw: jsonable_deep(result.results),
+      raw_decide: jsonable_deep(result.decide),
       errors: s.errors
     }
 
