@@ -118,7 +118,35 @@ result =
       for round <- 1..cfg.rounds, kind <- cfg.kinds, reduce: results do
         acc ->
           log.("round #{round}/#{cfg.rounds}: #{kind}")
+          Bench.Interceptor.flush_conntrack(tb)
           ic = Bench.Interceptor.start(kind, tb)
+
+          # Every measurement through a proxy checks, with the REDIRECT
+          # counters, that its connections went through the proxy: a result
+          # where some reached nginx directly is an error, not a number.
+          checked = fn min_conns, measure ->
+            before = Bench.Interceptor.redirected(ic)
+            r = measure.()
+            later = Bench.Interceptor.redirected(ic)
+            expected = if is_function(min_conns), do: min_conns.(r), else: min_conns
+
+            cond do
+              before == nil or Map.has_key?(r, :error) ->
+                r
+
+              later - before < expected ->
+                %{
+                  error:
+                    "only #{later - before} new connections went through #{kind}, at least #{expected} expected: " <>
+                      "the rest bypassed it (result discarded: #{inspect(r)})"
+                }
+
+              true ->
+                Map.put(r, :redirected, later - before)
+            end
+          end
+
+          c = Bench.Measure.concurrency()
 
           try do
             # Warm-up: the first request through a proxy mints its leaf
@@ -128,11 +156,16 @@ result =
 
             if st != 0 or out != "200", do: raise("#{kind}: warm-up request failed: exit #{st}: #{out}")
 
-            acc = add.(acc, kind, :h1, Bench.Measure.keepalive(tb, url_1k, :h1, cfg.seconds))
-            acc = add.(acc, kind, :h2, Bench.Measure.keepalive(tb, url_1k, :h2, cfg.seconds))
-            acc = add.(acc, kind, :new_conns, Bench.Measure.new_conns(tb, url_1k, cfg.seconds))
-            acc = add.(acc, kind, :latency, Bench.Measure.latency(tb, url_1k, ic.ca, cfg.latency_seconds))
-            acc = add.(acc, kind, :bulk, Bench.Measure.bulk(tb, url_big, ic.ca, cfg.bulk_range))
+            h1 = checked.(c.h1_conns, fn -> Bench.Measure.keepalive(tb, url_1k, :h1, cfg.seconds) end)
+            acc = add.(acc, kind, :h1, h1)
+            h2 = checked.(c.h2_conns, fn -> Bench.Measure.keepalive(tb, url_1k, :h2, cfg.seconds) end)
+            acc = add.(acc, kind, :h2, h2)
+            nc = checked.(& &1[:succeeded], fn -> Bench.Measure.new_conns(tb, url_1k, cfg.seconds) end)
+            acc = add.(acc, kind, :new_conns, nc)
+            lat = checked.(1, fn -> Bench.Measure.latency(tb, url_1k, ic.ca, cfg.latency_seconds) end)
+            acc = add.(acc, kind, :latency, lat)
+            bulk = checked.(1, fn -> Bench.Measure.bulk(tb, url_big, ic.ca, cfg.bulk_range) end)
+            acc = add.(acc, kind, :bulk, bulk)
 
             acc =
               if round == cfg.rounds and kind != "direct" do

@@ -8,9 +8,10 @@
 #   squid-openssl       the Squid peer (ssl-bump needs the OpenSSL build)
 #   python3-matplotlib  the chart
 #   linux-perf          the profile of the sidecar
+#   conntrack           flushing the pod's connection tracking between interceptors
 set -eu
 
-PKGS="nghttp2-client mitmproxy squid-openssl python3-matplotlib linux-perf"
+PKGS="nghttp2-client mitmproxy squid-openssl python3-matplotlib linux-perf conntrack"
 
 missing=""
 for p in $PKGS; do
@@ -38,7 +39,7 @@ case "$missing" in
     ;;
 esac
 
-for tool in h2load mitmdump squid /usr/lib/squid/security_file_certgen; do
+for tool in h2load mitmdump squid conntrack perf /usr/lib/squid/security_file_certgen; do
   command -v "$tool" >/dev/null 2>&1 || [ -x "$tool" ] || { echo "bench/setup.sh: $tool missing after install" >&2; exit 1; }
 done
 echo "bench/setup.sh: ready"

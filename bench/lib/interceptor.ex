@@ -286,6 +286,35 @@ defmodule Bench.Interceptor do
     Cmd.kill(Bench.Os.tree(ic.pid))
   end
 
+  @doc """
+  How many connections the nat table of the pod has redirected so far (the
+  packet counters of its REDIRECT rules: a NAT rule sees only the first
+  packet of a connection); nil for direct.
+  """
+  def redirected(%{name: "direct"}), do: nil
+
+  def redirected(ic) do
+    {out, 0} =
+      Cmd.run(["/usr/sbin/ip", "netns", "exec", ic.tb.pod_ns, "/usr/sbin/iptables", "-t", "nat", "-L", "-n", "-v", "-x"])
+
+    out
+    |> String.split("\n")
+    |> Enum.filter(&(&1 =~ "REDIRECT"))
+    |> Enum.map(&(&1 |> String.split() |> hd() |> String.to_integer()))
+    |> Enum.sum()
+  end
+
+  @doc """
+  Flushes the pod's connection tracking table. NAT is decided when a
+  connection's conntrack entry is made; an entry left by the previous
+  interceptor (or by a direct run) with the same addresses and ports could
+  otherwise carry a new connection past the new REDIRECT.
+  """
+  def flush_conntrack(tb) do
+    Cmd.run(["/usr/sbin/ip", "netns", "exec", tb.pod_ns, "/usr/sbin/conntrack", "-F"], stderr: :discard)
+    :ok
+  end
+
   @doc "nil while the interceptor runs; else why not, with the end of its log."
   def died(%{pid: nil}), do: nil
 
