@@ -4,6 +4,7 @@
 #   make           build priv/condukt-egress
 #   make test      every test tier this machine can run (README)
 #   make demo      the main job (README)
+#   make bench     benchmarks against direct, mitmproxy and Squid (bench/README.md)
 #
 # `mix compile` calls `make priv/condukt-egress` through the compiler step
 # in mix.exs, so a project using :condukt as a dependency gets the binary.
@@ -136,6 +137,12 @@ setup:
 
 demo: $(BIN)
 	mix run scripts/demo.exs
+
+# Benchmarks: the sidecar against direct, mitmproxy and Squid on the
+# namespace testbed (bench/README.md). BENCH_ARGS=--quick for a short run.
+.PHONY: bench
+bench:
+	sh bench/run.sh $(BENCH_ARGS)
 
 # Refresh the Mozilla root snapshot from Debian's ca-certificates package.
 mozilla-pem:

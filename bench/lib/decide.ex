@@ -1,0 +1,54 @@
+defmodule Bench.Decide do
+  @moduledoc false
+  # The decide path (condukt only): a request whose matching rule is
+  # `decide` waits for a `decision_request` to travel the control channel to
+  # the BEAM, where ControlBridge runs an Elixir function decider, and for
+  # the `decision` to come back. Measured from the client, as the latency
+  # of sequential keep-alive requests to decide.test, against the latency
+  # of allowed.test (an allow rule: no round trip) on the same sidecar.
+  # With `cache: true` every request after the first is a cache hit.
+
+  alias Condukt.Sandbox.NetworkPolicy
+  alias Condukt.Sandbox.NetworkPolicy.ControlBridge
+  alias Condukt.Test.Netns.Cmd
+
+  def run(tb, cache?, secs) do
+    decider = fn _ctx, req -> if req.host == "decide.test", do: :allow, else: {:deny, "not decide.test"} end
+
+    policy =
+      NetworkPolicy.new!(
+        rules: [allow: ["allowed.test"], decide: [call: decider, timeout: 5_000, cache: cache?]],
+        default: :deny
+      )
+
+    ic = Bench.Interceptor.start("condukt", tb, policy: policy)
+
+    try do
+      {:ok, bridge} =
+        ControlBridge.start(
+          session_id: "bench-#{tb.id}",
+          owner: self(),
+          policy: policy,
+          address: ic.control,
+          token: ic.token
+        )
+
+      :ok = Cmd.poll(fn -> ControlBridge.info(bridge).status == :connected end, 10_000)
+
+      try do
+        decide = Bench.Measure.latency(tb, "https://decide.test/1k.bin", ic.ca, secs)
+        allow = Bench.Measure.latency(tb, "https://allowed.test/1k.bin", ic.ca, secs)
+        r = %{decide: decide, allow: allow}
+
+        case Bench.Interceptor.died(ic) do
+          nil -> r
+          why -> Map.put(r, :proxy, %{error: why})
+        end
+      after
+        ControlBridge.stop(bridge)
+      end
+    after
+      Bench.Interceptor.stop(ic)
+    end
+  end
+end
