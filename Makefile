@@ -13,6 +13,8 @@ ROOT := $(abspath .)
 
 CC ?= cc
 PKGS := jansson libuv openssl
+# HTTP/2 (docs/http2.md).
+PKGS += libnghttp2
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lunistring
 # erl_interface (ei) ships with Erlang, not pkg-config: Debian's erlang-dev

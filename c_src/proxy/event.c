@@ -215,6 +215,10 @@ json_t *ce_event_new(const char *name, const ce_reqinfo_t *r, const char *reason
     return NULL;
   /* All or nothing: an event without its preview would read as a request
    * without a body. json_object_set_new consumes b, even NULL. */
+  if (r->stream_id > 0 && json_object_set_new(ev, "stream_id", json_integer(r->stream_id)) != 0) {
+    json_decref(ev);
+    return NULL;
+  }
   if (r->body_preview_len > 0 &&
       json_object_set_new(ev, "body_preview", base64(r->body_preview, r->body_preview_len)) != 0) {
     json_decref(ev);

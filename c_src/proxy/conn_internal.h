@@ -1,0 +1,149 @@
+/*
+ * The connection record shared by conn.c and h2conn.c (the HTTP/2 path,
+ * docs/http2.md). Nothing else includes this.
+ */
+#ifndef CE_PROXY_CONN_INTERNAL_H
+#define CE_PROXY_CONN_INTERNAL_H
+
+#include <netdb.h>
+#include <stdbool.h>
+#include <uv.h>
+
+#include "http1/parser.h"
+#include "policy/host.h"
+#include "proxy/clienthello.h"
+#include "proxy/conn.h"
+#include "proxy/event.h"
+#include "tls/tlsconn.h"
+
+typedef enum {
+  ST_HELLO = 0,
+  ST_HANDSHAKE,
+  ST_HEAD,
+  ST_DECIDING,
+  ST_CONNECTING,
+  ST_EXCHANGE,
+  ST_TUNNEL,
+  ST_CLOSING,
+  ST_H2,
+} conn_state_t;
+
+
+typedef struct side {
+  uv_tcp_t tcp;
+  struct ce_conn *conn;
+  const char *name;        /* "client" or "upstream", for traces */
+  bool open;               /* tcp initialised and not yet closing */
+  bool closing;            /* uv_close called, its callback not yet run */
+  bool connected;
+  bool reading;
+  bool eof;                /* the peer finished sending */
+  bool close_notify;       /* TLS: the peer's eof was a close_notify */
+  bool close_after_flush;
+  bool shut;               /* uv_shutdown asked: nothing more is written */
+  bool shut_done;          /* ...and its callback ran */
+  uv_shutdown_t shut_req;
+  ce_tlsconn_t *tls;
+  bool handshaken;
+  uint32_t gen;            /* bumped when the handle closes; writes carry it */
+  size_t queued;           /* bytes given to uv_write on this handle, not yet written */
+  char *in;                /* CE_CONN_INPUT_MAX bytes of plaintext input */
+  size_t in_len;
+  char *rbuf;              /* CE_CONN_READ_CHUNK bytes for TLS reads */
+} side_t;
+
+typedef struct {
+  uv_write_t req;
+  side_t *side;
+  uint32_t gen;            /* side->gen when written: an older one is a past handle's */
+  size_t len;
+  char data[];
+} write_req_t;
+
+struct ce_conn {
+  ce_proxy_t *proxy;
+  ce_conn_t *next;
+  ce_conn_t *prev;
+  uint64_t id;
+  conn_state_t state;
+  side_t c;                /* the workspace */
+  side_t u;                /* the upstream */
+  uv_timer_t timer;
+  int handles;             /* open handles still to be closed */
+  bool resolving;          /* a uv_getaddrinfo is in flight */
+  bool connect_pending;    /* connect_next waits for the old upstream handle */
+  uv_getaddrinfo_t gai;
+  bool dead;               /* aborting: handles closing */
+  bool processing;         /* conn_process is on the stack */
+  bool again;
+  bool lingering;          /* closing: client write side shut, its input discarded */
+  bool head_started;       /* the header timeout runs for a head begun */
+  ce_clienthello_state_t hello_state;
+
+  /* What the workspace dialled. */
+  struct sockaddr_storage orig_dst;
+  uint16_t port;
+  bool tls;                /* the workspace speaks TLS */
+  bool has_sni;
+  char sni_raw[CE_CLIENTHELLO_MAX_SNI + 1];
+  ce_host_t sni;           /* normalised SNI, or the destination IP when none */
+
+  /* The upstream currently connected (or being connected). */
+  char up_host[256];
+  uint16_t up_port;
+  struct addrinfo *addrs;  /* from the resolver, owned */
+  struct addrinfo *next_addr;
+  uv_connect_t connect_req;
+
+  /* The current request. */
+  bool have_req;
+  ce_reqinfo_t req;
+  ce_h1_head_t head;       /* scratch for the last parsed head */
+  char *up_head;           /* the request head as forwarded upstream */
+  size_t up_head_len;
+  char method[32];
+  ce_h1_framing_t req_framing;
+  ce_h1_body_t req_body;
+  bool req_keep_alive;
+  bool req_upgrade;
+  bool req_expect_continue; /* Expect: 100-continue: the body may never come */
+  bool req_http11;         /* the client speaks HTTP/1.1 (else 1.0) */
+  bool req_done;
+  bool resp_head_done;
+  bool resp_done;
+  bool resp_keep_alive;
+  bool resp_chunked_out;   /* re-encoding the response body as chunks */
+  bool resp_close_out;     /* the client's response ends at close */
+  ce_h1_body_t resp_body;
+  bool denied_discard;     /* reading and dropping a denied request's body */
+  uint64_t ask_id;         /* pending decision, 0 = none */
+  int32_t decide_rule;
+  bool decide_cache;
+  bool failed_reported;
+
+  /* HTTP/2 (docs/http2.md). */
+  bool offers_h2;          /* the ClientHello offered h2 */
+  bool preconnecting;      /* connecting upstream before answering the hello */
+  bool up_h2;              /* the upstream negotiated h2 */
+  struct ce_h2conn *h2;    /* the sessions, in ST_H2 */
+};
+
+/* conn.c, for h2conn.c. */
+void ce_conn_side_write(side_t *s, const char *data, size_t len);
+void ce_conn_report_failed(ce_conn_t *c, const char *reason);
+void ce_conn_emit(ce_conn_t *c, const ce_reqinfo_t *r, const char *name, const char *reason);
+void ce_conn_abort(ce_conn_t *c);
+void ce_conn_close_after_flush(ce_conn_t *c);
+void ce_conn_upstream_reset(ce_conn_t *c);
+bool ce_conn_split_authority(const char *a, size_t n, size_t *host_len, long *port);
+
+/* h2conn.c. */
+struct ce_h2conn;
+int ce_h2conn_start(ce_conn_t *c);
+void ce_h2conn_process(ce_conn_t *c);
+void ce_h2conn_timeout(ce_conn_t *c);
+void ce_h2conn_drain(ce_conn_t *c);
+void ce_h2conn_abort(ce_conn_t *c, const char *reason);
+void ce_h2conn_free(struct ce_h2conn *h);
+
+#endif

@@ -1,0 +1,983 @@
+/*
+ * HTTP/2 between the workspace and an h2 upstream (docs/http2.md): a
+ * server session over the workspace's TLS, a client session over the
+ * upstream's, and one record per stream. Every stream is evaluated on its
+ * own; bytes move through bounded per-stream buffers, and a window is
+ * opened again (nghttp2_session_consume) only when its bytes were taken by
+ * the other side, so a slow reader stops the writer within one window.
+ *
+ * Runs inside conn_process() (conn.c), never re-entered: every callback
+ * below only changes records and submits frames; bytes move in
+ * ce_h2conn_process().
+ */
+#include <nghttp2/nghttp2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "common/error.h"
+#include "common/trace.h"
+#include "h2/guard.h"
+#include "proxy/conn_internal.h"
+
+/* Per stream and direction: one stream window (docs/http2.md §4). */
+#define CE_H2_STREAM_BUF 65535u
+#define CE_H2_CONN_WINDOW (1024 * 1024)
+#define CE_H2_MAX_STREAMS 100u
+/* Decoded header list (RFC 9113 §6.5.2 counting) and fields per block. */
+#define CE_H2_MAX_HEADER_LIST 65536u
+#define CE_H2_MAX_FIELDS 128u
+
+typedef struct {
+  char *buf;
+  size_t used, cap;
+  struct {
+    uint32_t no, nl, vo, vl;
+  } f[CE_H2_MAX_FIELDS];
+  size_t n;
+  size_t list_bytes;
+  bool overflow;
+} hset_t;
+
+typedef struct {
+  uint8_t *data;           /* CE_H2_STREAM_BUF bytes, allocated on first use */
+  size_t len;
+  bool eof;
+} sbuf_t;
+
+typedef struct h2s {
+  struct h2s *next, *prev;
+  struct ce_h2conn *h;
+  int32_t cid;             /* the workspace's stream */
+  int32_t uid;             /* the upstream's, 0 when none (or closed) */
+  ce_reqinfo_t req;
+  bool have_req;
+  hset_t rq;               /* request head; then request trailers */
+  hset_t rs;               /* response head; then response trailers */
+  bool rq_head_done, rs_head_done;
+  bool rq_trailers, rs_trailers;
+  sbuf_t up, down;
+  bool local;              /* answered by the proxy: input is dropped */
+  char *local_body;
+  size_t local_len, local_off;
+  bool resp_end_sent;
+  bool event_done;         /* the closing event (or a denial) was sent */
+  char fail[200];          /* the reason for request_failed, when set */
+} h2s_t;
+
+struct ce_h2conn {
+  ce_conn_t *c;
+  nghttp2_session *srv;    /* towards the workspace */
+  nghttp2_session *up;     /* towards the upstream; NULL once gone */
+  ce_h2_guard_t guard;
+  h2s_t *streams;
+  size_t nstreams;
+  bool failed;             /* a connection-level failure was reported */
+  bool draining;
+};
+
+typedef struct ce_h2conn h2_t;
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- header sets ---------------------------------------------------------- */
+
+static void hset_reset(hset_t *s) {
+  s->used = 0;
+  s->n = 0;
+  s->list_bytes = 0;
+  s->overflow = false;
+}
+
+static void hset_free(hset_t *s) {
+  free(s->buf);
+  memset(s, 0, sizeof(*s));
+}
+
+static void hset_add(hset_t *s, const uint8_t *name, size_t nl, const uint8_t *value, size_t vl) {
+  if (s->overflow)
+    return;
+  size_t cost = nl + vl + 32u;
+  if (s->n == CE_H2_MAX_FIELDS || s->list_bytes + cost > CE_H2_MAX_HEADER_LIST) {
+    s->overflow = true;
+    return;
+  }
+  if (s->used + nl + vl > s->cap) {
+    size_t cap = s->cap == 0 ? 1024 : s->cap;
+    while (cap < s->used + nl + vl)
+      cap *= 2;
+    char *nb = realloc(s->buf, cap);
+    if (nb == NULL) {
+      s->overflow = true;
+      return;
+    }
+    s->buf = nb;
+    s->cap = cap;
+  }
+  s->f[s->n].no = (uint32_t)s->used;
+  s->f[s->n].nl = (uint32_t)nl;
+  memcpy(s->buf + s->used, name, nl);
+  s->used += nl;
+  s->f[s->n].vo = (uint32_t)s->used;
+  s->f[s->n].vl = (uint32_t)vl;
+  memcpy(s->buf + s->used, value, vl);
+  s->used += vl;
+  s->n++;
+  s->list_bytes += cost;
+}
+
+/* The value of a field (first one), or NULL. */
+static const char *hset_get(const hset_t *s, const char *name, size_t *len) {
+  size_t nl = strlen(name);
+  for (size_t i = 0; i < s->n; i++)
+    if (s->f[i].nl == nl && memcmp(s->buf + s->f[i].no, name, nl) == 0) {
+      *len = s->f[i].vl;
+      return s->buf + s->f[i].vo;
+    }
+  return NULL;
+}
+
+/* nghttp2_nv entries for every field (pseudo ones first, as received). */
+static size_t hset_nva(const hset_t *s, nghttp2_nv *out, size_t cap, bool pseudo) {
+  size_t k = 0;
+  for (size_t i = 0; i < s->n && k < cap; i++) {
+    const char *name = s->buf + s->f[i].no;
+    if (!pseudo && s->f[i].nl > 0 && name[0] == ':')
+      continue;
+    out[k].name = (uint8_t *)(uintptr_t)name;
+    out[k].namelen = s->f[i].nl;
+    out[k].value = (uint8_t *)(uintptr_t)(s->buf + s->f[i].vo);
+    out[k].valuelen = s->f[i].vl;
+    out[k].flags = NGHTTP2_NV_FLAG_NONE;
+    k++;
+  }
+  return k;
+}
+
+/* A parsed-head view of a set (regular fields only) for the event record. */
+static void hset_head(const hset_t *s, ce_h1_head_t *hd) {
+  memset(hd, 0, sizeof(*hd));
+  hd->version_minor = 1;
+  for (size_t i = 0; i < s->n && hd->field_count < CE_H1_MAX_FIELDS; i++) {
+    const char *name = s->buf + s->f[i].no;
+    if (s->f[i].nl > 0 && name[0] == ':')
+      continue;
+    ce_h1_field_t *f = &hd->fields[hd->field_count++];
+    f->name = name;
+    f->name_len = s->f[i].nl;
+    f->value = s->buf + s->f[i].vo;
+    f->value_len = s->f[i].vl;
+  }
+}
+
+static size_t hset_bytes(const hset_t *s) {
+  size_t n = 0;
+  for (size_t i = 0; i < s->n; i++)
+    n += s->f[i].nl + s->f[i].vl;
+  return n;
+}
+
+/* ---- streams ---------------------------------------------------------------- */
+
+static bool sbuf_put(sbuf_t *b, const uint8_t *data, size_t len) {
+  if (b->data == NULL) {
+    b->data = malloc(CE_H2_STREAM_BUF);
+    if (b->data == NULL)
+      return false;
+  }
+  if (len > CE_H2_STREAM_BUF - b->len)
+    return false;
+  memcpy(b->data + b->len, data, len);
+  b->len += len;
+  return true;
+}
+
+static size_t sbuf_take(sbuf_t *b, uint8_t *out, size_t cap) {
+  size_t n = b->len < cap ? b->len : cap;
+  if (n == 0)
+    return 0;
+  memcpy(out, b->data, n);
+  memmove(b->data, b->data + n, b->len - n);
+  b->len -= n;
+  return n;
+}
+
+static h2s_t *stream_new(h2_t *h, int32_t cid) {
+  h2s_t *s = calloc(1, sizeof(*s));
+  if (s == NULL)
+    return NULL;
+  s->h = h;
+  s->cid = cid;
+  s->next = h->streams;
+  if (h->streams != NULL)
+    h->streams->prev = s;
+  h->streams = s;
+  h->nstreams++;
+  return s;
+}
+
+static void stream_free(h2_t *h, h2s_t *s) {
+  if (s->prev != NULL)
+    s->prev->next = s->next;
+  else
+    h->streams = s->next;
+  if (s->next != NULL)
+    s->next->prev = s->prev;
+  h->nstreams--;
+  if (s->have_req)
+    ce_reqinfo_clear(&s->req);
+  hset_free(&s->rq);
+  hset_free(&s->rs);
+  free(s->up.data);
+  free(s->down.data);
+  free(s->local_body);
+  free(s);
+}
+
+static void stream_event(h2s_t *s, const char *name, const char *reason) {
+  if (!s->have_req)
+    return;
+  ce_conn_emit(s->h->c, &s->req, name, reason);
+}
+
+/* The closing event, once. */
+static void stream_finish_event(h2s_t *s, const char *failed_reason) {
+  if (s->event_done || !s->have_req)
+    return;
+  s->event_done = true;
+  s->req.closed_at_us = ce_now_us();
+  if (failed_reason != NULL)
+    stream_event(s, "request_failed", failed_reason);
+  else
+    stream_event(s, "request_closed", NULL);
+}
+
+/* ---- local answers ------------------------------------------------------------ */
+
+static ssize_t local_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
+                          uint32_t *data_flags, nghttp2_data_source *source, void *user_data) {
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL || s->local_body == NULL)
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+  size_t n = s->local_len - s->local_off;
+  if (n > length)
+    n = length;
+  memcpy(buf, s->local_body + s->local_off, n);
+  s->local_off += n;
+  if (s->local_off == s->local_len)
+    *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+  return (ssize_t)n;
+}
+
+/* Answers a stream itself: status and a short text body, with the same
+ * fields as an HTTP/1.1 refusal. */
+static void local_answer(h2s_t *s, int status, const char *text) {
+  h2_t *h = s->h;
+  s->local = true;
+  free(s->local_body);
+  s->local_body = strdup(text);
+  if (s->local_body == NULL) {
+    nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+    return;
+  }
+  s->local_len = strlen(text);
+  s->local_off = 0;
+  char st[8], cl[24];
+  snprintf(st, sizeof(st), "%d", status);
+  snprintf(cl, sizeof(cl), "%zu", s->local_len);
+#define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NONE}
+  nghttp2_nv nva[] = {NV(":status", st), NV("content-type", "text/plain; charset=utf-8"),
+                      NV("content-length", cl), NV("cache-control", "no-store"),
+                      NV("x-condukt-egress", "refused")};
+#undef NV
+  nghttp2_data_provider prd = {.source.ptr = s, .read_callback = local_read};
+  if (nghttp2_submit_response(h->srv, s->cid, nva, sizeof(nva) / sizeof(nva[0]), &prd) != 0)
+    nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+  if (s->have_req) {
+    s->req.status = status;
+    s->req.bytes_in += s->local_len;
+    if (s->req.responded_at_us == 0)
+      s->req.responded_at_us = ce_now_us();
+  }
+  /* Nothing more from the upstream for this stream. */
+  if (s->uid > 0 && h->up != NULL) {
+    nghttp2_session_set_stream_user_data(h->up, s->uid, NULL);
+    nghttp2_submit_rst_stream(h->up, NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
+    s->uid = 0;
+  }
+}
+
+static void plain(char *dst, size_t cap, const char *src) {
+  size_t w = 0;
+  for (size_t i = 0; src[i] != '\0' && w + 1 < cap; i++) {
+    unsigned char ch = (unsigned char)src[i];
+    dst[w++] = (ch >= 0x20 && ch < 0x7f) ? (char)ch : '?';
+  }
+  dst[w] = '\0';
+}
+
+/* A refusal: request_denied, then the answer. */
+static void refuse(h2s_t *s, int status, const char *reason, const char *text) {
+  s->req.closed_at_us = ce_now_us();
+  s->req.status = status;
+  stream_event(s, "request_denied", reason);
+  s->event_done = true;
+  local_answer(s, status, text);
+}
+
+/* A failure before any response byte: request_failed, then 502. */
+static void fail_502(h2s_t *s, const char *reason) {
+  char safe[200], text[260];
+  plain(safe, sizeof(safe), reason);
+  snprintf(text, sizeof(text), "condukt: %s\n", safe);
+  local_answer(s, 502, text);
+  stream_finish_event(s, reason);
+}
+
+/* ---- the upstream's data, to the workspace ------------------------------------ */
+
+static ssize_t down_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
+                         uint32_t *data_flags, nghttp2_data_source *source, void *user_data) {
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL)
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+  h2_t *h = s->h;
+  size_t n = sbuf_take(&s->down, buf, length);
+  if (n > 0) {
+    s->req.bytes_in += n;
+    /* The bytes left the proxy: the upstream may send as many again. */
+    if (h->up != NULL) {
+      if (s->uid > 0)
+        nghttp2_session_consume(h->up, s->uid, n);
+      else
+        nghttp2_session_consume_connection(h->up, n);
+    }
+  }
+  if (s->down.len == 0 && s->down.eof) {
+    *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+    if (s->rs_trailers) {
+      nghttp2_nv nva[CE_H2_MAX_FIELDS];
+      size_t k = hset_nva(&s->rs, nva, CE_H2_MAX_FIELDS, false);
+      if (nghttp2_submit_trailer(session, stream_id, nva, k) == 0)
+        *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+    }
+    return (ssize_t)n;
+  }
+  if (n == 0)
+    return NGHTTP2_ERR_DEFERRED;
+  return (ssize_t)n;
+}
+
+/* ---- the workspace's data, to the upstream -------------------------------------- */
+
+static ssize_t up_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
+                       uint32_t *data_flags, nghttp2_data_source *source, void *user_data) {
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL)
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+  h2_t *h = s->h;
+  size_t n = sbuf_take(&s->up, buf, length);
+  if (n > 0) {
+    s->req.bytes_out += n;
+    ce_reqinfo_add_preview(&s->req, (const char *)buf, n, h->c->proxy->opts->body_preview);
+    nghttp2_session_consume(h->srv, s->cid, n);
+  }
+  if (s->up.len == 0 && s->up.eof) {
+    *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+    if (s->rq_trailers) {
+      nghttp2_nv nva[CE_H2_MAX_FIELDS];
+      size_t k = hset_nva(&s->rq, nva, CE_H2_MAX_FIELDS, false);
+      if (nghttp2_submit_trailer(session, stream_id, nva, k) == 0)
+        *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+    }
+    return (ssize_t)n;
+  }
+  if (n == 0)
+    return NGHTTP2_ERR_DEFERRED;
+  return (ssize_t)n;
+}
+
+/* ---- a request head: evaluate and forward ----------------------------------------- */
+
+static void stream_request(h2s_t *s) {
+  h2_t *h = s->h;
+  ce_conn_t *c = h->c;
+  ce_reqinfo_init(&s->req, ++c->proxy->next_request_id, c->id);
+  s->have_req = true;
+  s->req.scheme = "https";
+  s->req.port = c->port;
+  s->req.stream_id = s->cid;
+  snprintf(s->req.sni, sizeof(s->req.sni), "%s", c->sni_raw);
+
+  size_t ml = 0, pl = 0, al = 0;
+  const char *method = hset_get(&s->rq, ":method", &ml);
+  const char *path = hset_get(&s->rq, ":path", &pl);
+  const char *auth = hset_get(&s->rq, ":authority", &al);
+  size_t hl = 0;
+  const char *host = hset_get(&s->rq, "host", &hl);
+
+  ce_h1_head_t *hd = malloc(sizeof(*hd));
+  if (hd == NULL) {
+    nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+    return;
+  }
+  hset_head(&s->rq, hd);
+  hd->method = method != NULL ? method : "GET";
+  hd->method_len = method != NULL ? ml : 3;
+  hd->path = path;
+  hd->path_len = pl;
+  if (ce_reqinfo_set_request(&s->req, hd, c->proxy->opts) != CE_OK) {
+    free(hd);
+    nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+    return;
+  }
+  free(hd);
+  s->req.http_version = "HTTP/2";
+  s->req.bytes_out = hset_bytes(&s->rq);
+
+  if (s->rq.overflow) {
+    snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
+    stream_event(s, "request_opened", NULL);
+    refuse(s, 431, "request_header_too_large", "condukt: the request header list is too large\n");
+    return;
+  }
+  /* RFC 9113 §8.3.1: :authority names the target; a Host that differs
+   * would let the upstream see another name than the policy did. */
+  if (auth == NULL) {
+    auth = host;
+    al = hl;
+  } else if (host != NULL && (hl != al || strncasecmp(host, auth, al) != 0)) {
+    snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
+    stream_event(s, "request_opened", NULL);
+    refuse(s, 400, "bad_request: host differs from :authority",
+           "condukt: malformed request: host differs from :authority\n");
+    return;
+  }
+  if (method != NULL && ml == 7 && memcmp(method, "CONNECT", 7) == 0) {
+    snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
+    stream_event(s, "request_opened", NULL);
+    refuse(s, 400, "bad_request: connect_not_supported",
+           "condukt: CONNECT is not supported: this connection already goes where it was dialled\n");
+    return;
+  }
+  if (auth == NULL || al == 0) {
+    snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
+    stream_event(s, "request_opened", NULL);
+    refuse(s, 400, "bad_request: missing host", "condukt: malformed request: the request names no host\n");
+    return;
+  }
+  size_t host_len;
+  long port;
+  bool port_ok = ce_conn_split_authority(auth, al, &host_len, &port);
+  ce_verdict_t v;
+  ce_policy_eval_host(c->proxy->policy, auth, port_ok ? host_len : al, &v);
+  if (!port_ok || !v.host_valid) {
+    size_t n = al < sizeof(s->req.host) - 1 ? al : sizeof(s->req.host) - 1;
+    memcpy(s->req.host, auth, n);
+    s->req.host[n] = '\0';
+    stream_event(s, "request_opened", NULL);
+    refuse(s, 400, "invalid_host", "condukt: malformed request: the :authority is not a valid host name or address\n");
+    return;
+  }
+  snprintf(s->req.host, sizeof(s->req.host), "%s", v.host.text);
+  stream_event(s, "request_opened", NULL);
+
+  /* Coalescing: one connection, one name (DESIGN §4). */
+  if (strcmp(v.host.text, c->sni.text) != 0 || (port >= 0 && port != c->port)) {
+    char detail[700], safe[700];
+    snprintf(detail, sizeof(detail),
+             "misdirected request: the :authority %s is not the TLS server name %s:%u of this connection",
+             v.host.text, c->sni.text, (unsigned)c->port);
+    plain(safe, sizeof(safe), detail);
+    char text[720];
+    snprintf(text, sizeof(text), "condukt: %s\n", safe);
+    refuse(s, 421, "misdirected_request", text);
+    return;
+  }
+  if (v.decision != CE_DECISION_ALLOW) {
+    /* Only an allowed SNI is pre-connected, and :authority equals it, so
+     * a deny or decide here means the policy changed: fail closed. */
+    const char *reason = v.decision == CE_DECISION_DENY ? ce_reason_name(v.reason) : "decider_unavailable_on_h2";
+    s->req.matched_rule = v.rule_index;
+    s->req.matched_kind = v.rule_index >= 0 ? ce_rule_kind_name(v.rule_kind) : NULL;
+    char text[900], hs[300], why[300];
+    plain(hs, sizeof(hs), s->req.host);
+    plain(why, sizeof(why), reason);
+    snprintf(text, sizeof(text),
+             "condukt: the network policy of this sandbox refused the request to %s\nrefused by: %s\nreason: %s\n", hs,
+             v.rule_index >= 0 ? "a rule" : "the policy default", why);
+    refuse(s, 403, reason, text);
+    return;
+  }
+  s->req.matched_rule = v.rule_index;
+  s->req.matched_kind = v.rule_index >= 0 ? ce_rule_kind_name(v.rule_kind) : NULL;
+  if (h->up == NULL || h->draining) {
+    stream_event(s, "request_allowed", NULL);
+    fail_502(s, "upstream_unreachable: the upstream connection is gone");
+    return;
+  }
+  /* Pseudo-headers first, as received (nghttp2 checked them), then the
+   * rest: nghttp2 already refused connection-specific fields. */
+  nghttp2_nv nva[CE_H2_MAX_FIELDS];
+  size_t k = hset_nva(&s->rq, nva, CE_H2_MAX_FIELDS, true);
+  nghttp2_data_provider prd = {.source.ptr = s, .read_callback = up_read};
+  bool body = !(s->up.eof && s->up.len == 0);
+  int32_t uid = nghttp2_submit_request(h->up, NULL, nva, k, body ? &prd : NULL, s);
+  stream_event(s, "request_allowed", NULL);
+  if (uid < 0) {
+    fail_502(s, "upstream_unreachable: cannot open an upstream stream");
+    return;
+  }
+  s->uid = uid;
+  /* Request trailers arrive later as a second header block: the set is
+   * reused for them. */
+  hset_reset(&s->rq);
+}
+
+/* ---- server session callbacks (the workspace) ----------------------------------- */
+
+static int srv_begin_headers(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
+  h2_t *h = user_data;
+  if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+    return 0;
+  h2s_t *s = stream_new(h, frame->hd.stream_id);
+  if (s == NULL)
+    return NGHTTP2_ERR_CALLBACK_FAILURE;
+  nghttp2_session_set_stream_user_data(session, frame->hd.stream_id, s);
+  return 0;
+}
+
+static int srv_header(nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
+                      const uint8_t *value, size_t valuelen, uint8_t flags, void *user_data) {
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
+  if (s == NULL)
+    return 0;
+  hset_add(&s->rq, name, namelen, value, valuelen);
+  return 0;
+}
+
+static int srv_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
+  h2_t *h = user_data;
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
+  if (s == NULL)
+    return 0;
+  bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+  if (frame->hd.type == NGHTTP2_HEADERS) {
+    if (!s->rq_head_done) {
+      s->rq_head_done = true;
+      s->up.eof = end;
+      stream_request(s);
+      return 0;
+    }
+    /* Trailers (nghttp2 makes sure they end the stream). */
+    if (s->rq.overflow) {
+      nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_ENHANCE_YOUR_CALM);
+      return 0;
+    }
+    s->rq_trailers = !s->local;
+  }
+  if (end && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA)) {
+    s->up.eof = true;
+    if (s->uid > 0 && h->up != NULL)
+      nghttp2_session_resume_data(h->up, s->uid);
+  }
+  return 0;
+}
+
+static int srv_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data, size_t len,
+                    void *user_data) {
+  h2_t *h = user_data;
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL || s->local || (s->uid == 0 && s->rq_head_done && s->have_req && s->event_done)) {
+    nghttp2_session_consume(session, stream_id, len);
+    return 0;
+  }
+  if (!sbuf_put(&s->up, data, len)) {
+    /* More than the window we gave, or out of memory. */
+    nghttp2_session_consume(session, stream_id, len);
+    nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_FLOW_CONTROL_ERROR);
+    return 0;
+  }
+  if (s->uid > 0 && h->up != NULL)
+    nghttp2_session_resume_data(h->up, s->uid);
+  return 0;
+}
+
+static int srv_frame_send(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
+  if (s != NULL && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
+      (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0)
+    s->resp_end_sent = true;
+  return 0;
+}
+
+static int srv_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data) {
+  h2_t *h = user_data;
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL)
+    return 0;
+  nghttp2_session_set_stream_user_data(session, stream_id, NULL);
+  if (s->fail[0] != '\0') {
+    stream_finish_event(s, s->fail);
+  } else if (error_code == NGHTTP2_NO_ERROR && s->resp_end_sent) {
+    stream_finish_event(s, NULL);
+  } else {
+    char reason[80];
+    snprintf(reason, sizeof(reason), "client_reset: RST_STREAM %s", nghttp2_http2_strerror(error_code));
+    stream_finish_event(s, reason);
+  }
+  if (s->uid > 0 && h->up != NULL) {
+    nghttp2_session_set_stream_user_data(h->up, s->uid, NULL);
+    nghttp2_submit_rst_stream(h->up, NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
+  }
+  stream_free(h, s);
+  return 0;
+}
+
+/* ---- client session callbacks (the upstream) --------------------------------------- */
+
+static int up_header(nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
+                     const uint8_t *value, size_t valuelen, uint8_t flags, void *user_data) {
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
+  if (s == NULL || frame->hd.type != NGHTTP2_HEADERS)
+    return 0;
+  hset_add(&s->rs, name, namelen, value, valuelen);
+  return 0;
+}
+
+static void upstream_response(h2s_t *s, bool end) {
+  h2_t *h = s->h;
+  size_t sl = 0;
+  const char *st = hset_get(&s->rs, ":status", &sl);
+  int status = 0;
+  for (size_t i = 0; st != NULL && i < sl && i < 3; i++)
+    status = status * 10 + (st[i] - '0');
+  if (status >= 100 && status < 200) {
+    /* Interim responses are not forwarded (docs/http2.md §3). */
+    hset_reset(&s->rs);
+    return;
+  }
+  if (s->rs.overflow) {
+    s->fail[0] = '\0';
+    snprintf(s->fail, sizeof(s->fail), "upstream_bad_response: header list too large");
+    nghttp2_session_set_stream_user_data(h->up, s->uid, NULL);
+    nghttp2_submit_rst_stream(h->up, NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
+    s->uid = 0;
+    fail_502(s, s->fail);
+    return;
+  }
+  ce_h1_head_t *hd = malloc(sizeof(*hd));
+  if (hd != NULL) {
+    hset_head(&s->rs, hd);
+    hd->is_response = true;
+    hd->status = status;
+    ce_reqinfo_set_response(&s->req, hd, h->c->proxy->opts);
+    free(hd);
+  }
+  s->req.bytes_in += hset_bytes(&s->rs);
+  nghttp2_nv nva[CE_H2_MAX_FIELDS];
+  size_t k = hset_nva(&s->rs, nva, CE_H2_MAX_FIELDS, true);
+  nghttp2_data_provider prd = {.source.ptr = s, .read_callback = down_read};
+  s->down.eof = end;
+  int rc = nghttp2_submit_response(h->srv, s->cid, nva, k, end ? NULL : &prd);
+  s->rs_head_done = true;
+  hset_reset(&s->rs);
+  if (rc != 0)
+    nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+}
+
+static int up_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
+  h2_t *h = user_data;
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
+  if (s == NULL)
+    return 0;
+  bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+  if (frame->hd.type == NGHTTP2_HEADERS) {
+    if (!s->rs_head_done) {
+      upstream_response(s, end);
+      return 0;
+    }
+    s->rs_trailers = !s->rs.overflow;
+  }
+  if (end && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA)) {
+    s->down.eof = true;
+    nghttp2_session_resume_data(h->srv, s->cid);
+  }
+  return 0;
+}
+
+static int up_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data, size_t len,
+                   void *user_data) {
+  h2_t *h = user_data;
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL || s->local) {
+    nghttp2_session_consume(session, stream_id, len);
+    return 0;
+  }
+  if (!sbuf_put(&s->down, data, len)) {
+    nghttp2_session_consume(session, stream_id, len);
+    nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_FLOW_CONTROL_ERROR);
+    return 0;
+  }
+  nghttp2_session_resume_data(h->srv, s->cid);
+  return 0;
+}
+
+static int up_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data) {
+  h2_t *h = user_data;
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL)
+    return 0;
+  nghttp2_session_set_stream_user_data(session, stream_id, NULL);
+  s->uid = 0;
+  if (error_code == NGHTTP2_NO_ERROR && s->down.eof)
+    return 0;
+  char reason[120];
+  snprintf(reason, sizeof(reason), "upstream_reset: RST_STREAM %s", nghttp2_http2_strerror(error_code));
+  if (!s->rs_head_done && !s->local) {
+    fail_502(s, reason);
+    return 0;
+  }
+  snprintf(s->fail, sizeof(s->fail), "%s", reason);
+  uint32_t code = error_code == NGHTTP2_NO_ERROR ? NGHTTP2_INTERNAL_ERROR : error_code;
+  nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, code);
+  return 0;
+}
+
+/* ---- sessions ------------------------------------------------------------------------ */
+
+static int new_sessions(h2_t *h) {
+  nghttp2_session_callbacks *cb = NULL;
+  nghttp2_option *opt = NULL;
+  int rc = CE_ENOMEM;
+  if (nghttp2_session_callbacks_new(&cb) != 0 || nghttp2_option_new(&opt) != 0)
+    goto out;
+  /* Windows open again only as bytes leave (docs/http2.md §4); the
+   * library's own flood limits are set explicitly as a second layer
+   * behind the guard (§5). */
+  nghttp2_option_set_no_auto_window_update(opt, 1);
+  nghttp2_option_set_max_outbound_ack(opt, 1000);
+  nghttp2_option_set_max_settings(opt, 32);
+  nghttp2_option_set_max_continuations(opt, CE_H2G_MAX_CONTINUATIONS);
+  nghttp2_option_set_stream_reset_rate_limit(opt, CE_H2G_MAX_RST, CE_H2G_MAX_RST / CE_H2G_WINDOW_S);
+  nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
+  nghttp2_option_set_max_send_header_block_length(opt, 2u * CE_H2_MAX_HEADER_LIST);
+
+  nghttp2_session_callbacks_set_on_begin_headers_callback(cb, srv_begin_headers);
+  nghttp2_session_callbacks_set_on_header_callback(cb, srv_header);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, srv_frame_recv);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, srv_data);
+  nghttp2_session_callbacks_set_on_frame_send_callback(cb, srv_frame_send);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cb, srv_stream_close);
+  if (nghttp2_session_server_new2(&h->srv, cb, h, opt) != 0)
+    goto out;
+
+  nghttp2_session_callbacks_set_on_begin_headers_callback(cb, NULL);
+  nghttp2_session_callbacks_set_on_header_callback(cb, up_header);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, up_frame_recv);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, up_data);
+  nghttp2_session_callbacks_set_on_frame_send_callback(cb, NULL);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cb, up_stream_close);
+  if (nghttp2_session_client_new2(&h->up, cb, h, opt) != 0)
+    goto out;
+
+  nghttp2_settings_entry srv_set[] = {
+      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, CE_H2_MAX_STREAMS},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, CE_H2_STREAM_BUF},
+      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, CE_H2_MAX_HEADER_LIST},
+  };
+  nghttp2_settings_entry up_set[] = {
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, CE_H2_STREAM_BUF},
+      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, CE_H2_MAX_HEADER_LIST},
+  };
+  if (nghttp2_submit_settings(h->srv, NGHTTP2_FLAG_NONE, srv_set, 4) != 0 ||
+      nghttp2_submit_settings(h->up, NGHTTP2_FLAG_NONE, up_set, 3) != 0 ||
+      nghttp2_session_set_local_window_size(h->srv, NGHTTP2_FLAG_NONE, 0, CE_H2_CONN_WINDOW) != 0 ||
+      nghttp2_session_set_local_window_size(h->up, NGHTTP2_FLAG_NONE, 0, CE_H2_CONN_WINDOW) != 0)
+    goto out;
+  rc = CE_OK;
+out:
+  nghttp2_session_callbacks_del(cb);
+  nghttp2_option_del(opt);
+  return rc;
+}
+
+int ce_h2conn_start(ce_conn_t *c) {
+  h2_t *h = calloc(1, sizeof(*h));
+  if (h == NULL)
+    return CE_ENOMEM;
+  h->c = c;
+  c->h2 = h;
+  ce_h2_guard_init(&h->guard);
+  if (new_sessions(h) != CE_OK)
+    return CE_ENOMEM;
+  CE_TRACE_D("proxy", 'c', c->id, "h2 with the workspace and the upstream");
+  return CE_OK;
+}
+
+void ce_h2conn_free(struct ce_h2conn *h) {
+  if (h == NULL)
+    return;
+  /* Deleting the sessions runs no stream callbacks: free the records. */
+  while (h->streams != NULL)
+    stream_free(h, h->streams);
+  nghttp2_session_del(h->srv);
+  nghttp2_session_del(h->up);
+  free(h);
+}
+
+/* The upstream session is over: streams it still carried fail. */
+static void upstream_gone(h2_t *h, const char *reason) {
+  if (h->up == NULL)
+    return;
+  for (h2s_t *s = h->streams; s != NULL; s = s->next) {
+    if (s->uid == 0)
+      continue;
+    s->uid = 0;
+    if (!s->rs_head_done && !s->local) {
+      fail_502(s, reason);
+    } else if (!s->down.eof) {
+      snprintf(s->fail, sizeof(s->fail), "%s", reason);
+      nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+    }
+  }
+  nghttp2_session_del(h->up);
+  h->up = NULL;
+  ce_conn_upstream_reset(h->c);
+}
+
+/* A connection-level failure: GOAWAY, the event, close after the flush. */
+static void conn_fail(h2_t *h, uint32_t code, const char *reason) {
+  ce_conn_t *c = h->c;
+  if (!h->failed) {
+    h->failed = true;
+    ce_conn_report_failed(c, reason);
+    CE_TRACE_W("proxy", 'c', c->id, "h2: %s", reason);
+  }
+  nghttp2_session_terminate_session(h->srv, code);
+}
+
+static void flush(h2_t *h) {
+  ce_conn_t *c = h->c;
+  while (!c->dead && h->up != NULL && c->u.open && c->u.queued < CE_CONN_HIGH_WATER) {
+    const uint8_t *data;
+    ssize_t n = nghttp2_session_mem_send(h->up, &data);
+    if (n < 0) {
+      char reason[120];
+      snprintf(reason, sizeof(reason), "upstream_bad_response: %s", nghttp2_strerror((int)n));
+      upstream_gone(h, reason);
+      break;
+    }
+    if (n == 0)
+      break;
+    ce_conn_side_write(&c->u, (const char *)data, (size_t)n);
+  }
+  while (!c->dead && c->c.open && c->c.queued < CE_CONN_HIGH_WATER) {
+    const uint8_t *data;
+    ssize_t n = nghttp2_session_mem_send(h->srv, &data);
+    if (n < 0) {
+      conn_fail(h, NGHTTP2_INTERNAL_ERROR, "h2_internal_error");
+      ce_conn_abort(c);
+      return;
+    }
+    if (n == 0)
+      break;
+    ce_conn_side_write(&c->c, (const char *)data, (size_t)n);
+  }
+}
+
+void ce_h2conn_process(ce_conn_t *c) {
+  h2_t *h = c->h2;
+  if (h == NULL || c->dead)
+    return;
+  /* The workspace's frames: through the guard, then nghttp2. */
+  if (c->c.in_len > 0 && !h->failed) {
+    ce_h2g_verdict_t v = ce_h2_guard_feed(&h->guard, (const uint8_t *)c->c.in, c->c.in_len, now_ms());
+    if (v != CE_H2G_OK) {
+      conn_fail(h, v == CE_H2G_BAD_PREFACE ? NGHTTP2_PROTOCOL_ERROR : NGHTTP2_ENHANCE_YOUR_CALM,
+                ce_h2_guard_reason(v));
+    } else {
+      ssize_t n = nghttp2_session_mem_recv(h->srv, (const uint8_t *)c->c.in, c->c.in_len);
+      if (n < 0) {
+        char reason[120];
+        snprintf(reason, sizeof(reason), "h2_protocol_error: %s", nghttp2_strerror((int)n));
+        conn_fail(h, n == NGHTTP2_ERR_FLOODED ? NGHTTP2_ENHANCE_YOUR_CALM : NGHTTP2_PROTOCOL_ERROR, reason);
+      }
+    }
+  }
+  c->c.in_len = 0;
+  /* The upstream's frames. */
+  if (c->u.in_len > 0 && h->up != NULL) {
+    ssize_t n = nghttp2_session_mem_recv(h->up, (const uint8_t *)c->u.in, c->u.in_len);
+    if (n < 0) {
+      char reason[120];
+      snprintf(reason, sizeof(reason), "upstream_bad_response: %s", nghttp2_strerror((int)n));
+      nghttp2_session_terminate_session(h->up, NGHTTP2_PROTOCOL_ERROR);
+      flush(h);
+      upstream_gone(h, reason);
+    }
+  }
+  c->u.in_len = 0;
+  if (h->up != NULL && c->u.eof)
+    upstream_gone(h, "upstream_reset: connection closed");
+  if (h->up != NULL && !nghttp2_session_want_read(h->up) && !nghttp2_session_want_write(h->up))
+    upstream_gone(h, "upstream_reset: the upstream ended the connection (GOAWAY)");
+  flush(h);
+  if (c->dead)
+    return;
+  if (c->c.eof) {
+    /* The workspace is gone: its streams with it. */
+    for (h2s_t *s = h->streams; s != NULL; s = s->next)
+      stream_finish_event(s, "client_reset: connection closed");
+    ce_conn_abort(c);
+    return;
+  }
+  if (!nghttp2_session_want_read(h->srv) && !nghttp2_session_want_write(h->srv))
+    ce_conn_close_after_flush(c);
+}
+
+void ce_h2conn_timeout(ce_conn_t *c) {
+  h2_t *h = c->h2;
+  if (h != NULL) {
+    for (h2s_t *s = h->streams; s != NULL; s = s->next)
+      stream_finish_event(s, s->rs_head_done ? "upstream_timeout: response body stalled"
+                                             : "upstream_timeout: no response");
+    if (h->streams == NULL) {
+      /* Idle: a GOAWAY and no event (docs/http2.md §5). */
+      nghttp2_session_terminate_session(h->srv, NGHTTP2_NO_ERROR);
+      flush(h);
+    }
+  }
+  ce_conn_abort(c);
+}
+
+void ce_h2conn_drain(ce_conn_t *c) {
+  h2_t *h = c->h2;
+  if (h == NULL || h->draining)
+    return;
+  h->draining = true;
+  nghttp2_submit_goaway(h->srv, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(h->srv),
+                        NGHTTP2_NO_ERROR, NULL, 0);
+  if (h->streams == NULL) {
+    flush(h);
+    ce_conn_close_after_flush(c);
+    return;
+  }
+  flush(h);
+}
+
+void ce_h2conn_abort(ce_conn_t *c, const char *reason) {
+  h2_t *h = c->h2;
+  if (h == NULL)
+    return;
+  for (h2s_t *s = h->streams; s != NULL; s = s->next)
+    stream_finish_event(s, reason);
+}
