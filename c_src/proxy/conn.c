@@ -206,6 +206,23 @@ static void conn_abort(ce_conn_t *c) {
 static void update_reading(ce_conn_t *c);
 static void arm(ce_conn_t *c, uint32_t ms);
 
+/* An HTTP/1.1 upstream asked for h2 streams (ce_conn_h2_connect) is ready
+ * (status 0) or failed: tell h2conn.c. False when none was being made. */
+static bool h2_connect_end(ce_conn_t *c, int status, const char *reason) {
+  if (!c->h2_connecting || c->dead)
+    return false;
+  c->h2_connecting = false;
+  if (status != 0) {
+    if (c->resolving)
+      uv_cancel((uv_req_t *)&c->gai);
+    upstream_reset(c);
+  }
+  arm(c, c->proxy->opts->idle_ms);
+  ce_h2conn_upstream_done(c, status, reason);
+  conn_process(c);
+  return true;
+}
+
 static void on_linger_shutdown(uv_shutdown_t *req, int status) {
   ce_conn_t *c = ((side_t *)req->data)->conn;
   c->c.shut_done = true;
@@ -297,6 +314,8 @@ static void on_timer(uv_timer_t *t) {
     /* Flushing or lingering took too long: the request was reported. */
     break;
   case ST_H2:
+    if (h2_connect_end(c, 504, "upstream_unreachable: connect timed out"))
+      return;
     ce_h2conn_timeout(c);
     return;
   default:
@@ -606,6 +625,8 @@ static void on_upstream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 
 static void upstream_ready(ce_conn_t *c) {
+  if (h2_connect_end(c, 0, NULL))
+    return;
   /* Only a connection still waiting for its upstream starts the exchange:
    * one that timed out (504, CLOSING) was answered already. */
   if (c->state != ST_CONNECTING)
@@ -633,6 +654,8 @@ static void upstream_handshake(ce_conn_t *c) {
     }
     char reason[400];
     snprintf(reason, sizeof(reason), "upstream_tls: %s", ce_tlsconn_error(c->u.tls));
+    if (h2_connect_end(c, 502, reason))
+      return;
     report_failed(c, reason);
     char text[500];
     plain(text, sizeof(text), reason);
@@ -656,6 +679,8 @@ static void connect_failed(ce_conn_t *c, int err) {
   }
   char reason[200], body[300];
   snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(err));
+  if (h2_connect_end(c, 502, reason))
+    return;
   report_failed(c, reason);
   snprintf(body, sizeof(body), "condukt: %s\n", reason);
   answer(c, 502, body, false);
@@ -666,7 +691,7 @@ static void on_connected(uv_connect_t *req, int status) {
   ce_conn_t *c = req->data;
   /* After a timeout (504 sent, CLOSING) the attempt is moot: its handle
    * goes with the connection. */
-  if (c->dead || c->state != ST_CONNECTING)
+  if (c->dead || (c->state != ST_CONNECTING && !c->h2_connecting) || (c->h2_connecting && status == UV_ECANCELED))
     return;
   if (status < 0) {
     side_close(&c->u);
@@ -724,6 +749,8 @@ static void connect_next(ce_conn_t *c) {
       preconnect_done(c, false);
       return;
     }
+    if (h2_connect_end(c, 502, "upstream_unreachable: cannot set SO_MARK (the sidecar needs CAP_NET_ADMIN)"))
+      return;
     report_failed(c, "upstream_unreachable: cannot set SO_MARK (the sidecar needs CAP_NET_ADMIN)");
     answer(c, 502, "condukt: the egress sidecar cannot mark its sockets (CAP_NET_ADMIN missing)\n", false);
     close_after_flush(c);
@@ -756,7 +783,7 @@ static void connect_next(ce_conn_t *c) {
 static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
   ce_conn_t *c = req->data;
   c->resolving = false;
-  if (c->dead || c->state != ST_CONNECTING) {
+  if (c->dead || (c->state != ST_CONNECTING && !c->h2_connecting)) {
     /* Aborted, or answered meanwhile (the connect timeout's 504). */
     if (res != NULL)
       uv_freeaddrinfo(res);
@@ -771,6 +798,8 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     char reason[300], body[400];
     snprintf(reason, sizeof(reason), "upstream_unreachable: cannot resolve %s: %s", c->up_host,
              uv_strerror(status));
+    if (h2_connect_end(c, 502, reason))
+      return;
     report_failed(c, reason);
     snprintf(body, sizeof(body), "condukt: %s\n", reason);
     answer(c, 502, body, false);
@@ -795,6 +824,8 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     preconnect_done(c, false);
     return;
   }
+  if (keep == NULL && h2_connect_end(c, 403, why[0] != '\0' ? why : "upstream_unreachable: no address"))
+    return;
   if (keep == NULL) {
     /* Every address is private and nothing names it: a policy refusal. */
     refuse_request(c, 403, why[0] != '\0' ? why : "upstream_unreachable: no address",
@@ -804,7 +835,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
   }
   c->addrs = keep;
   c->next_addr = keep;
-  if (!c->preconnecting)
+  if (!c->preconnecting && !c->h2_connecting)
     emit(c, "request_allowed", NULL);
   connect_next(c);
 }
@@ -857,6 +888,8 @@ static void resolve_upstream(ce_conn_t *c) {
   if (rc < 0) {
     char reason[200];
     snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(rc));
+    if (h2_connect_end(c, 502, reason))
+      return;
     report_failed(c, reason);
     conn_abort(c);
     return;
@@ -1521,7 +1554,9 @@ static void client_handshake(ce_conn_t *c) {
     size_t alen = 0;
     const char *ap = ce_tlsconn_alpn(c->c.tls, &alen);
     bool client_h2 = ap != NULL && alen == 2 && memcmp(ap, "h2", 2) == 0;
-    if (client_h2 && c->up_h2) {
+    /* With translation (docs/http2.md §6) the workspace gets h2 whatever
+     * the upstream speaks. */
+    if (client_h2) {
       set_state(c, ST_H2);
       arm(c, c->proxy->opts->idle_ms);
       if (ce_h2conn_start(c) != CE_OK) {
@@ -1641,8 +1676,9 @@ static void mint_and_handshake(ce_conn_t *c) {
   SSL *ssl = NULL;
   static const unsigned char alpn_h1[] = "\x08http/1.1";
   static const unsigned char alpn_h2[] = "\x02h2";
-  const unsigned char *alpn = c->up_h2 ? alpn_h2 : alpn_h1;
-  size_t alpn_len = c->up_h2 ? sizeof(alpn_h2) - 1 : sizeof(alpn_h1) - 1;
+  bool h2 = c->offers_h2 && c->has_sni;
+  const unsigned char *alpn = h2 ? alpn_h2 : alpn_h1;
+  size_t alpn_len = h2 ? sizeof(alpn_h2) - 1 : sizeof(alpn_h1) - 1;
   if (ce_leaf_get(c->proxy->leaves, c->sni.text, &cert, &key) != CE_OK ||
       ce_tls_server_ssl_new(c->proxy->server_ctx, cert, key, alpn, alpn_len, &ssl) != CE_OK ||
       ce_tlsconn_new(ssl, true, &c->c.tls) != CE_OK) {
@@ -1736,6 +1772,11 @@ static void pump_tls_input(side_t *s) {
       s->close_notify = true;
       break;
     }
+    if (s == &c->u && c->state == ST_H2 && !c->h2_connecting) {
+      /* The streams on it fail; the workspace's connection goes on. */
+      s->eof = true;
+      break;
+    }
     char reason[300];
     if (s == &c->c)
       snprintf(reason, sizeof(reason), "tls_client_error: %s", ce_tlsconn_error(s->tls));
@@ -1789,6 +1830,10 @@ static void on_read_common(side_t *s, ssize_t nread, const uv_buf_t *buf) {
     }
     if (s == &c->u && c->state == ST_CONNECTING && c->preconnecting) {
       preconnect_done(c, false);
+      return;
+    }
+    if (s == &c->u && c->h2_connecting) {
+      h2_connect_end(c, 502, "upstream_tls: the server closed during the handshake");
       return;
     }
     if (s == &c->u && c->state == ST_CONNECTING && c->u.tls != NULL && !c->u.handshaken) {
@@ -2046,6 +2091,28 @@ void ce_conn_report_failed(ce_conn_t *c, const char *reason) { report_failed(c, 
 void ce_conn_abort(ce_conn_t *c) { conn_abort(c); }
 void ce_conn_close_after_flush(ce_conn_t *c) { close_after_flush(c); }
 void ce_conn_upstream_reset(ce_conn_t *c) { upstream_reset(c); }
+void ce_conn_process(ce_conn_t *c) { conn_process(c); }
+
+void ce_conn_h2_connect(ce_conn_t *c) {
+  if (c->dead || c->h2_connecting)
+    return;
+  if (c->u.open)
+    upstream_reset(c);
+  if (c->addrs != NULL) {
+    uv_freeaddrinfo(c->addrs);
+    c->addrs = NULL;
+  }
+  if (c->resolving) {
+    ce_h2conn_upstream_done(c, 502, "upstream_unreachable: the resolver is busy");
+    return;
+  }
+  snprintf(c->up_host, sizeof(c->up_host), "%s", c->sni.text);
+  c->up_port = c->port;
+  c->h2_connecting = true;
+  trace(c, "h2: connecting %s for HTTP/1.1 streams", c->up_host);
+  arm(c, c->proxy->opts->connect_ms);
+  resolve_upstream(c);
+}
 
 void ce_conn_emit(ce_conn_t *c, const ce_reqinfo_t *r, const char *name, const char *reason) {
   json_t *ev = ce_event_new(name, r, reason);

@@ -126,6 +126,7 @@ struct ce_conn {
   bool preconnecting;      /* connecting upstream before answering the hello */
   bool up_h2;              /* the upstream negotiated h2 */
   struct ce_h2conn *h2;    /* the sessions, in ST_H2 */
+  bool h2_connecting;      /* ST_H2: connecting an HTTP/1.1 upstream for streams */
 };
 
 /* conn.c, for h2conn.c. */
@@ -136,6 +137,11 @@ void ce_conn_abort(ce_conn_t *c);
 void ce_conn_close_after_flush(ce_conn_t *c);
 void ce_conn_upstream_reset(ce_conn_t *c);
 bool ce_conn_split_authority(const char *a, size_t n, size_t *host_len, long *port);
+void ce_conn_process(ce_conn_t *c);
+/* ST_H2 without an h2 upstream: (re)connects the SNI host for HTTP/1.1
+ * (resolve, private-address rule, marked socket, verified TLS offering
+ * http/1.1) under the connect timeout; ends in ce_h2conn_upstream_done. */
+void ce_conn_h2_connect(ce_conn_t *c);
 
 /* h2conn.c. */
 struct ce_h2conn;
@@ -145,5 +151,8 @@ void ce_h2conn_timeout(ce_conn_t *c);
 void ce_h2conn_drain(ce_conn_t *c);
 void ce_h2conn_abort(ce_conn_t *c, const char *reason);
 void ce_h2conn_free(struct ce_h2conn *h);
+/* The HTTP/1.1 upstream asked by ce_conn_h2_connect is ready (status 0) or
+ * could not be had (status 502, 504 or 403 and reason). */
+void ce_h2conn_upstream_done(ce_conn_t *c, int status, const char *reason);
 
 #endif

@@ -20,7 +20,10 @@
 #include "common/error.h"
 #include "common/trace.h"
 #include "h2/guard.h"
+#include "h2/headers.h"
+#include "http1/writer.h"
 #include "proxy/conn_internal.h"
+#include "proxy/proxy.h"
 
 /* Per stream and direction: one stream window (docs/http2.md §4). */
 #define CE_H2_STREAM_BUF 65535u
@@ -29,6 +32,8 @@
 /* Decoded header list (RFC 9113 §6.5.2 counting) and fields per block. */
 #define CE_H2_MAX_HEADER_LIST 65536u
 #define CE_H2_MAX_FIELDS 128u
+/* Streams waiting for the HTTP/1.1 upstream connection (docs/http2.md §6). */
+#define CE_H2_H1_QUEUE 64u
 
 typedef struct {
   char *buf;
@@ -54,7 +59,8 @@ typedef struct h2s {
   int32_t uid;             /* the upstream's, 0 when none (or closed) */
   ce_reqinfo_t req;
   bool have_req;
-  hset_t rq;               /* request head; then request trailers */
+  hset_t rq;               /* request head */
+  hset_t rqt;              /* request trailers */
   hset_t rs;               /* response head; then response trailers */
   bool rq_head_done, rs_head_done;
   bool rq_trailers, rs_trailers;
@@ -65,6 +71,20 @@ typedef struct h2s {
   bool resp_end_sent;
   bool event_done;         /* the closing event (or a denial) was sent */
   char fail[200];          /* the reason for request_failed, when set */
+  /* A pending decision (docs/http2.md §3). */
+  uint64_t ask_id;
+  int32_t decide_rule;
+  bool decide_cache;
+  /* Over the HTTP/1.1 upstream (h->up == NULL, docs/http2.md §6). */
+  struct h2s *qnext;
+  bool queued;             /* waiting for the upstream connection */
+  bool h1_chunked;         /* the request body goes chunked */
+  bool h1_req_done;        /* the whole request was written */
+  bool h1_resp_head;       /* the response head was parsed and forwarded */
+  bool h1_keep;            /* the upstream keeps the connection */
+  bool h1_abandon;         /* the response ended first: the rest of the body is dropped */
+  ce_h1_framing_t h1_framing;
+  ce_h1_body_t h1_body;
 } h2s_t;
 
 struct ce_h2conn {
@@ -76,6 +96,12 @@ struct ce_h2conn {
   size_t nstreams;
   bool failed;             /* a connection-level failure was reported */
   bool draining;
+  /* HTTP/1.1 upstream: one stream at a time on c->u, the others queued. */
+  h2s_t *cur;
+  h2s_t *qhead, *qtail;
+  size_t qlen;
+  ce_h1_head_t *head;      /* scratch for a parsed response head */
+  char *names;             /* lower-cased response field names */
 };
 
 typedef struct ce_h2conn h2_t;
@@ -232,7 +258,10 @@ static void stream_free(h2_t *h, h2s_t *s) {
   h->nstreams--;
   if (s->have_req)
     ce_reqinfo_clear(&s->req);
+  if (s->ask_id != 0)
+    ce_control_cancel(h->c->proxy->control, s->ask_id);
   hset_free(&s->rq);
+  hset_free(&s->rqt);
   hset_free(&s->rs);
   free(s->up.data);
   free(s->down.data);
@@ -331,14 +360,16 @@ static void refuse(h2s_t *s, int status, const char *reason, const char *text) {
   local_answer(s, status, text);
 }
 
-/* A failure before any response byte: request_failed, then 502. */
-static void fail_502(h2s_t *s, const char *reason) {
+/* A failure before any response byte: request_failed, then the status. */
+static void fail_with(h2s_t *s, int status, const char *reason) {
   char safe[200], text[260];
   plain(safe, sizeof(safe), reason);
   snprintf(text, sizeof(text), "condukt: %s\n", safe);
-  local_answer(s, 502, text);
+  local_answer(s, status, text);
   stream_finish_event(s, reason);
 }
+
+static void fail_502(h2s_t *s, const char *reason) { fail_with(s, 502, reason); }
 
 /* ---- the upstream's data, to the workspace ------------------------------------ */
 
@@ -392,7 +423,7 @@ static ssize_t up_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf
     *data_flags |= NGHTTP2_DATA_FLAG_EOF;
     if (s->rq_trailers) {
       nghttp2_nv nva[CE_H2_MAX_FIELDS];
-      size_t k = hset_nva(&s->rq, nva, CE_H2_MAX_FIELDS, false);
+      size_t k = hset_nva(&s->rqt, nva, CE_H2_MAX_FIELDS, false);
       if (nghttp2_submit_trailer(session, stream_id, nva, k) == 0)
         *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
     }
@@ -404,6 +435,150 @@ static ssize_t up_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf
 }
 
 /* ---- a request head: evaluate and forward ----------------------------------------- */
+
+static void deny_text(h2s_t *s, char *text, size_t cap, const char *who, const char *reason) {
+  char hs[300], why[300];
+  plain(hs, sizeof(hs), s->req.host);
+  plain(why, sizeof(why), reason);
+  snprintf(text, cap, "condukt: the network policy of this sandbox refused the request to %s\nrefused by: %s\nreason: %s\n",
+           hs, who, why);
+}
+
+/* ---- HTTP/1.1 upstream: the queue ------------------------------------------------- */
+
+static void h1_enqueue(h2s_t *s) {
+  h2_t *h = s->h;
+  if (h->qlen >= CE_H2_H1_QUEUE) {
+    fail_with(s, 503, "upstream_busy: too many streams wait for the upstream connection");
+    return;
+  }
+  s->queued = true;
+  s->qnext = NULL;
+  if (h->qtail != NULL)
+    h->qtail->qnext = s;
+  else
+    h->qhead = s;
+  h->qtail = s;
+  h->qlen++;
+}
+
+static void h1_unqueue(h2_t *h, h2s_t *s) {
+  if (!s->queued)
+    return;
+  h2s_t **pp = &h->qhead, *prev = NULL;
+  while (*pp != NULL && *pp != s) {
+    prev = *pp;
+    pp = &(*pp)->qnext;
+  }
+  if (*pp == s) {
+    *pp = s->qnext;
+    if (h->qtail == s)
+      h->qtail = prev;
+    h->qlen--;
+  }
+  s->queued = false;
+  s->qnext = NULL;
+}
+
+static h2s_t *h1_pop(h2_t *h) {
+  h2s_t *s = h->qhead;
+  if (s != NULL)
+    h1_unqueue(h, s);
+  return s;
+}
+
+/* An allowed stream goes upstream: a new h2 stream, or the HTTP/1.1 queue. */
+static void stream_forward(h2s_t *s) {
+  h2_t *h = s->h;
+  if (h->draining) {
+    stream_event(s, "request_allowed", NULL);
+    fail_502(s, "upstream_unreachable: the proxy is draining");
+    return;
+  }
+  if (h->up == NULL) {
+    stream_event(s, "request_allowed", NULL);
+    h1_enqueue(s);
+    return;
+  }
+  /* Pseudo-headers first, as received (nghttp2 checked them), then the
+   * rest: nghttp2 already refused connection-specific fields. */
+  nghttp2_nv nva[CE_H2_MAX_FIELDS];
+  size_t k = hset_nva(&s->rq, nva, CE_H2_MAX_FIELDS, true);
+  nghttp2_data_provider prd = {.source.ptr = s, .read_callback = up_read};
+  bool body = !(s->up.eof && s->up.len == 0);
+  int32_t uid = nghttp2_submit_request(h->up, NULL, nva, k, body ? &prd : NULL, s);
+  stream_event(s, "request_allowed", NULL);
+  if (uid < 0) {
+    fail_502(s, "upstream_unreachable: cannot open an upstream stream");
+    return;
+  }
+  s->uid = uid;
+}
+
+/* ---- decisions ------------------------------------------------------------------------- */
+
+static void stream_decided(h2s_t *s, bool allow, const char *reason) {
+  s->req.matched_rule = s->decide_rule;
+  s->req.matched_kind = "decide";
+  if (allow) {
+    stream_forward(s);
+    return;
+  }
+  char text[1200], who[64];
+  snprintf(who, sizeof(who), "the decider of rule %d", (int)s->decide_rule);
+  deny_text(s, text, sizeof(text), who, reason);
+  refuse(s, 403, reason, text);
+}
+
+static void on_stream_decision(void *data, int status, bool allow, const char *reason, bool cacheable) {
+  h2s_t *s = data;
+  ce_conn_t *c = s->h->c;
+  s->ask_id = 0;
+  if (c->dead)
+    return;
+  if (status == CE_OK) {
+    const char *r = allow ? NULL : (reason != NULL && reason[0] != '\0' ? reason : "denied_by_decider");
+    if (s->decide_cache && cacheable)
+      ce_decision_cache_put(c->proxy, s->decide_rule, s->req.host, allow, r != NULL ? r : "");
+    stream_decided(s, allow, r);
+  } else if (status == CE_ETIMEDOUT) {
+    stream_decided(s, false, "decider_timeout");
+  } else {
+    stream_decided(s, false, "control_channel_unavailable");
+  }
+  ce_conn_process(c);
+}
+
+/* A decide rule: this stream asks the control channel and waits; the
+ * connection's other streams go on. */
+static void stream_ask(h2s_t *s, int32_t rule) {
+  ce_conn_t *c = s->h->c;
+  s->decide_rule = rule;
+  ce_rule_info_t info;
+  if (ce_policy_rule(c->proxy->policy, (size_t)rule, &info) != 0) {
+    stream_decided(s, false, "decider_error");
+    return;
+  }
+  s->decide_cache = info.cache;
+  bool allow;
+  const char *reason;
+  if (info.cache && ce_decision_cache_get(c->proxy, rule, s->req.host, &allow, &reason)) {
+    stream_decided(s, allow, allow ? NULL : reason);
+    return;
+  }
+  json_t *request = ce_event_new("decision_request", &s->req, NULL);
+  json_t *frame = request != NULL ? json_pack("{s:o s:{s:i s:s}}", "request", request, "rule", "index",
+                                              (json_int_t)rule, "kind", "decide")
+                                  : NULL;
+  if (frame == NULL) {
+    stream_decided(s, false, "decider_error");
+    return;
+  }
+  s->ask_id = ce_control_ask(c->proxy->control, frame, info.timeout_ms, on_stream_decision, s);
+  if (s->ask_id == 0)
+    stream_decided(s, false, "control_channel_unavailable");
+}
+
 
 static void stream_request(h2s_t *s) {
   h2_t *h = s->h;
@@ -500,44 +675,20 @@ static void stream_request(h2s_t *s) {
     refuse(s, 421, "misdirected_request", text);
     return;
   }
+  s->req.matched_rule = v.rule_index;
+  s->req.matched_kind = v.rule_index >= 0 ? ce_rule_kind_name(v.rule_kind) : NULL;
+  if (v.decision == CE_DECISION_DECIDE && v.rule_index >= 0) {
+    stream_ask(s, v.rule_index);
+    return;
+  }
   if (v.decision != CE_DECISION_ALLOW) {
-    /* Only an allowed SNI is pre-connected, and :authority equals it, so
-     * a deny or decide here means the policy changed: fail closed. */
-    const char *reason = v.decision == CE_DECISION_DENY ? ce_reason_name(v.reason) : "decider_unavailable_on_h2";
-    s->req.matched_rule = v.rule_index;
-    s->req.matched_kind = v.rule_index >= 0 ? ce_rule_kind_name(v.rule_kind) : NULL;
-    char text[900], hs[300], why[300];
-    plain(hs, sizeof(hs), s->req.host);
-    plain(why, sizeof(why), reason);
-    snprintf(text, sizeof(text),
-             "condukt: the network policy of this sandbox refused the request to %s\nrefused by: %s\nreason: %s\n", hs,
-             v.rule_index >= 0 ? "a rule" : "the policy default", why);
+    const char *reason = v.decision == CE_DECISION_DENY ? ce_reason_name(v.reason) : "decider_error";
+    char text[900];
+    deny_text(s, text, sizeof(text), v.rule_index >= 0 ? "a rule" : "the policy default", reason);
     refuse(s, 403, reason, text);
     return;
   }
-  s->req.matched_rule = v.rule_index;
-  s->req.matched_kind = v.rule_index >= 0 ? ce_rule_kind_name(v.rule_kind) : NULL;
-  if (h->up == NULL || h->draining) {
-    stream_event(s, "request_allowed", NULL);
-    fail_502(s, "upstream_unreachable: the upstream connection is gone");
-    return;
-  }
-  /* Pseudo-headers first, as received (nghttp2 checked them), then the
-   * rest: nghttp2 already refused connection-specific fields. */
-  nghttp2_nv nva[CE_H2_MAX_FIELDS];
-  size_t k = hset_nva(&s->rq, nva, CE_H2_MAX_FIELDS, true);
-  nghttp2_data_provider prd = {.source.ptr = s, .read_callback = up_read};
-  bool body = !(s->up.eof && s->up.len == 0);
-  int32_t uid = nghttp2_submit_request(h->up, NULL, nva, k, body ? &prd : NULL, s);
-  stream_event(s, "request_allowed", NULL);
-  if (uid < 0) {
-    fail_502(s, "upstream_unreachable: cannot open an upstream stream");
-    return;
-  }
-  s->uid = uid;
-  /* Request trailers arrive later as a second header block: the set is
-   * reused for them. */
-  hset_reset(&s->rq);
+  stream_forward(s);
 }
 
 /* ---- server session callbacks (the workspace) ----------------------------------- */
@@ -558,7 +709,7 @@ static int srv_header(nghttp2_session *session, const nghttp2_frame *frame, cons
   h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
   if (s == NULL)
     return 0;
-  hset_add(&s->rq, name, namelen, value, valuelen);
+  hset_add(s->rq_head_done ? &s->rqt : &s->rq, name, namelen, value, valuelen);
   return 0;
 }
 
@@ -576,7 +727,7 @@ static int srv_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, 
       return 0;
     }
     /* Trailers (nghttp2 makes sure they end the stream). */
-    if (s->rq.overflow) {
+    if (s->rqt.overflow) {
       nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_ENHANCE_YOUR_CALM);
       return 0;
     }
@@ -594,7 +745,7 @@ static int srv_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, 
                     void *user_data) {
   h2_t *h = user_data;
   h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
-  if (s == NULL || s->local || (s->uid == 0 && s->rq_head_done && s->have_req && s->event_done)) {
+  if (s == NULL || s->local || s->h1_abandon || (s->uid == 0 && s->rq_head_done && s->have_req && s->event_done)) {
     nghttp2_session_consume(session, stream_id, len);
     return 0;
   }
@@ -635,6 +786,12 @@ static int srv_stream_close(nghttp2_session *session, int32_t stream_id, uint32_
   if (s->uid > 0 && h->up != NULL) {
     nghttp2_session_set_stream_user_data(h->up, s->uid, NULL);
     nghttp2_submit_rst_stream(h->up, NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
+  }
+  h1_unqueue(h, s);
+  if (h->cur == s) {
+    /* A half-done HTTP/1.1 exchange cannot be reused. */
+    h->cur = NULL;
+    ce_conn_upstream_reset(h->c);
   }
   stream_free(h, s);
   return 0;
@@ -750,6 +907,292 @@ static int up_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
   return 0;
 }
 
+/* ---- HTTP/1.1 upstream: one exchange at a time on c->u (docs/http2.md §6) ---- */
+
+static void in_consume(side_t *u, size_t n) {
+  if (n >= u->in_len) {
+    u->in_len = 0;
+    return;
+  }
+  memmove(u->in, u->in + n, u->in_len - n);
+  u->in_len -= n;
+}
+
+/* The upstream connection broke or misbehaved during s's exchange. */
+static void h1_broke(h2s_t *s, const char *reason) {
+  h2_t *h = s->h;
+  h->cur = NULL;
+  ce_conn_upstream_reset(h->c);
+  if (!s->h1_resp_head) {
+    fail_502(s, reason);
+    return;
+  }
+  snprintf(s->fail, sizeof(s->fail), "%s", reason);
+  nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+}
+
+/* Writes s's request head to the upstream. */
+static bool h1_start(h2s_t *s) {
+  h2_t *h = s->h;
+  ce_conn_t *c = h->c;
+  size_t cl = 0;
+  bool has_len = hset_get(&s->rq, "content-length", &cl) != NULL;
+  bool body = !(s->up.eof && s->up.len == 0);
+  s->h1_chunked = body && !has_len;
+  ce_h2h_field_t f[CE_H2_MAX_FIELDS];
+  for (size_t i = 0; i < s->rq.n; i++) {
+    f[i].name = s->rq.buf + s->rq.f[i].no;
+    f[i].name_len = s->rq.f[i].nl;
+    f[i].value = s->rq.buf + s->rq.f[i].vo;
+    f[i].value_len = s->rq.f[i].vl;
+  }
+  char *buf = malloc(CE_H1_MAX_HEAD_BYTES + 256u);
+  if (buf == NULL) {
+    fail_502(s, "out_of_memory");
+    return false;
+  }
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, CE_H1_MAX_HEAD_BYTES + 256u);
+  int rc = ce_h2h_write_request(&w, f, s->rq.n, s->h1_chunked);
+  if (rc != CE_OK) {
+    free(buf);
+    fail_with(s, 400, "bad_request: the request cannot be expressed in HTTP/1.1");
+    return false;
+  }
+  ce_conn_side_write(&c->u, buf, w.len);
+  free(buf);
+  return !c->dead;
+}
+
+static void h1_send_body(h2s_t *s) {
+  h2_t *h = s->h;
+  ce_conn_t *c = h->c;
+  if (s->h1_req_done || s->h1_abandon)
+    return;
+  while (s->up.len > 0 && c->u.open && c->u.queued < CE_CONN_HIGH_WATER && !c->dead) {
+    size_t n = s->up.len < 16384u ? s->up.len : 16384u;
+    if (s->h1_chunked) {
+      char hdr[24];
+      int hl = snprintf(hdr, sizeof(hdr), "%zx\r\n", n);
+      ce_conn_side_write(&c->u, hdr, (size_t)hl);
+    }
+    ce_conn_side_write(&c->u, (const char *)s->up.data, n);
+    if (s->h1_chunked)
+      ce_conn_side_write(&c->u, "\r\n", 2);
+    s->req.bytes_out += n;
+    ce_reqinfo_add_preview(&s->req, (const char *)s->up.data, n, c->proxy->opts->body_preview);
+    memmove(s->up.data, s->up.data + n, s->up.len - n);
+    s->up.len -= n;
+    /* The bytes left the proxy: the workspace may send as many again. */
+    nghttp2_session_consume(h->srv, s->cid, n);
+  }
+  if (s->up.len > 0 || !s->up.eof || c->dead)
+    return;
+  if (s->h1_chunked) {
+    /* The last chunk, and the request's trailers as chunked trailers. */
+    size_t cap = 5u + s->rqt.used + 4u * s->rqt.n + 2u;
+    char *buf = malloc(cap);
+    if (buf == NULL) {
+      h1_broke(s, "out_of_memory");
+      return;
+    }
+    ce_h1_writer_t w;
+    ce_h1_writer_init(&w, buf, cap);
+    memcpy(buf, "0\r\n", 3);
+    w.len = 3;
+    for (size_t i = 0; s->rq_trailers && i < s->rqt.n; i++) {
+      const char *name = s->rqt.buf + s->rqt.f[i].no;
+      if (ce_h2h_hop_by_hop(name, s->rqt.f[i].nl) || (s->rqt.f[i].nl > 0 && name[0] == ':'))
+        continue;
+      size_t before = w.len;
+      if (ce_h1_write_field(&w, name, s->rqt.f[i].nl, s->rqt.buf + s->rqt.f[i].vo, s->rqt.f[i].vl) != CE_OK) {
+        w.err = 0;
+        w.len = before;
+      }
+    }
+    memcpy(buf + w.len, "\r\n", 2);
+    ce_conn_side_write(&c->u, buf, w.len + 2);
+    free(buf);
+  }
+  s->h1_req_done = true;
+}
+
+/* Reads s's response from c->u. True when s is done with the upstream. */
+static bool h1_read_response(h2s_t *s) {
+  h2_t *h = s->h;
+  ce_conn_t *c = h->c;
+  while (!s->h1_resp_head) {
+    if (c->u.in_len == 0) {
+      if (c->u.eof) {
+        h1_broke(s, "upstream_reset: connection closed before the response");
+        return true;
+      }
+      return false;
+    }
+    size_t ml = 0;
+    const char *method = hset_get(&s->rq, ":method", &ml);
+    const char *why = NULL;
+    int rc = ce_h1_parse_response(c->u.in, c->u.in_len, method, ml, h->head, &why);
+    if (rc == CE_EAGAIN) {
+      if (c->u.eof) {
+        h1_broke(s, "upstream_bad_response: connection closed inside the response head");
+        return true;
+      }
+      return false;
+    }
+    if (rc != CE_OK) {
+      char reason[200];
+      snprintf(reason, sizeof(reason), "upstream_bad_response: %s", why != NULL ? why : "malformed head");
+      h1_broke(s, reason);
+      return true;
+    }
+    ce_h1_head_t *hd = h->head;
+    if (hd->status >= 100 && hd->status < 200 && hd->status != 101) {
+      /* Interim responses are not forwarded (docs/http2.md §3). */
+      in_consume(&c->u, hd->head_len);
+      continue;
+    }
+    if (hd->status == 101) {
+      h1_broke(s, "upstream_bad_response: a 101 cannot be expressed in HTTP/2");
+      return true;
+    }
+    ce_h2h_field_t f[CE_H1_MAX_FIELDS];
+    long k = ce_h2h_response_fields(hd, f, CE_H1_MAX_FIELDS, h->names, CE_H1_MAX_HEAD_BYTES);
+    if (k < 0) {
+      h1_broke(s, "upstream_bad_response: header list too large");
+      return true;
+    }
+    nghttp2_nv nva[CE_H1_MAX_FIELDS + 1];
+    char st[8];
+    snprintf(st, sizeof(st), "%d", hd->status);
+    nva[0] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)st, 7, strlen(st), NGHTTP2_NV_FLAG_NONE};
+    size_t hbytes = 0;
+    for (long i = 0; i < k; i++) {
+      nva[i + 1] = (nghttp2_nv){(uint8_t *)(uintptr_t)f[i].name, (uint8_t *)(uintptr_t)f[i].value, f[i].name_len,
+                                f[i].value_len, NGHTTP2_NV_FLAG_NONE};
+      hbytes += f[i].name_len + f[i].value_len;
+    }
+    ce_reqinfo_set_response(&s->req, hd, c->proxy->opts);
+    s->req.bytes_in += hbytes;
+    s->h1_framing = hd->framing;
+    s->h1_keep = hd->keep_alive;
+    ce_h1_body_init(&s->h1_body, hd->framing, hd->content_length);
+    bool nobody = hd->framing == CE_H1_BODY_NONE;
+    s->down.eof = nobody;
+    nghttp2_data_provider prd = {.source.ptr = s, .read_callback = down_read};
+    int src = nghttp2_submit_response(h->srv, s->cid, nva, (size_t)k + 1, nobody ? NULL : &prd);
+    in_consume(&c->u, hd->head_len);
+    s->h1_resp_head = true;
+    s->rs_head_done = true;
+    if (src != 0) {
+      h1_broke(s, "upstream_bad_response: the response cannot be expressed in HTTP/2");
+      return true;
+    }
+  }
+  while (!s->down.eof) {
+    size_t room = CE_H2_STREAM_BUF - s->down.len;
+    if (room == 0)
+      return false; /* the workspace reads slower: wait (the upstream socket stops) */
+    if (c->u.in_len == 0) {
+      if (!c->u.eof)
+        return false;
+      if (s->h1_framing != CE_H1_BODY_CLOSE) {
+        h1_broke(s, "upstream_reset: connection closed inside the response body");
+        return true;
+      }
+      s->down.eof = true;
+      s->h1_keep = false;
+      break;
+    }
+    size_t len = c->u.in_len < room ? c->u.in_len : room;
+    size_t used = 0, dl = 0;
+    const char *data = NULL, *why = NULL;
+    int rc = ce_h1_body_next(&s->h1_body, c->u.in, len, &used, &data, &dl, &why);
+    if (rc < 0) {
+      char reason[200];
+      snprintf(reason, sizeof(reason), "upstream_bad_response: %s", why != NULL ? why : "malformed body");
+      h1_broke(s, reason);
+      return true;
+    }
+    if (dl > 0) {
+      sbuf_put(&s->down, (const uint8_t *)data, dl);
+      nghttp2_session_resume_data(h->srv, s->cid);
+    }
+    in_consume(&c->u, used);
+    if (rc == 1)
+      s->down.eof = true;
+  }
+  nghttp2_session_resume_data(h->srv, s->cid);
+  /* The response is whole (it may still wait in s->down for the
+   * workspace): the upstream connection is free. */
+  if (!s->h1_req_done) {
+    s->h1_abandon = true;
+    s->h1_keep = false;
+  }
+  h->cur = NULL;
+  if (!s->h1_keep || c->u.in_len > 0)
+    ce_conn_upstream_reset(c);
+  return true;
+}
+
+static void h1_pump(h2_t *h) {
+  ce_conn_t *c = h->c;
+  while (!c->dead) {
+    if (h->cur == NULL) {
+      if (c->h2_connecting)
+        return;
+      if (h->qhead == NULL) {
+        /* Nothing asked of an idle upstream: stray bytes or its close end it. */
+        if (c->u.open && (c->u.eof || c->u.in_len > 0))
+          ce_conn_upstream_reset(c);
+        return;
+      }
+      bool ready = c->u.open && c->u.connected && c->u.handshaken && !c->u.eof && c->u.in_len == 0;
+      if (!ready) {
+        ce_conn_h2_connect(c);
+        return;
+      }
+      h2s_t *s = h1_pop(h);
+      h->cur = s;
+      s->h1_resp_head = false;
+      if (!h1_start(s)) {
+        if (h->cur == s) {
+          h->cur = NULL;
+          ce_conn_upstream_reset(c);
+        }
+        continue;
+      }
+    }
+    h2s_t *s = h->cur;
+    h1_send_body(s);
+    if (c->dead || h->cur != s)
+      continue;
+    if (!h1_read_response(s))
+      return;
+  }
+}
+
+void ce_h2conn_upstream_done(ce_conn_t *c, int status, const char *reason) {
+  h2_t *h = c->h2;
+  if (h == NULL || status == 0)
+    return;
+  /* The streams waiting for this connection fail with its reason. */
+  char why[300];
+  snprintf(why, sizeof(why), "%s", reason != NULL ? reason : "upstream_unreachable");
+  h2s_t *s;
+  while ((s = h1_pop(h)) != NULL) {
+    if (status == 403) {
+      char text[600], safe[400];
+      plain(safe, sizeof(safe), why);
+      snprintf(text, sizeof(text), "condukt: the network policy of this sandbox refused the request: %s\n", safe);
+      local_answer(s, 403, text);
+      stream_finish_event(s, why);
+    } else {
+      fail_with(s, status, why);
+    }
+  }
+}
+
 /* ---- sessions ------------------------------------------------------------------------ */
 
 static int new_sessions(h2_t *h) {
@@ -817,8 +1260,16 @@ int ce_h2conn_start(ce_conn_t *c) {
   h->c = c;
   c->h2 = h;
   ce_h2_guard_init(&h->guard);
-  if (new_sessions(h) != CE_OK)
+  h->head = malloc(sizeof(*h->head));
+  h->names = malloc(CE_H1_MAX_HEAD_BYTES);
+  if (h->head == NULL || h->names == NULL || new_sessions(h) != CE_OK)
     return CE_ENOMEM;
+  if (!c->up_h2) {
+    /* The upstream speaks HTTP/1.1 (or is not connected yet): streams are
+     * translated (docs/http2.md §6). */
+    nghttp2_session_del(h->up);
+    h->up = NULL;
+  }
   CE_TRACE_D("proxy", 'c', c->id, "h2 with the workspace and the upstream");
   return CE_OK;
 }
@@ -831,6 +1282,8 @@ void ce_h2conn_free(struct ce_h2conn *h) {
     stream_free(h, h->streams);
   nghttp2_session_del(h->srv);
   nghttp2_session_del(h->up);
+  free(h->head);
+  free(h->names);
   free(h);
 }
 
@@ -914,6 +1367,13 @@ void ce_h2conn_process(ce_conn_t *c) {
     }
   }
   c->c.in_len = 0;
+  if (h->up == NULL) {
+    h1_pump(h);
+    flush(h);
+    if (c->dead)
+      return;
+    goto client_side;
+  }
   /* The upstream's frames. */
   if (c->u.in_len > 0 && h->up != NULL) {
     ssize_t n = nghttp2_session_mem_recv(h->up, (const uint8_t *)c->u.in, c->u.in_len);
@@ -933,6 +1393,7 @@ void ce_h2conn_process(ce_conn_t *c) {
   flush(h);
   if (c->dead)
     return;
+client_side:
   if (c->c.eof) {
     /* The workspace is gone: its streams with it. */
     for (h2s_t *s = h->streams; s != NULL; s = s->next)

@@ -104,11 +104,13 @@ defmodule Condukt.Netns.SidecarH2Test do
     assert r.body_sha256 == tb.big_file.sha256
   end
 
-  test "a denied or decided host is never pre-connected: the workspace gets HTTP/1.1 and a 403", %{tb: tb, sc: sc} do
+  test "a denied host is never pre-connected: the workspace still gets h2, and a 403 on the stream", %{tb: tb, sc: sc} do
     q = tag()
     r = Client.run(tb, :curl, "https://denied.test/?#{q}", ca: sc.ca_cert, http: :h2)
-    assert r.status == 403 and r.http_version == "1.1", inspect(r)
-    assert [%{"event" => "request_opened"}, %{"event" => "request_denied"}] = events_for(q)
+    assert r.status == 403 and r.http_version == "2", inspect(r)
+    assert r.body =~ "refused the request to denied.test"
+    assert [%{"event" => "request_opened"}, %{"event" => "request_denied"} = d] = events_for(q)
+    assert d["stream_id"] == 1 and d["http_version"] == "HTTP/2"
   end
 
   test "coalescing: a stream for another name gets 421, the others on the connection succeed", %{tb: tb, sc: sc} do
