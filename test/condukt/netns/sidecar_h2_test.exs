@@ -18,15 +18,32 @@ defmodule Condukt.Netns.SidecarH2Test do
     ]
   end
 
+  # servers/scripted.py speaks HTTP/1.1 only (no ALPN) on 8091;
+  # servers/h2_origin.py speaks h2 only on 8093; nginx both on 443.
+  @h1_only 8091
+  @h2_only 8093
+
   setup_all do
     tb = Testbed.start(big_size: 20 * 1024 * 1024)
-    sc = Sidecar.start(tb, policy())
+    {crt, key} = tb.pki.server
+    py = Tier.tool!("python3")
+    s1 = Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "scripted.py"), "8090", "#{@h1_only}", crt, key])
+    s2 = Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "h2_origin.py"), "#{@h2_only}", crt, key])
+
+    :ok = Testbed.wait_listening(tb, :inet, tcp: ["0.0.0.0:#{@h1_only}", "0.0.0.0:#{@h2_only}"], pids: [s1, s2])
+
+    sc = Sidecar.start(tb, policy(), ports: [80, 443, @h1_only, @h2_only])
     on_exit(fn -> Sidecar.stop(sc) end)
     %{tb: tb, sc: sc}
   end
 
+  # Decide rules are answered per stream: a path with "secret" is denied.
+  defp decide(req) do
+    if String.contains?(req["path"] || "", "secret"), do: {{:deny, "secret path"}, false}, else: {:allow, false}
+  end
+
   setup %{sc: sc} do
-    {:ok, peer} = ControlPeer.start_link(sc, self(), fn _ -> {:deny, "no"} end)
+    {:ok, peer} = ControlPeer.start_link(sc, self(), &decide/1)
     assert_receive {:egress_frame, %{"type" => "welcome", "version" => 1}}, 5_000
     on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
     :ok
@@ -164,5 +181,142 @@ defmodule Condukt.Netns.SidecarH2Test do
     assert status == 0, out
     results = out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
     assert [%{"status" => 200, "body" => "hello from allowed.test\n"}, %{"status" => 200}] = results
+  end
+
+  describe "translation" do
+    test "h2 workspace, HTTP/1.1-only upstream: chunked and interim responses, uploads, 101 refused", %{tb: tb, sc: sc} do
+      q = tag()
+      r = Client.run(tb, :curl, "https://allowed.test:#{@h1_only}/chunked?n=5&#{q}", ca: sc.ca_cert, http: :h2)
+      assert r.ok and r.status == 200 and r.http_version == "2", inspect(r)
+      assert r.body == Enum.map_join(0..4, &"chunk #{&1}\n")
+      closed = List.last(events_for("n=5&#{q}"))
+      assert closed["event"] == "request_closed" and closed["http_version"] == "HTTP/2" and closed["stream_id"] == 1
+
+      {path, _sha} = Testbed.make_file(tb, "h2-h1-upload-#{System.unique_integer([:positive])}.bin", 3_000_000)
+
+      r =
+        Client.run(tb, :curl, "https://allowed.test:#{@h1_only}/sink?#{tag()}",
+          method: "POST",
+          body: {:file, path},
+          ca: sc.ca_cert,
+          http: :h2
+        )
+
+      assert r.ok and r.status == 200 and r.body == "3000000\n", inspect(r)
+
+      q = tag()
+      paths = Enum.map(1..8, &"/n#{&1}") ++ ["/interim", "/101"]
+      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h1_only, mode: "paths", paths: paths, query: q})
+      assert out["alpn"] == "h2"
+
+      for i <- 1..8 do
+        assert %{"status" => 200, "ended" => true, "body" => body} = out["streams"]["#{2 * i - 1}"]
+        assert body == "scripted /n#{i}\n"
+      end
+
+      assert %{"status" => 200, "body" => "ok\n"} = out["streams"]["17"]
+      assert %{"status" => 502, "body" => body} = out["streams"]["19"]
+      assert body =~ "101 cannot be expressed in HTTP/2"
+      assert out["goaway"] == nil
+    end
+
+    test "gRPC-style trailers both ways with an h2-only upstream; request trailers to HTTP/1.1 as chunked trailers",
+         %{tb: tb, sc: sc} do
+      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h2_only, mode: "trailers", path: "/trailers", query: tag()})
+      assert %{"status" => 200, "ended" => true} = st = out["streams"]["1"]
+      assert st["body"] == "got 1000 bytes; trailers x-req-trailer=yes\n"
+      assert st["headers"]["content-type"] == "application/grpc"
+      assert st["trailers"] == %{"grpc-status" => "0", "grpc-message" => "ok"}
+
+      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h1_only, mode: "trailers", path: "/sink", query: tag()})
+      assert %{"status" => 200, "ended" => true, "body" => "1000\n"} = out["streams"]["1"]
+    end
+
+    test "h2load: 200 requests on 4 connections, 10 streams each, all succeed (h2 and HTTP/1.1 upstreams)",
+         %{tb: tb, sc: sc} do
+      h2load = System.find_executable("h2load") || flunk("h2load (Debian nghttp2-client) is not installed")
+
+      for url <- ["https://allowed.test/", "https://allowed.test:#{@h1_only}/"] do
+        {out, status} =
+          Testbed.exec_in(tb, :pod, [h2load, "-n", "200", "-c", "4", "-m", "10", url], ca: sc.ca_cert, timeout: 60_000)
+
+        assert status == 0, out
+        assert out =~ ~r/requests: 200 total, 200 started, 200 done, 200 succeeded, 0 failed/, out
+        assert out =~ "status codes: 200 2xx", out
+      end
+    end
+
+    test "python httpx over h2", %{tb: tb, sc: sc} do
+      script = """
+      import json, os, httpx
+      out = []
+      with httpx.Client(http2=True, verify=os.environ["SSL_CERT_FILE"]) as c:
+          for u in ["https://allowed.test/", "https://allowed.test:#{@h1_only}/x"]:
+              r = c.get(u)
+              out.append([r.status_code, r.http_version, r.text])
+      print(json.dumps(out))
+      """
+
+      {out, status} = Testbed.exec_in(tb, :pod, [Tier.tool!("python3"), "-c", script], ca: sc.ca_cert, timeout: 30_000)
+      assert status == 0, out
+      results = out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
+      assert results == [[200, "HTTP/2", "hello from allowed.test\n"], [200, "HTTP/2", "scripted /x\n"]]
+    end
+  end
+
+  describe "per stream" do
+    test "decide: each stream asks on its own; a denied path gets 403 while the others succeed", %{tb: tb, sc: sc} do
+      q = tag()
+      out = h2_raw(tb, sc, %{host: "decide.test", mode: "paths", paths: ["/", "/secret", "/index.txt"], query: q})
+      assert out["alpn"] == "h2"
+      assert %{"status" => 200, "body" => "hello from decide.test\n"} = out["streams"]["1"]
+      assert %{"status" => 403, "body" => body} = out["streams"]["3"]
+      assert body =~ "the decider of rule 2" and body =~ "secret path"
+      assert %{"status" => 200, "body" => "hello from decide.test\n"} = out["streams"]["5"]
+
+      events = events_for(q, 3)
+      denied = Enum.find(events, &(&1["event"] == "request_denied"))
+      assert denied["stream_id"] == 3 and denied["reason"] == "secret path"
+      assert denied["matched_rule"] == %{"index" => 2, "kind" => "decide"}
+    end
+  end
+
+  describe "floods" do
+    for {mode, reason} <- [
+          continuation_flood: "h2_continuation_flood",
+          settings_flood: "h2_settings_flood",
+          ping_flood: "h2_ping_flood"
+        ] do
+      test "#{mode}: GOAWAY ENHANCE_YOUR_CALM and an event", %{tb: tb, sc: sc} do
+        out = h2_raw(tb, sc, %{host: "allowed.test", mode: unquote(to_string(mode)), count: 1000, query: tag()})
+        assert out["goaway"] == 11, inspect(out)
+        assert_receive {:egress_event, %{"event" => "request_failed", "reason" => unquote(reason)} = ev}, 10_000
+        assert ev["sni"] == "allowed.test"
+      end
+    end
+  end
+
+  describe "memory" do
+    test "a slow reader of a 20 MiB response: the proxy's RSS stays bounded, then all bytes arrive",
+         %{tb: tb, sc: sc} do
+      base = rss_kib(sc.pid)
+
+      task =
+        Task.async(fn ->
+          h2_raw(tb, sc, %{host: "allowed.test", mode: "slow_reader", path: "/big.bin", seconds: 4, query: tag()})
+        end)
+
+      Process.sleep(1_000)
+      peak = Enum.reduce(1..10, 0, fn _, acc -> Process.sleep(250) && max(acc, rss_kib(sc.pid)) end)
+      out = Task.await(task, 60_000)
+      assert %{"status" => 200, "ended" => true, "size" => 20_971_520} = out["streams"]["1"]
+      # One connection holds at most its windows and socket queue (a few MiB).
+      assert peak - base < 8 * 1024, "RSS grew from #{base} KiB to #{peak} KiB"
+    end
+  end
+
+  defp rss_kib(pid) do
+    [_, kib] = Regex.run(~r/VmRSS:\s+(\d+) kB/, File.read!("/proc/#{pid}/status"))
+    String.to_integer(kib)
   end
 end
