@@ -145,3 +145,134 @@ long ce_h2h_response_fields(const ce_h1_head_t *resp, ce_h2h_field_t *out, size_
   }
   return (long)k;
 }
+
+/* Copies name lower-cased into names[*used..); NULL when it does not fit. */
+static const char *lower_name(const char *name, size_t len, char *names, size_t names_cap, size_t *used) {
+  if (len > names_cap - *used)
+    return NULL;
+  char *nm = names + *used;
+  for (size_t j = 0; j < len; j++) {
+    char ch = name[j];
+    nm[j] = (ch >= 'A' && ch <= 'Z') ? (char)(ch - 'A' + 'a') : ch;
+  }
+  *used += len;
+  return nm;
+}
+
+long ce_h2h_request_fields(const ce_h1_head_t *req, bool te_trailers, ce_h2h_field_t *out, size_t cap, char *names,
+                           size_t names_cap) {
+  if (req->host == NULL || req->host_len == 0 || req->path == NULL || req->path_len == 0 || cap < 4)
+    return -1;
+  if (name_is(req->method, req->method_len, "CONNECT"))
+    return -1;
+  out[0] = (ce_h2h_field_t){":method", 7, req->method, req->method_len};
+  out[1] = (ce_h2h_field_t){":scheme", 7, "https", 5};
+  out[2] = (ce_h2h_field_t){":authority", 10, req->host, req->host_len};
+  out[3] = (ce_h2h_field_t){":path", 5, req->path, req->path_len};
+  size_t k = 4, used = 0;
+  for (size_t i = 0; i < req->field_count; i++) {
+    const ce_h1_field_t *x = &req->fields[i];
+    if (name_is(x->name, x->name_len, "host") || ce_h2h_hop_by_hop(x->name, x->name_len) ||
+        named_by_connection(req, x->name, x->name_len))
+      continue;
+    const char *nm = lower_name(x->name, x->name_len, names, names_cap, &used);
+    if (k == cap || nm == NULL)
+      return -1;
+    out[k++] = (ce_h2h_field_t){nm, x->name_len, x->value, x->value_len};
+  }
+  if (te_trailers) {
+    if (k == cap)
+      return -1;
+    out[k++] = (ce_h2h_field_t){"te", 2, "trailers", 8};
+  }
+  return (long)k;
+}
+
+static const char *reason_phrase(int status) {
+  switch (status) {
+  case 100: return "Continue";
+  case 103: return "Early Hints";
+  case 200: return "OK";
+  case 201: return "Created";
+  case 202: return "Accepted";
+  case 204: return "No Content";
+  case 206: return "Partial Content";
+  case 301: return "Moved Permanently";
+  case 302: return "Found";
+  case 303: return "See Other";
+  case 304: return "Not Modified";
+  case 307: return "Temporary Redirect";
+  case 308: return "Permanent Redirect";
+  case 400: return "Bad Request";
+  case 401: return "Unauthorized";
+  case 403: return "Forbidden";
+  case 404: return "Not Found";
+  case 405: return "Method Not Allowed";
+  case 409: return "Conflict";
+  case 412: return "Precondition Failed";
+  case 413: return "Content Too Large";
+  case 415: return "Unsupported Media Type";
+  case 421: return "Misdirected Request";
+  case 429: return "Too Many Requests";
+  case 500: return "Internal Server Error";
+  case 501: return "Not Implemented";
+  case 502: return "Bad Gateway";
+  case 503: return "Service Unavailable";
+  case 504: return "Gateway Timeout";
+  default: return "";
+  }
+}
+
+int ce_h2h_write_response(ce_h1_writer_t *w, int status, const ce_h2h_field_t *f, size_t n, unsigned flags) {
+  const char *reason = reason_phrase(status);
+  int rc = ce_h1_write_status_line(w, status, reason, strlen(reason));
+  for (size_t i = 0; i < n && rc == CE_OK; i++) {
+    const ce_h2h_field_t *x = &f[i];
+    if (x->name_len == 0 || x->name[0] == ':' || ce_h2h_hop_by_hop(x->name, x->name_len))
+      continue;
+    if ((flags & CE_H2H_CHUNKED) != 0 && name_is(x->name, x->name_len, "content-length"))
+      continue;
+    rc = ce_h1_write_field(w, x->name, x->name_len, x->value, x->value_len);
+  }
+  if (rc == CE_OK && (flags & CE_H2H_CHUNKED) != 0)
+    rc = ce_h1_write_field(w, "transfer-encoding", 17, "chunked", 7);
+  if (rc == CE_OK && (flags & CE_H2H_CLOSE) != 0)
+    rc = ce_h1_write_field(w, "connection", 10, "close", 5);
+  if (rc == CE_OK)
+    rc = ce_h1_write_head_end(w);
+  return rc;
+}
+
+/* RFC 9110 §6.5.1: fields a trailer section must not carry. */
+static bool not_a_trailer(const char *name, size_t len) {
+  static const char *const no[] = {"content-length", "host", "content-type", "content-encoding",
+                                   "content-range", "authorization", "set-cookie", "cookie"};
+  for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
+    if (name_is(name, len, no[i]))
+      return true;
+  return false;
+}
+
+int ce_h2h_write_trailers(ce_h1_writer_t *w, const ce_h2h_field_t *f, size_t n) {
+  if (w->err != 0)
+    return w->err;
+  size_t start = w->len;
+  append(w, "0\r\n", 3);
+  for (size_t i = 0; i < n && w->err == 0; i++) {
+    const ce_h2h_field_t *x = &f[i];
+    if (x->name_len == 0 || x->name[0] == ':' || ce_h2h_hop_by_hop(x->name, x->name_len) ||
+        not_a_trailer(x->name, x->name_len))
+      continue;
+    size_t before = w->len;
+    if (ce_h1_write_field(w, x->name, x->name_len, x->value, x->value_len) == CE_EINVAL) {
+      w->err = 0;
+      w->len = before;
+    }
+  }
+  append(w, "\r\n", 2);
+  if (w->err != 0) {
+    w->len = start;
+    return w->err;
+  }
+  return CE_OK;
+}

@@ -53,4 +53,44 @@ int ce_h2h_write_request(ce_h1_writer_t *w, const ce_h2h_field_t *f, size_t n, b
 long ce_h2h_response_fields(const ce_h1_head_t *resp, ce_h2h_field_t *out, size_t cap, char *names,
                             size_t names_cap);
 
+/*
+ * The other direction (an HTTP/1.1 workspace's request to an h2 upstream,
+ * docs/http2.md §6): the h2 fields of a parsed HTTP/1.1 request head in
+ * origin- or asterisk-form, as the proxy forwards it (Host present).
+ * out[0..4) are :method, :scheme ("https"), :authority (the Host value)
+ * and :path; then the fields in order with lower-cased names (in
+ * names[0..names_cap)), minus host, the connection-specific ones, te,
+ * trailer, proxy-authorization and every field Connection names; then
+ * "te: trailers" when te_trailers (the workspace said it accepts
+ * trailers; the only te value h2 allows, RFC 9113 §8.2.2).
+ * Returns the count, or -1 when out or names is too small, the head has no
+ * Host or path, or is a CONNECT.
+ */
+long ce_h2h_request_fields(const ce_h1_head_t *req, bool te_trailers, ce_h2h_field_t *out, size_t cap, char *names,
+                           size_t names_cap);
+
+/* Response heads to an HTTP/1.1 workspace (flags as http1/writer.h). */
+#define CE_H2H_CHUNKED (1u << 0) /* the body goes chunked: drop content-length, add
+                                    "transfer-encoding: chunked" */
+#define CE_H2H_CLOSE (1u << 1)   /* add "connection: close" */
+
+/*
+ * Writes the HTTP/1.1 response head for an h2 response with status and
+ * fields f[0..n) (pseudo-headers are skipped): the status line (a
+ * standard reason phrase, or none), the regular fields in order minus the
+ * connection-specific ones, then the flag fields, then the empty line.
+ * Returns CE_OK, CE_EINVAL (a status outside 100..999, a name or value the
+ * writer refuses) or CE_ETOOBIG.
+ */
+int ce_h2h_write_response(ce_h1_writer_t *w, int status, const ce_h2h_field_t *f, size_t n, unsigned flags);
+
+/*
+ * Writes the end of a chunked body with trailers: "0" CRLF, the trailer
+ * fields f[0..n) minus pseudo-headers, the connection-specific ones and
+ * those that must not be trailers (content-length, host, framing), then
+ * CRLF. A field the writer refuses is left out. Returns CE_OK or
+ * CE_ETOOBIG (nothing written then).
+ */
+int ce_h2h_write_trailers(ce_h1_writer_t *w, const ce_h2h_field_t *f, size_t n);
+
 #endif

@@ -130,3 +130,111 @@ Test(h2_headers, hop_by_hop_names_in_any_case) {
   cr_assert_not(ce_h2h_hop_by_hop("content-length", 14));
   cr_assert_not(ce_h2h_hop_by_hop("tex", 3));
 }
+
+/* ---- HTTP/1.1 request -> h2 fields, h2 response -> HTTP/1.1 head ---- */
+
+static long req_fields(const char *raw, bool te, ce_h2h_field_t *f, size_t cap, char *names, size_t ncap,
+                       ce_h1_head_t *hd) {
+  const char *why = NULL;
+  cr_assert_eq(ce_h1_parse_request(raw, strlen(raw), hd, &why), CE_OK, "%s", why ? why : "");
+  return ce_h2h_request_fields(hd, te, f, cap, names, ncap);
+}
+
+static bool field_is(const ce_h2h_field_t *f, const char *name, const char *value) {
+  return f->name_len == strlen(name) && memcmp(f->name, name, f->name_len) == 0 && f->value_len == strlen(value) &&
+         memcmp(f->value, value, f->value_len) == 0;
+}
+
+Test(h2_headers, an_http1_request_becomes_pseudo_headers_and_lower_case_fields) {
+  static ce_h1_head_t hd;
+  ce_h2h_field_t f[16];
+  char names[256];
+  long n = req_fields("POST /u?x=1 HTTP/1.1\r\nHost: h.example:8443\r\nContent-Length: 3\r\nX-Mixed: A\r\n"
+                      "Cookie: a=1\r\n\r\n",
+                      false, f, 16, names, sizeof(names), &hd);
+  cr_assert_eq(n, 7);
+  cr_assert(field_is(&f[0], ":method", "POST"));
+  cr_assert(field_is(&f[1], ":scheme", "https"));
+  cr_assert(field_is(&f[2], ":authority", "h.example:8443"));
+  cr_assert(field_is(&f[3], ":path", "/u?x=1"));
+  cr_assert(field_is(&f[4], "content-length", "3"));
+  cr_assert(field_is(&f[5], "x-mixed", "A"));
+  cr_assert(field_is(&f[6], "cookie", "a=1"));
+}
+
+Test(h2_headers, connection_specific_fields_stay_on_the_http1_side_and_te_trailers_is_added) {
+  static ce_h1_head_t hd;
+  ce_h2h_field_t f[16];
+  char names[256];
+  long n = req_fields("GET / HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, x-hop\r\nKeep-Alive: 5\r\n"
+                      "X-Hop: 1\r\nTE: trailers\r\nProxy-Authorization: Basic x\r\nUpgrade: foo\r\nX-Ok: 2\r\n\r\n",
+                      true, f, 16, names, sizeof(names), &hd);
+  cr_assert_eq(n, 6);
+  cr_assert(field_is(&f[4], "x-ok", "2"));
+  cr_assert(field_is(&f[5], "te", "trailers"));
+}
+
+Test(h2_headers, request_fields_refuse_small_buffers_and_connect) {
+  static ce_h1_head_t hd;
+  ce_h2h_field_t f[16];
+  char names[8];
+  cr_assert_eq(req_fields("GET / HTTP/1.1\r\nHost: h\r\nX-Long-Name: 1\r\n\r\n", false, f, 16, names, sizeof(names),
+                          &hd),
+               -1);
+  char big[256];
+  cr_assert_eq(req_fields("GET / HTTP/1.1\r\nHost: h\r\nX: 1\r\n\r\n", false, f, 4, big, sizeof(big), &hd), -1);
+  cr_assert_eq(req_fields("GET / HTTP/1.1\r\nHost: h\r\n\r\n", true, f, 4, big, sizeof(big), &hd), -1);
+  cr_assert_eq(req_fields("CONNECT h:443 HTTP/1.1\r\nHost: h:443\r\n\r\n", false, f, 16, big, sizeof(big), &hd), -1);
+}
+
+static int write_resp(int status, const ce_h2h_field_t *f, size_t n, unsigned flags, char *out, size_t cap) {
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, out, cap - 1);
+  int rc = ce_h2h_write_response(&w, status, f, n, flags);
+  out[rc == CE_OK ? w.len : 0] = '\0';
+  return rc;
+}
+
+Test(h2_headers, an_h2_response_becomes_an_http1_head) {
+  ce_h2h_field_t f[] = {F(":status", "200"), F("content-type", "text/plain"), F("content-length", "5"),
+                        F("connection", "x"), F("x-a", "b")};
+  char out[512];
+  cr_assert_eq(write_resp(200, f, 5, 0, out, sizeof(out)), CE_OK);
+  cr_assert_str_eq(out, "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5\r\nx-a: b\r\n\r\n");
+  cr_assert_eq(write_resp(200, f, 5, CE_H2H_CHUNKED | CE_H2H_CLOSE, out, sizeof(out)), CE_OK);
+  cr_assert_str_eq(out, "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nx-a: b\r\ntransfer-encoding: chunked\r\n"
+                        "connection: close\r\n\r\n");
+  cr_assert_eq(write_resp(299, f, 1, 0, out, sizeof(out)), CE_OK);
+  cr_assert_str_eq(out, "HTTP/1.1 299 \r\n\r\n");
+  cr_assert_eq(write_resp(103, (ce_h2h_field_t[]){F("link", "</a>; rel=preload")}, 1, 0, out, sizeof(out)), CE_OK);
+  cr_assert_str_eq(out, "HTTP/1.1 103 Early Hints\r\nlink: </a>; rel=preload\r\n\r\n");
+}
+
+Test(h2_headers, a_response_that_cannot_be_written_is_refused) {
+  char out[64];
+  ce_h2h_field_t bad[] = {F("x", "a\rb")};
+  cr_assert_eq(write_resp(200, bad, 1, 0, out, sizeof(out)), CE_EINVAL);
+  cr_assert_eq(write_resp(1000, bad, 0, 0, out, sizeof(out)), CE_EINVAL);
+  ce_h2h_field_t big[] = {F("x", "0123456789012345678901234567890123456789012345678901234567890123456789")};
+  cr_assert_eq(write_resp(200, big, 1, 0, out, sizeof(out)), CE_ETOOBIG);
+}
+
+static int write_tr(const ce_h2h_field_t *f, size_t n, char *out, size_t cap) {
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, out, cap - 1);
+  int rc = ce_h2h_write_trailers(&w, f, n);
+  out[w.len] = '\0';
+  return rc;
+}
+
+Test(h2_headers, trailers_end_a_chunked_body_without_forbidden_fields) {
+  ce_h2h_field_t f[] = {F("grpc-status", "0"), F("content-length", "9"), F(":status", "200"),
+                        F("x-bad", "a\nb"),     F("grpc-message", "ok"), F("connection", "close")};
+  char out[256];
+  cr_assert_eq(write_tr(f, 6, out, sizeof(out)), CE_OK);
+  cr_assert_str_eq(out, "0\r\ngrpc-status: 0\r\ngrpc-message: ok\r\n\r\n");
+  cr_assert_eq(write_tr(f, 0, out, sizeof(out)), CE_OK);
+  cr_assert_str_eq(out, "0\r\n\r\n");
+  cr_assert_eq(write_tr(f, 6, out, 12), CE_ETOOBIG);
+  cr_assert_str_eq(out, "");
+}
