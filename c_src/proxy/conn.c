@@ -54,6 +54,7 @@ static void conn_process(ce_conn_t *c);
 static void conn_abort(ce_conn_t *c);
 static void side_write(side_t *s, const char *data, size_t len);
 static void start_exchange(ce_conn_t *c);
+static void upstream_failed_mid_response(ce_conn_t *c, const char *reason);
 static void connect_next(ce_conn_t *c);
 static void answer(ce_conn_t *c, int status, const char *body, bool keep);
 static void preconnect_done(ce_conn_t *c, bool ok);
@@ -130,6 +131,7 @@ static void maybe_free(ce_conn_t *c) {
     c->next->prev = c->prev;
   end_request(c);
   ce_h2conn_free(c->h2);
+  ce_h1h2_free(c->h1h2);
   ce_tlsconn_free(c->c.tls);
   ce_tlsconn_free(c->u.tls);
   free(c->c.in);
@@ -172,6 +174,8 @@ static void side_close(side_t *s) {
 /* Drops the upstream connection (a new host on a plain connection, or a
  * broken one); the connection itself lives on. */
 static void upstream_reset(ce_conn_t *c) {
+  ce_h1h2_free(c->h1h2);
+  c->h1h2 = NULL;
   side_close(&c->u);
   ce_tlsconn_free(c->u.tls);
   c->u.tls = NULL;
@@ -708,12 +712,15 @@ static void on_connected(uv_connect_t *req, int status) {
     return;
   }
   SSL *ssl;
-  /* A pre-connect asks for h2 first (docs/http2.md §1); a connection for
-   * an HTTP/1.1 request asks for HTTP/1.1 only. */
+  /* A pre-connect and a connection for an HTTP/1.1 workspace ask for h2
+   * first (docs/http2.md §1, §6: an h2-only upstream is reached by
+   * translation); the HTTP/1.1 upstreams of an h2 workspace's streams and
+   * a WebSocket upgrade (no extended CONNECT here) ask for HTTP/1.1 only. */
   static const unsigned char alpn_h1[] = "\x08http/1.1";
   static const unsigned char alpn_both[] = "\x02h2\x08http/1.1";
-  const unsigned char *alpn = c->preconnecting ? alpn_both : alpn_h1;
-  size_t alpn_len = c->preconnecting ? sizeof(alpn_both) - 1 : sizeof(alpn_h1) - 1;
+  bool both = c->preconnecting || (!c->h2_connecting && !c->req_upgrade);
+  const unsigned char *alpn = both ? alpn_both : alpn_h1;
+  size_t alpn_len = both ? sizeof(alpn_both) - 1 : sizeof(alpn_h1) - 1;
   if (ce_tls_client_ssl_new(c->proxy->client_ctx, c->up_host, alpn, alpn_len, &ssl) != CE_OK ||
       ce_tlsconn_new(ssl, false, &c->u.tls) != CE_OK) {
     report_failed(c, "upstream_tls: cannot create a TLS session");
@@ -843,9 +850,16 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
 /* Connects to the request's host (reusing a live upstream to the same
  * host and port), then starts the exchange. The allowed event is sent
  * once the resolved addresses passed the private-address check. */
+static bool upstream_speaks_h2(ce_conn_t *c) {
+  size_t n = 0;
+  const char *p = c->u.tls != NULL ? ce_tlsconn_alpn(c->u.tls, &n) : NULL;
+  return p != NULL && n == 2 && memcmp(p, "h2", 2) == 0;
+}
+
 static void connect_upstream(ce_conn_t *c) {
+  bool h2_ok = !upstream_speaks_h2(c) || (!c->req_upgrade && (c->h1h2 == NULL || ce_h1h2_usable(c)));
   if (c->u.open && c->u.connected && !c->u.eof && c->u.in_len == 0 && strcmp(c->up_host, c->req.host) == 0 &&
-      c->up_port == c->port && (!c->tls || c->u.handshaken)) {
+      c->up_port == c->port && (!c->tls || c->u.handshaken) && h2_ok) {
     emit(c, "request_allowed", NULL);
     start_exchange(c);
     return;
@@ -1016,6 +1030,10 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
   c->req_upgrade = h->upgrade && h->upgrade_websocket;
   c->req_expect_continue = h->expect_continue;
   c->req_http11 = h->version_minor >= 1;
+  c->req_te_trailers = false;
+  for (int i = ce_h1_find(h, "te", 0); i >= 0; i = ce_h1_find(h, "te", i + 1))
+    if (h->fields[i].value_len >= 8 && memmem(h->fields[i].value, h->fields[i].value_len, "trailers", 8) != NULL)
+      c->req_te_trailers = true;
   c->req_done = h->framing == CE_H1_BODY_NONE;
   c->resp_head_done = c->resp_done = false;
   c->denied_discard = false;
@@ -1146,6 +1164,19 @@ static void process_head(ce_conn_t *c) {
 static void start_exchange(ce_conn_t *c) {
   set_state(c, ST_EXCHANGE);
   arm(c, c->proxy->opts->idle_ms);
+  if (upstream_speaks_h2(c)) {
+    /* docs/http2.md §6: the exchange is one stream of the upstream's
+     * session (h1h2.c). */
+    int rc = ce_h1h2_begin(c);
+    if (rc != CE_OK) {
+      upstream_reset(c);
+      upstream_failed_mid_response(c, rc == CE_ENOMEM ? "out_of_memory"
+                                                      : "bad_request: the request cannot be expressed in HTTP/2");
+      return;
+    }
+    trace(c, "forwarded %s %s as an h2 stream", c->method, c->req.path != NULL ? c->req.path : "");
+    return;
+  }
   side_write(&c->u, c->up_head, c->up_head_len);
   trace(c, "forwarded %s %s", c->method, c->req.path != NULL ? c->req.path : "");
 }
@@ -1933,20 +1964,30 @@ static void conn_process(ce_conn_t *c) {
     case ST_HANDSHAKE:
       break;
     case ST_HEAD:
-      drop_stray_upstream(c);
+      if (c->h1h2 != NULL)
+        ce_h1h2_idle(c);
+      else
+        drop_stray_upstream(c);
       if (c->denied_discard)
         discard_request_body(c);
       else
         process_head(c);
       break;
     case ST_DECIDING:
-      drop_stray_upstream(c);
+      if (c->h1h2 != NULL)
+        ce_h1h2_idle(c);
+      else
+        drop_stray_upstream(c);
       break;
     case ST_CONNECTING:
       break;
     case ST_EXCHANGE:
-      pump_request_body(c);
-      pump_response(c);
+      if (c->h1h2 != NULL) {
+        ce_h1h2_process(c);
+      } else {
+        pump_request_body(c);
+        pump_response(c);
+      }
       if (c->state == ST_EXCHANGE && c->c.eof && !c->req_done) {
         report_failed(c, "client_reset: closed inside the request body");
         conn_abort(c);
@@ -2092,6 +2133,8 @@ void ce_conn_abort(ce_conn_t *c) { conn_abort(c); }
 void ce_conn_close_after_flush(ce_conn_t *c) { close_after_flush(c); }
 void ce_conn_upstream_reset(ce_conn_t *c) { upstream_reset(c); }
 void ce_conn_process(ce_conn_t *c) { conn_process(c); }
+void ce_conn_failed_mid_response(ce_conn_t *c, const char *reason) { upstream_failed_mid_response(c, reason); }
+void ce_conn_finish_exchange(ce_conn_t *c) { finish_exchange(c); }
 
 void ce_conn_h2_connect(ce_conn_t *c) {
   if (c->dead || c->h2_connecting)

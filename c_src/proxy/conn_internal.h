@@ -108,6 +108,7 @@ struct ce_conn {
   bool req_upgrade;
   bool req_expect_continue; /* Expect: 100-continue: the body may never come */
   bool req_http11;         /* the client speaks HTTP/1.1 (else 1.0) */
+  bool req_te_trailers;    /* TE: trailers (the client takes chunked trailers) */
   bool req_done;
   bool resp_head_done;
   bool resp_done;
@@ -127,6 +128,7 @@ struct ce_conn {
   bool up_h2;              /* the upstream negotiated h2 */
   struct ce_h2conn *h2;    /* the sessions, in ST_H2 */
   bool h2_connecting;      /* ST_H2: connecting an HTTP/1.1 upstream for streams */
+  struct ce_h1h2 *h1h2;    /* HTTP/1.1 path over an h2 upstream (h1h2.c), with c->u */
 };
 
 /* conn.c, for h2conn.c. */
@@ -142,6 +144,29 @@ void ce_conn_process(ce_conn_t *c);
  * (resolve, private-address rule, marked socket, verified TLS offering
  * http/1.1) under the connect timeout; ends in ce_h2conn_upstream_done. */
 void ce_conn_h2_connect(ce_conn_t *c);
+
+/* The current HTTP/1.1 exchange failed on the upstream's side: 502 in
+ * words when no response head went out, else the connection ends. */
+void ce_conn_failed_mid_response(ce_conn_t *c, const char *reason);
+/* The current HTTP/1.1 exchange's response is complete. */
+void ce_conn_finish_exchange(ce_conn_t *c);
+
+/* h1h2.c: an HTTP/1.1 workspace over an h2 upstream (docs/http2.md §6). */
+struct ce_h1h2;
+/* Opens the stream for the current request (c->up_head), creating the
+ * session on c->u first. CE_OK, CE_ENOMEM or CE_EINVAL (the head cannot
+ * be expressed in h2). */
+int ce_h1h2_begin(ce_conn_t *c);
+/* ST_EXCHANGE: moves the request body, the upstream's frames and the
+ * response; ends the exchange (ce_conn_finish_exchange or
+ * ce_conn_failed_mid_response). */
+void ce_h1h2_process(ce_conn_t *c);
+/* Between exchanges: the upstream's frames (SETTINGS, PING, GOAWAY); an
+ * upstream that ended goes. */
+void ce_h1h2_idle(ce_conn_t *c);
+/* May the session take another request? */
+bool ce_h1h2_usable(ce_conn_t *c);
+void ce_h1h2_free(struct ce_h1h2 *h);
 
 /* h2conn.c. */
 struct ce_h2conn;

@@ -264,6 +264,73 @@ defmodule Condukt.Netns.SidecarH2Test do
     end
   end
 
+  describe "HTTP/1.1 workspace, h2-only upstream (translation)" do
+    test "curl --http1.1: the request goes as an h2 stream, the answer comes back as HTTP/1.1", %{tb: tb, sc: sc} do
+      q = tag()
+      r = Client.run(tb, :curl, "https://allowed.test:#{@h2_only}/x?#{q}", ca: sc.ca_cert, http: :h1)
+      assert r.ok and r.status == 200 and r.http_version == "1.1", inspect(r)
+      assert r.body == "h2 origin /x?#{q}\n"
+      closed = List.last(events_for(q))
+      assert closed["event"] == "request_closed" and closed["http_version"] == "HTTP/1.1"
+      assert closed["status"] == 200 and closed["stream_id"] == nil
+    end
+
+    test "python http.client: keep-alive, a chunked upload, and trailers as chunked trailers", %{tb: tb, sc: sc} do
+      q = tag()
+      q2 = tag()
+
+      script = """
+      import http.client, json, os, socket, ssl
+      ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+      c = http.client.HTTPSConnection("allowed.test", #{@h2_only}, context=ctx)
+      res = []
+      for p in ["/a", "/b", "/c"]:
+          c.request("GET", p + "?#{q}")
+          r = c.getresponse()
+          res.append([r.status, r.version, r.read().decode()])
+      def gen():
+          for i in range(10):
+              yield b"x" * 1000
+      c.request("POST", "/trailers?#{q}", body=gen(), encode_chunked=True)
+      r = c.getresponse()
+      res.append([r.status, r.getheader("transfer-encoding"), r.read().decode()])
+      s = ctx.wrap_socket(socket.create_connection(("allowed.test", #{@h2_only})), server_hostname="allowed.test")
+      s.sendall(b"POST /trailers?#{q2} HTTP/1.1\\r\\nHost: allowed.test:#{@h2_only}\\r\\nTE: trailers\\r\\n"
+                b"Content-Length: 5\\r\\nConnection: close\\r\\n\\r\\nhello")
+      raw = b""
+      while True:
+          d = s.recv(65536)
+          if not d:
+              break
+          raw += d
+      print(json.dumps({"keepalive": res, "raw": raw.decode()}))
+      """
+
+      {out, status} = Testbed.exec_in(tb, :pod, [Tier.tool!("python3"), "-c", script], ca: sc.ca_cert, timeout: 30_000)
+      assert status == 0, out
+      res = out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
+
+      assert [[200, 11, "h2 origin /a?" <> _], [200, 11, "h2 origin /b?" <> _], [200, 11, "h2 origin /c?" <> _], upload] =
+               res["keepalive"]
+
+      assert upload == [200, "chunked", "got 10000 bytes; trailers \n"]
+
+      # Four exchanges on one workspace connection (and so one upstream session).
+      closed = q |> events_for(4) |> Enum.filter(&(&1["event"] == "request_closed"))
+      assert length(closed) == 4
+      assert closed |> Enum.map(& &1["connection_id"]) |> Enum.uniq() |> length() == 1
+      assert Enum.all?(closed, &(&1["http_version"] == "HTTP/1.1"))
+      assert List.last(closed)["bytes_out"] >= 10_000
+
+      raw = res["raw"]
+      assert raw =~ ~r/^HTTP\/1.1 200 OK\r\n/
+      assert raw =~ "content-type: application/grpc\r\n"
+      assert raw =~ "transfer-encoding: chunked\r\n"
+      assert String.ends_with?(raw, "\r\n0\r\ngrpc-status: 0\r\ngrpc-message: ok\r\n\r\n"), inspect(raw)
+      assert raw =~ "got 5 bytes; trailers \n"
+    end
+  end
+
   describe "per stream" do
     test "decide: each stream asks on its own; a denied path gets 403 while the others succeed", %{tb: tb, sc: sc} do
       q = tag()

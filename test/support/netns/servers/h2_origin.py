@@ -8,6 +8,8 @@ handshake), IPv4 and IPv6. Answers by path:
              content-type application/grpc, the body
              "got <n> bytes; trailers <name>=<value>,...\\n", and the
              response trailers grpc-status: 0, grpc-message: ok
+  /early     a 103 Early Hints (link: </style.css>; rel=preload), then
+             200 "after hints\\n"
   anything   200 "h2 origin <path>\\n"
 
 Run: /usr/bin/python3 h2_origin.py PORT CERT KEY
@@ -49,6 +51,11 @@ def serve(tls):
                     conn.send_headers(ev.stream_id, [(":status", "200"), ("content-type", "application/grpc")])
                     conn.send_data(ev.stream_id, body)
                     conn.send_headers(ev.stream_id, [("grpc-status", "0"), ("grpc-message", "ok")], end_stream=True)
+                elif st["path"].startswith("/early"):
+                    conn.send_headers(ev.stream_id, [(":status", "103"), ("link", "</style.css>; rel=preload")])
+                    body = b"after hints\n"
+                    conn.send_headers(ev.stream_id, [(":status", "200"), ("content-length", str(len(body)))])
+                    conn.send_data(ev.stream_id, body, end_stream=True)
                 else:
                     body = ("h2 origin %s\n" % st["path"]).encode()
                     conn.send_headers(ev.stream_id, [(":status", "200"), ("content-length", str(len(body)))])
