@@ -276,3 +276,36 @@ int ce_h2h_write_trailers(ce_h1_writer_t *w, const ce_h2h_field_t *f, size_t n) 
   }
   return CE_OK;
 }
+
+long ce_h2h_trailer_fields(const char *buf, size_t len, ce_h2h_field_t *out, size_t cap, char *names,
+                           size_t names_cap) {
+  size_t k = 0, used = 0, p = 0;
+  while (p < len) {
+    const char *line = buf + p;
+    const char *end = memchr(line, '\n', len - p);
+    size_t ll = end != NULL ? (size_t)(end - line) + 1 : len - p;
+    p += ll;
+    size_t body = ll;
+    while (body > 0 && (line[body - 1] == '\n' || line[body - 1] == '\r'))
+      body--;
+    const char *colon = memchr(line, ':', body);
+    if (colon == NULL || colon == line)
+      continue;
+    size_t nl = (size_t)(colon - line);
+    const char *v = colon + 1;
+    size_t vl = body - nl - 1;
+    while (vl > 0 && (v[0] == ' ' || v[0] == '\t')) {
+      v++;
+      vl--;
+    }
+    while (vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
+      vl--;
+    if (ce_h2h_hop_by_hop(line, nl) || not_a_trailer(line, nl))
+      continue;
+    const char *nm = lower_name(line, nl, names, names_cap, &used);
+    if (k == cap || nm == NULL)
+      return -1;
+    out[k++] = (ce_h2h_field_t){nm, nl, v, vl};
+  }
+  return (long)k;
+}

@@ -93,4 +93,15 @@ int ce_h2h_write_response(ce_h1_writer_t *w, int status, const ce_h2h_field_t *f
  */
 int ce_h2h_write_trailers(ce_h1_writer_t *w, const ce_h2h_field_t *f, size_t n);
 
+/*
+ * The h2 trailer fields of an HTTP/1.1 chunked body's trailer section as
+ * the body decoder kept it (ce_h1_body_keep_trailers: validated field
+ * lines, each ending in CRLF): names lower-cased into names[0..names_cap),
+ * values without surrounding whitespace (pointing into buf), minus the
+ * fields ce_h2h_write_trailers leaves out. Returns the count, or -1 when
+ * out or names is too small.
+ */
+long ce_h2h_trailer_fields(const char *buf, size_t len, ce_h2h_field_t *out, size_t cap, char *names,
+                           size_t names_cap);
+
 #endif

@@ -85,6 +85,7 @@ typedef struct h2s {
   bool h1_abandon;         /* the response ended first: the rest of the body is dropped */
   ce_h1_framing_t h1_framing;
   ce_h1_body_t h1_body;
+  char *h1_trailers;       /* CE_H1_MAX_TRAILER_BYTES: the chunked body's trailers */
 } h2s_t;
 
 struct ce_h2conn {
@@ -266,6 +267,7 @@ static void stream_free(h2_t *h, h2s_t *s) {
   free(s->up.data);
   free(s->down.data);
   free(s->local_body);
+  free(s->h1_trailers);
   free(s);
 }
 
@@ -1017,6 +1019,22 @@ static void h1_send_body(h2s_t *s) {
   s->h1_req_done = true;
 }
 
+/* The chunked body's trailers, as the response's trailers. */
+static void h1_take_trailers(h2s_t *s) {
+  if (s->h1_trailers == NULL || s->h1_body.kept == 0)
+    return;
+  ce_h2h_field_t f[CE_H2_MAX_FIELDS];
+  char *names = malloc(CE_H1_MAX_TRAILER_BYTES);
+  long n = names != NULL ? ce_h2h_trailer_fields(s->h1_trailers, s->h1_body.kept, f, CE_H2_MAX_FIELDS, names,
+                                                 CE_H1_MAX_TRAILER_BYTES)
+                         : -1;
+  hset_reset(&s->rs);
+  for (long i = 0; i < n; i++)
+    hset_add(&s->rs, (const uint8_t *)f[i].name, f[i].name_len, (const uint8_t *)f[i].value, f[i].value_len);
+  free(names);
+  s->rs_trailers = n > 0 && !s->rs.overflow;
+}
+
 /* Reads s's response from c->u. True when s is done with the upstream. */
 static bool h1_read_response(h2s_t *s) {
   h2_t *h = s->h;
@@ -1077,6 +1095,13 @@ static bool h1_read_response(h2s_t *s) {
     s->h1_framing = hd->framing;
     s->h1_keep = hd->keep_alive;
     ce_h1_body_init(&s->h1_body, hd->framing, hd->content_length);
+    if (hd->framing == CE_H1_BODY_CHUNKED) {
+      /* Its trailers become a trailing HEADERS frame (docs/http2.md §6). */
+      if (s->h1_trailers == NULL)
+        s->h1_trailers = malloc(CE_H1_MAX_TRAILER_BYTES);
+      if (s->h1_trailers != NULL)
+        ce_h1_body_keep_trailers(&s->h1_body, s->h1_trailers);
+    }
     bool nobody = hd->framing == CE_H1_BODY_NONE;
     s->down.eof = nobody;
     nghttp2_data_provider prd = {.source.ptr = s, .read_callback = down_read};
@@ -1119,8 +1144,10 @@ static bool h1_read_response(h2s_t *s) {
       nghttp2_session_resume_data(h->srv, s->cid);
     }
     in_consume(&c->u, used);
-    if (rc == 1)
+    if (rc == 1) {
       s->down.eof = true;
+      h1_take_trailers(s);
+    }
   }
   nghttp2_session_resume_data(h->srv, s->cid);
   /* The response is whole (it may still wait in s->down for the

@@ -238,3 +238,17 @@ Test(h2_headers, trailers_end_a_chunked_body_without_forbidden_fields) {
   cr_assert_eq(write_tr(f, 6, out, 12), CE_ETOOBIG);
   cr_assert_str_eq(out, "");
 }
+
+Test(h2_headers, kept_http1_trailers_become_h2_trailer_fields) {
+  const char *tr = "Grpc-Status: 0\r\nX-B:  two words \t\r\nContent-Length: 5\r\nTrailer: x\r\nE:\r\n";
+  ce_h2h_field_t f[8];
+  char names[64];
+  long n = ce_h2h_trailer_fields(tr, strlen(tr), f, 8, names, sizeof(names));
+  cr_assert_eq(n, 3);
+  cr_assert(field_is(&f[0], "grpc-status", "0"));
+  cr_assert(field_is(&f[1], "x-b", "two words"));
+  cr_assert(field_is(&f[2], "e", ""));
+  cr_assert_eq(ce_h2h_trailer_fields(tr, strlen(tr), f, 2, names, sizeof(names)), -1);
+  cr_assert_eq(ce_h2h_trailer_fields(tr, strlen(tr), f, 8, names, 4), -1);
+  cr_assert_eq(ce_h2h_trailer_fields("", 0, f, 8, names, sizeof(names)), 0);
+}

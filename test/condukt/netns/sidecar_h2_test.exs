@@ -232,6 +232,19 @@ defmodule Condukt.Netns.SidecarH2Test do
       assert %{"status" => 200, "ended" => true, "body" => "1000\n"} = out["streams"]["1"]
     end
 
+    test "h2 workspace, HTTP/1.1 upstream: chunked trailers become a trailing HEADERS frame", %{tb: tb, sc: sc} do
+      q = tag()
+
+      out =
+        h2_raw(tb, sc, %{host: "allowed.test", port: @h1_only, mode: "paths", paths: ["/trailers", "/n1"], query: q})
+
+      assert %{"status" => 200, "ended" => true, "body" => "with trailers\n"} = st = out["streams"]["1"]
+      assert st["trailers"] == %{"grpc-status" => "0", "x-checksum" => "abc"}
+      assert st["headers"]["trailer"] == nil
+      assert %{"status" => 200, "body" => "scripted /n1\n"} = out["streams"]["3"]
+      assert out["streams"]["3"]["trailers"] == nil
+    end
+
     test "h2load: 200 requests on 4 connections, 10 streams each, all succeed (h2 and HTTP/1.1 upstreams)",
          %{tb: tb, sc: sc} do
       h2load = System.find_executable("h2load") || flunk("h2load (Debian nghttp2-client) is not installed")

@@ -24,6 +24,12 @@ sometimes do:
   /tunnel      101 to a WebSocket upgrade; then reads until the client's
                end of stream and only then answers "got: <bytes>" and closes
   /sink        reads a chunked or Content-Length body; answers its size
+  /trailers    a chunked body "with trailers\\n" followed by the trailers
+               Grpc-Status: 0 and X-Checksum: abc
+  /slow        ?key=K: sleeps 1 s, then 200 "slow"; counts the /slow
+               requests of key K in progress at once
+  /slow-max    ?key=K: answers the most /slow requests of key K that were
+               in progress at once, and the connections they came on
 
 Run: /usr/bin/python3 scripted.py PLAIN TLS_PORT CERT KEY
 """
@@ -34,6 +40,9 @@ import sys
 import threading
 import time
 from urllib.parse import parse_qs, urlsplit
+
+SLOW_LOCK = threading.Lock()
+SLOW = {}  # key -> {"now": n, "max": n, "conns": set()}
 
 
 def read_head(f):
@@ -129,6 +138,28 @@ def serve(sock, tls):
             sock.shutdown(socket.SHUT_WR)
             time.sleep(0.5)
             break
+        elif path == "/trailers":
+            read_body(f, headers)
+            sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: Grpc-Status, X-Checksum\r\n\r\n"
+                         b"e\r\nwith trailers\n\r\n0\r\nGrpc-Status: 0\r\nX-Checksum: abc\r\n\r\n")
+        elif path == "/slow":
+            read_body(f, headers)
+            key = q.get("key", "")
+            with SLOW_LOCK:
+                st = SLOW.setdefault(key, {"now": 0, "max": 0, "conns": set()})
+                st["now"] += 1
+                st["max"] = max(st["max"], st["now"])
+                st["conns"].add(id(sock))
+            time.sleep(1)
+            with SLOW_LOCK:
+                st["now"] -= 1
+            sock.sendall(ok(b"slow"))
+        elif path == "/slow-max":
+            read_body(f, headers)
+            with SLOW_LOCK:
+                st = SLOW.get(q.get("key", ""), {"max": 0, "conns": set()})
+                body = b"%d %d" % (st["max"], len(st["conns"]))
+            sock.sendall(ok(body))
         elif path == "/sink":
             n = read_body(f, headers)
             sock.sendall(ok(b"%d\n" % n))
