@@ -818,7 +818,14 @@ static void upstream_response(h2s_t *s, bool end) {
   for (size_t i = 0; st != NULL && i < sl && i < 3; i++)
     status = status * 10 + (st[i] - '0');
   if (status >= 100 && status < 200) {
-    /* Interim responses are not forwarded (docs/http2.md §3). */
+    /* Interim responses (100 Continue, 103 Early Hints) go to the
+     * workspace as non-final HEADERS (docs/http2.md §3); nghttp2 refuses
+     * a 101 on h2 before this is reached. */
+    if (status != 101 && !s->rs.overflow) {
+      nghttp2_nv nva[CE_H2_MAX_FIELDS];
+      size_t k = hset_nva(&s->rs, nva, CE_H2_MAX_FIELDS, true);
+      nghttp2_submit_headers(h->srv, NGHTTP2_FLAG_NONE, s->cid, NULL, nva, k, NULL);
+    }
     hset_reset(&s->rs);
     return;
   }
@@ -1066,7 +1073,20 @@ static bool h1_read_response(h2s_t *s) {
     }
     ce_h1_head_t *hd = h->head;
     if (hd->status >= 100 && hd->status < 200 && hd->status != 101) {
-      /* Interim responses are not forwarded (docs/http2.md §3). */
+      /* Interim responses go to the workspace as non-final HEADERS
+       * (docs/http2.md §3, §6), as the HTTP/1.1 path forwards them. */
+      ce_h2h_field_t f[CE_H1_MAX_FIELDS];
+      long k = ce_h2h_response_fields(hd, f, CE_H1_MAX_FIELDS, h->names, CE_H1_MAX_HEAD_BYTES);
+      if (k >= 0) {
+        nghttp2_nv nva[CE_H1_MAX_FIELDS + 1];
+        char st[8];
+        snprintf(st, sizeof(st), "%d", hd->status);
+        nva[0] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)st, 7, strlen(st), NGHTTP2_NV_FLAG_NONE};
+        for (long i = 0; i < k; i++)
+          nva[i + 1] = (nghttp2_nv){(uint8_t *)(uintptr_t)f[i].name, (uint8_t *)(uintptr_t)f[i].value,
+                                    f[i].name_len, f[i].value_len, NGHTTP2_NV_FLAG_NONE};
+        nghttp2_submit_headers(h->srv, NGHTTP2_FLAG_NONE, s->cid, NULL, nva, (size_t)k + 1, NULL);
+      }
       in_consume(&c->u, hd->head_len);
       continue;
     }

@@ -214,7 +214,10 @@ defmodule Condukt.Netns.SidecarH2Test do
         assert body == "scripted /n#{i}\n"
       end
 
-      assert %{"status" => 200, "body" => "ok\n"} = out["streams"]["17"]
+      # Interim responses arrive as non-final HEADERS before the final one.
+      assert %{"status" => 200, "body" => "ok\n", "interim" => [[100, nil], [103, "</x>; rel=preload"]]} =
+               out["streams"]["17"]
+
       assert %{"status" => 502, "body" => body} = out["streams"]["19"]
       assert body =~ "101 cannot be expressed in HTTP/2"
       assert out["goaway"] == nil
@@ -243,6 +246,24 @@ defmodule Condukt.Netns.SidecarH2Test do
       assert st["headers"]["trailer"] == nil
       assert %{"status" => 200, "body" => "scripted /n1\n"} = out["streams"]["3"]
       assert out["streams"]["3"]["trailers"] == nil
+    end
+
+    test "1xx on h2: an h2 upstream's 103 Early Hints reaches the workspace before the final response",
+         %{tb: tb, sc: sc} do
+      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h2_only, mode: "paths", paths: ["/early"], query: tag()})
+      assert %{"status" => 200, "ended" => true, "body" => "after hints\n"} = st = out["streams"]["1"]
+      assert st["interim"] == [[103, "</style.css>; rel=preload"]]
+
+      # An HTTP/1.1 workspace gets it as an interim HTTP/1.1 response.
+      r =
+        Client.run(tb, :curl, "https://allowed.test:#{@h2_only}/early?#{tag()}",
+          ca: sc.ca_cert,
+          http: :h1,
+          extra_args: ["-v"]
+        )
+
+      assert r.ok and r.status == 200 and r.body == "after hints\n", inspect(r)
+      assert r.output =~ "< HTTP/1.1 103 Early Hints", r.output
     end
 
     test "h2load: 200 requests on 4 connections, 10 streams each, all succeed (h2 and HTTP/1.1 upstreams)",

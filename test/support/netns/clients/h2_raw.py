@@ -55,7 +55,11 @@ def pump(until):
             out["closed"] = True
             return
         for ev in conn.receive_data(data):
-            if isinstance(ev, h2.events.ResponseReceived):
+            if isinstance(ev, h2.events.InformationalResponseReceived):
+                st = out["streams"].setdefault(str(ev.stream_id), {"body": ""})
+                hd = {k.decode(): v.decode() for k, v in ev.headers}
+                st.setdefault("interim", []).append([int(hd[":status"]), hd.get("link")])
+            elif isinstance(ev, h2.events.ResponseReceived):
                 st = out["streams"].setdefault(str(ev.stream_id), {"body": ""})
                 st["status"] = int(dict(ev.headers)[b":status"])
                 st["headers"] = {k.decode(): v.decode() for k, v in ev.headers}
