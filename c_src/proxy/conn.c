@@ -203,6 +203,7 @@ static void conn_abort(ce_conn_t *c) {
     uv_cancel((uv_req_t *)&c->gai);
   side_close(&c->c);
   side_close(&c->u);
+  ce_h2conn_close_handles(c);
   if (!uv_is_closing((uv_handle_t *)&c->timer))
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
 }
@@ -353,6 +354,12 @@ static void on_write(uv_write_t *req, int status) {
     return;
   if (status < 0) {
     trace(c, "%s write failed: %s", s->name, uv_strerror(status));
+    if (s != &c->c && c->state == ST_H2) {
+      /* An upstream of h2 streams: they fail, the workspace goes on. */
+      s->eof = true;
+      conn_process(c);
+      return;
+    }
     if (s == &c->c)
       report_failed(c, "client_reset");
     else
@@ -1803,7 +1810,7 @@ static void pump_tls_input(side_t *s) {
       s->close_notify = true;
       break;
     }
-    if (s == &c->u && c->state == ST_H2 && !c->h2_connecting) {
+    if (s != &c->c && c->state == ST_H2 && (s != &c->u || !c->h2_connecting)) {
       /* The streams on it fail; the workspace's connection goes on. */
       s->eof = true;
       break;
@@ -1937,6 +1944,8 @@ static void update_reading(ce_conn_t *c) {
       s->reading = false;
     }
   }
+  if (c->state == ST_H2)
+    ce_h2conn_update_reading(c);
 }
 
 /* ---- the driver ---------------------------------------------------------- */
@@ -2133,6 +2142,18 @@ void ce_conn_abort(ce_conn_t *c) { conn_abort(c); }
 void ce_conn_close_after_flush(ce_conn_t *c) { close_after_flush(c); }
 void ce_conn_upstream_reset(ce_conn_t *c) { upstream_reset(c); }
 void ce_conn_process(ce_conn_t *c) { conn_process(c); }
+void ce_conn_pump_tls_input(side_t *s) { pump_tls_input(s); }
+bool ce_conn_upstream_addr_ok(ce_conn_t *c, const struct sockaddr *sa, char *why, size_t cap) {
+  return upstream_addr_ok(c, sa, why, cap);
+}
+void ce_conn_release(ce_conn_t *c) {
+  c->handles--;
+  maybe_free(c);
+}
+void ce_conn_touch(ce_conn_t *c) {
+  if (c->state == ST_H2)
+    arm(c, c->proxy->opts->idle_ms);
+}
 void ce_conn_failed_mid_response(ce_conn_t *c, const char *reason) { upstream_failed_mid_response(c, reason); }
 void ce_conn_finish_exchange(ce_conn_t *c) { finish_exchange(c); }
 

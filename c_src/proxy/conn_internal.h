@@ -140,6 +140,15 @@ void ce_conn_close_after_flush(ce_conn_t *c);
 void ce_conn_upstream_reset(ce_conn_t *c);
 bool ce_conn_split_authority(const char *a, size_t n, size_t *host_len, long *port);
 void ce_conn_process(ce_conn_t *c);
+/* Moves a TLS side's decrypted bytes into its input buffer. */
+void ce_conn_pump_tls_input(side_t *s);
+/* The private-address rule for an upstream address (why set when not). */
+bool ce_conn_upstream_addr_ok(ce_conn_t *c, const struct sockaddr *sa, char *why, size_t cap);
+/* A handle (or lookup) of h2conn.c counted in c->handles is done: may
+ * free the connection, so the caller touches nothing after. */
+void ce_conn_release(ce_conn_t *c);
+/* Bytes moved: the idle timer starts again. */
+void ce_conn_touch(ce_conn_t *c);
 /* ST_H2 without an h2 upstream: (re)connects the SNI host for HTTP/1.1
  * (resolve, private-address rule, marked socket, verified TLS offering
  * http/1.1) under the connect timeout; ends in ce_h2conn_upstream_done. */
@@ -176,6 +185,10 @@ void ce_h2conn_timeout(ce_conn_t *c);
 void ce_h2conn_drain(ce_conn_t *c);
 void ce_h2conn_abort(ce_conn_t *c, const char *reason);
 void ce_h2conn_free(struct ce_h2conn *h);
+/* Reading on the pool's own upstream connections (from update_reading). */
+void ce_h2conn_update_reading(ce_conn_t *c);
+/* conn_abort: closes the pool's own handles and cancels its lookups. */
+void ce_h2conn_close_handles(ce_conn_t *c);
 /* The HTTP/1.1 upstream asked by ce_conn_h2_connect is ready (status 0) or
  * could not be had (status 502, 504 or 403 and reason). */
 void ce_h2conn_upstream_done(ce_conn_t *c, int status, const char *reason);

@@ -10,12 +10,16 @@
  * below only changes records and submits frames; bytes move in
  * ce_h2conn_process().
  */
+#include <errno.h>
 #include <nghttp2/nghttp2.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/error.h"
 #include "common/trace.h"
@@ -23,7 +27,9 @@
 #include "h2/headers.h"
 #include "http1/writer.h"
 #include "proxy/conn_internal.h"
+#include "proxy/netaddr.h"
 #include "proxy/proxy.h"
+#include "tls/context.h"
 
 /* Per stream and direction: one stream window (docs/http2.md §4). */
 #define CE_H2_STREAM_BUF 65535u
@@ -32,8 +38,10 @@
 /* Decoded header list (RFC 9113 §6.5.2 counting) and fields per block. */
 #define CE_H2_MAX_HEADER_LIST 65536u
 #define CE_H2_MAX_FIELDS 128u
-/* Streams waiting for the HTTP/1.1 upstream connection (docs/http2.md §6). */
+/* Streams waiting for an HTTP/1.1 upstream connection (docs/http2.md §6). */
 #define CE_H2_H1_QUEUE 64u
+/* HTTP/1.1 upstream connections per workspace connection (docs/http2.md §6). */
+#define CE_H2_H1_POOL 6u
 
 typedef struct {
   char *buf;
@@ -51,6 +59,8 @@ typedef struct {
   size_t len;
   bool eof;
 } sbuf_t;
+
+struct h1slot;
 
 typedef struct h2s {
   struct h2s *next, *prev;
@@ -77,7 +87,8 @@ typedef struct h2s {
   bool decide_cache;
   /* Over the HTTP/1.1 upstream (h->up == NULL, docs/http2.md §6). */
   struct h2s *qnext;
-  bool queued;             /* waiting for the upstream connection */
+  bool queued;             /* waiting for an upstream connection */
+  struct h1slot *slot;     /* the upstream connection serving it, or NULL */
   bool h1_chunked;         /* the request body goes chunked */
   bool h1_req_done;        /* the whole request was written */
   bool h1_resp_head;       /* the response head was parsed and forwarded */
@@ -88,6 +99,30 @@ typedef struct h2s {
   char *h1_trailers;       /* CE_H1_MAX_TRAILER_BYTES: the chunked body's trailers */
 } h2s_t;
 
+/*
+ * One HTTP/1.1 upstream connection of the pool (docs/http2.md §6). Slot 0
+ * is c->u, connected by conn.c (ce_conn_h2_connect, it may be the
+ * pre-connected one); the others have their own handle, connected here
+ * the same way (resolve, private-address rule, marked socket, verified
+ * TLS offering http/1.1) under their own timer.
+ */
+typedef struct h1slot {
+  struct ce_h2conn *h;
+  side_t *s;               /* &c->u (slot 0) or &own */
+  bool conn_slot;
+  struct h2s *cur;         /* the stream it serves, one at a time */
+  side_t own;
+  bool connecting;         /* resolving, connecting or in the TLS handshake */
+  bool resolving;          /* a uv_getaddrinfo is in flight (counted in c->handles) */
+  bool connect_pending;    /* the next address waits for the old handle's close */
+  uv_getaddrinfo_t gai;
+  struct addrinfo *addrs, *next_addr;
+  uv_connect_t creq;
+  uv_timer_t timer;
+  bool timer_init, timer_closing;
+  int last_err;
+} h1slot_t;
+
 struct ce_h2conn {
   ce_conn_t *c;
   nghttp2_session *srv;    /* towards the workspace */
@@ -97,8 +132,8 @@ struct ce_h2conn {
   size_t nstreams;
   bool failed;             /* a connection-level failure was reported */
   bool draining;
-  /* HTTP/1.1 upstream: one stream at a time on c->u, the others queued. */
-  h2s_t *cur;
+  /* HTTP/1.1 upstreams: a pool, one stream at a time on each, the others queued. */
+  h1slot_t slots[CE_H2_H1_POOL];
   h2s_t *qhead, *qtail;
   size_t qlen;
   ce_h1_head_t *head;      /* scratch for a parsed response head */
@@ -106,6 +141,11 @@ struct ce_h2conn {
 };
 
 typedef struct ce_h2conn h2_t;
+
+static void slot_reset(h1slot_t *sl);
+static void slot_drop(h1slot_t *sl);
+static void slot_connect_next(h1slot_t *sl);
+static void slot_timeout(uv_timer_t *t);
 
 static uint64_t now_ms(void) {
   struct timespec ts;
@@ -790,10 +830,9 @@ static int srv_stream_close(nghttp2_session *session, int32_t stream_id, uint32_
     nghttp2_submit_rst_stream(h->up, NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
   }
   h1_unqueue(h, s);
-  if (h->cur == s) {
+  if (s->slot != NULL && s->slot->cur == s) {
     /* A half-done HTTP/1.1 exchange cannot be reused. */
-    h->cur = NULL;
-    ce_conn_upstream_reset(h->c);
+    slot_drop(s->slot);
   }
   stream_free(h, s);
   return 0;
@@ -930,8 +969,8 @@ static void in_consume(side_t *u, size_t n) {
 /* The upstream connection broke or misbehaved during s's exchange. */
 static void h1_broke(h2s_t *s, const char *reason) {
   h2_t *h = s->h;
-  h->cur = NULL;
-  ce_conn_upstream_reset(h->c);
+  if (s->slot != NULL)
+    slot_drop(s->slot);
   if (!s->h1_resp_head) {
     fail_502(s, reason);
     return;
@@ -968,7 +1007,7 @@ static bool h1_start(h2s_t *s) {
     fail_with(s, 400, "bad_request: the request cannot be expressed in HTTP/1.1");
     return false;
   }
-  ce_conn_side_write(&c->u, buf, w.len);
+  ce_conn_side_write(s->slot->s, buf, w.len);
   free(buf);
   return !c->dead;
 }
@@ -976,18 +1015,19 @@ static bool h1_start(h2s_t *s) {
 static void h1_send_body(h2s_t *s) {
   h2_t *h = s->h;
   ce_conn_t *c = h->c;
+  side_t *u = s->slot->s;
   if (s->h1_req_done || s->h1_abandon)
     return;
-  while (s->up.len > 0 && c->u.open && c->u.queued < CE_CONN_HIGH_WATER && !c->dead) {
+  while (s->up.len > 0 && u->open && u->queued < CE_CONN_HIGH_WATER && !c->dead) {
     size_t n = s->up.len < 16384u ? s->up.len : 16384u;
     if (s->h1_chunked) {
       char hdr[24];
       int hl = snprintf(hdr, sizeof(hdr), "%zx\r\n", n);
-      ce_conn_side_write(&c->u, hdr, (size_t)hl);
+      ce_conn_side_write(u, hdr, (size_t)hl);
     }
-    ce_conn_side_write(&c->u, (const char *)s->up.data, n);
+    ce_conn_side_write(u, (const char *)s->up.data, n);
     if (s->h1_chunked)
-      ce_conn_side_write(&c->u, "\r\n", 2);
+      ce_conn_side_write(u, "\r\n", 2);
     s->req.bytes_out += n;
     ce_reqinfo_add_preview(&s->req, (const char *)s->up.data, n, c->proxy->opts->body_preview);
     memmove(s->up.data, s->up.data + n, s->up.len - n);
@@ -1020,7 +1060,7 @@ static void h1_send_body(h2s_t *s) {
       }
     }
     memcpy(buf + w.len, "\r\n", 2);
-    ce_conn_side_write(&c->u, buf, w.len + 2);
+    ce_conn_side_write(u, buf, w.len + 2);
     free(buf);
   }
   s->h1_req_done = true;
@@ -1042,13 +1082,15 @@ static void h1_take_trailers(h2s_t *s) {
   s->rs_trailers = n > 0 && !s->rs.overflow;
 }
 
-/* Reads s's response from c->u. True when s is done with the upstream. */
+/* Reads s's response from u-> True when s is done with the upstream. */
 static bool h1_read_response(h2s_t *s) {
   h2_t *h = s->h;
   ce_conn_t *c = h->c;
+  h1slot_t *sl = s->slot;
+  side_t *u = sl->s;
   while (!s->h1_resp_head) {
-    if (c->u.in_len == 0) {
-      if (c->u.eof) {
+    if (u->in_len == 0) {
+      if (u->eof) {
         h1_broke(s, "upstream_reset: connection closed before the response");
         return true;
       }
@@ -1057,9 +1099,9 @@ static bool h1_read_response(h2s_t *s) {
     size_t ml = 0;
     const char *method = hset_get(&s->rq, ":method", &ml);
     const char *why = NULL;
-    int rc = ce_h1_parse_response(c->u.in, c->u.in_len, method, ml, h->head, &why);
+    int rc = ce_h1_parse_response(u->in, u->in_len, method, ml, h->head, &why);
     if (rc == CE_EAGAIN) {
-      if (c->u.eof) {
+      if (u->eof) {
         h1_broke(s, "upstream_bad_response: connection closed inside the response head");
         return true;
       }
@@ -1087,7 +1129,7 @@ static bool h1_read_response(h2s_t *s) {
                                     f[i].name_len, f[i].value_len, NGHTTP2_NV_FLAG_NONE};
         nghttp2_submit_headers(h->srv, NGHTTP2_FLAG_NONE, s->cid, NULL, nva, (size_t)k + 1, NULL);
       }
-      in_consume(&c->u, hd->head_len);
+      in_consume(u, hd->head_len);
       continue;
     }
     if (hd->status == 101) {
@@ -1126,7 +1168,7 @@ static bool h1_read_response(h2s_t *s) {
     s->down.eof = nobody;
     nghttp2_data_provider prd = {.source.ptr = s, .read_callback = down_read};
     int src = nghttp2_submit_response(h->srv, s->cid, nva, (size_t)k + 1, nobody ? NULL : &prd);
-    in_consume(&c->u, hd->head_len);
+    in_consume(u, hd->head_len);
     s->h1_resp_head = true;
     s->rs_head_done = true;
     if (src != 0) {
@@ -1138,8 +1180,8 @@ static bool h1_read_response(h2s_t *s) {
     size_t room = CE_H2_STREAM_BUF - s->down.len;
     if (room == 0)
       return false; /* the workspace reads slower: wait (the upstream socket stops) */
-    if (c->u.in_len == 0) {
-      if (!c->u.eof)
+    if (u->in_len == 0) {
+      if (!u->eof)
         return false;
       if (s->h1_framing != CE_H1_BODY_CLOSE) {
         h1_broke(s, "upstream_reset: connection closed inside the response body");
@@ -1149,10 +1191,10 @@ static bool h1_read_response(h2s_t *s) {
       s->h1_keep = false;
       break;
     }
-    size_t len = c->u.in_len < room ? c->u.in_len : room;
+    size_t len = u->in_len < room ? u->in_len : room;
     size_t used = 0, dl = 0;
     const char *data = NULL, *why = NULL;
-    int rc = ce_h1_body_next(&s->h1_body, c->u.in, len, &used, &data, &dl, &why);
+    int rc = ce_h1_body_next(&s->h1_body, u->in, len, &used, &data, &dl, &why);
     if (rc < 0) {
       char reason[200];
       snprintf(reason, sizeof(reason), "upstream_bad_response: %s", why != NULL ? why : "malformed body");
@@ -1163,7 +1205,7 @@ static bool h1_read_response(h2s_t *s) {
       sbuf_put(&s->down, (const uint8_t *)data, dl);
       nghttp2_session_resume_data(h->srv, s->cid);
     }
-    in_consume(&c->u, used);
+    in_consume(u, used);
     if (rc == 1) {
       s->down.eof = true;
       h1_take_trailers(s);
@@ -1176,54 +1218,92 @@ static bool h1_read_response(h2s_t *s) {
     s->h1_abandon = true;
     s->h1_keep = false;
   }
-  h->cur = NULL;
-  if (!s->h1_keep || c->u.in_len > 0)
-    ce_conn_upstream_reset(c);
+  sl->cur = NULL;
+  s->slot = NULL;
+  if (!s->h1_keep || u->in_len > 0)
+    slot_reset(sl);
   return true;
 }
 
-static void h1_pump(h2_t *h) {
-  ce_conn_t *c = h->c;
-  while (!c->dead) {
-    if (h->cur == NULL) {
-      if (c->h2_connecting)
-        return;
-      if (h->qhead == NULL) {
-        /* Nothing asked of an idle upstream: stray bytes or its close end it. */
-        if (c->u.open && (c->u.eof || c->u.in_len > 0))
-          ce_conn_upstream_reset(c);
-        return;
-      }
-      bool ready = c->u.open && c->u.connected && c->u.handshaken && !c->u.eof && c->u.in_len == 0;
-      if (!ready) {
-        ce_conn_h2_connect(c);
-        return;
-      }
-      h2s_t *s = h1_pop(h);
-      h->cur = s;
-      s->h1_resp_head = false;
-      if (!h1_start(s)) {
-        if (h->cur == s) {
-          h->cur = NULL;
-          ce_conn_upstream_reset(c);
-        }
-        continue;
-      }
-    }
-    h2s_t *s = h->cur;
-    h1_send_body(s);
-    if (c->dead || h->cur != s)
-      continue;
-    if (!h1_read_response(s))
-      return;
-  }
+/* ---- the pool of HTTP/1.1 upstream connections ------------------------------------ */
+
+static h1slot_t *slot_of_handle(uv_handle_t *hd) {
+  return (h1slot_t *)((char *)hd - offsetof(h1slot_t, own.tcp));
 }
 
-void ce_h2conn_upstream_done(ce_conn_t *c, int status, const char *reason) {
-  h2_t *h = c->h2;
-  if (h == NULL || status == 0)
+static bool slot_open(const h1slot_t *sl) {
+  return sl->s->open;
+}
+
+static bool slot_connecting(const h1slot_t *sl) {
+  return sl->conn_slot ? sl->h->c->h2_connecting : sl->connecting;
+}
+
+/* Connected, verified, idle and clean: it may take a stream. */
+static bool slot_ready(const h1slot_t *sl) {
+  const side_t *u = sl->s;
+  return sl->cur == NULL && !slot_connecting(sl) && u->open && u->connected && u->handshaken && !u->eof &&
+         u->in_len == 0;
+}
+
+static void own_handle_closed(uv_handle_t *hd) {
+  h1slot_t *sl = slot_of_handle(hd);
+  ce_conn_t *c = sl->h->c;
+  sl->own.closing = false;
+  bool again = sl->connect_pending && !c->dead;
+  sl->connect_pending = false;
+  if (again)
+    slot_connect_next(sl);
+  ce_conn_release(c); /* last: it may free the connection */
+}
+
+static void own_close_handle(h1slot_t *sl) {
+  side_t *u = &sl->own;
+  if (!u->open)
     return;
-  /* The streams waiting for this connection fail with its reason. */
+  u->open = false;
+  u->reading = false;
+  u->closing = true;
+  u->gen++;
+  u->queued = 0;
+  uv_close((uv_handle_t *)&u->tcp, own_handle_closed);
+}
+
+/* The slot's connection goes (a stream it served cannot be finished). */
+static void slot_reset(h1slot_t *sl) {
+  ce_conn_t *c = sl->h->c;
+  sl->cur = NULL;
+  if (sl->conn_slot) {
+    ce_conn_upstream_reset(c);
+    return;
+  }
+  if (sl->resolving)
+    uv_cancel((uv_req_t *)&sl->gai);
+  sl->connecting = false;
+  sl->connect_pending = false;
+  if (sl->timer_init && !sl->timer_closing)
+    uv_timer_stop(&sl->timer);
+  own_close_handle(sl);
+  ce_tlsconn_free(sl->own.tls);
+  sl->own.tls = NULL;
+  sl->own.connected = sl->own.handshaken = sl->own.eof = sl->own.close_notify = false;
+  sl->own.in_len = 0;
+  if (sl->addrs != NULL) {
+    uv_freeaddrinfo(sl->addrs);
+    sl->addrs = NULL;
+  }
+  sl->next_addr = NULL;
+}
+
+/* The stream the slot served is gone half-way: the connection goes too. */
+static void slot_drop(h1slot_t *sl) {
+  if (sl->cur != NULL)
+    sl->cur->slot = NULL;
+  slot_reset(sl);
+}
+
+/* Fails the queued streams with the reason a connection could not be had. */
+static void fail_queue(h2_t *h, int status, const char *reason) {
   char why[300];
   snprintf(why, sizeof(why), "%s", reason != NULL ? reason : "upstream_unreachable");
   h2s_t *s;
@@ -1236,6 +1316,369 @@ void ce_h2conn_upstream_done(ce_conn_t *c, int status, const char *reason) {
       stream_finish_event(s, why);
     } else {
       fail_with(s, status, why);
+    }
+  }
+}
+
+/* A slot's connection could not be had: when no other connection is up or
+ * coming, the waiting streams fail with its reason (docs/http2.md §6). */
+static void slot_failed(h1slot_t *sl, int status, const char *reason) {
+  h2_t *h = sl->h;
+  if (!sl->conn_slot)
+    slot_reset(sl);
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
+    const h1slot_t *o = &h->slots[i];
+    if (o != sl && (o->cur != NULL || slot_connecting(o) || slot_ready(o)))
+      return;
+  }
+  fail_queue(h, status, reason);
+}
+
+static void own_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  h1slot_t *sl = slot_of_handle(hd);
+  *buf = uv_buf_init(sl->own.rbuf, CE_CONN_READ_CHUNK);
+}
+
+static void own_handshake(h1slot_t *sl) {
+  ce_conn_t *c = sl->h->c;
+  int rc = ce_tlsconn_handshake(sl->own.tls);
+  ce_conn_side_write(&sl->own, NULL, 0);
+  if (c->dead || rc == CE_EAGAIN)
+    return;
+  if (rc != CE_OK) {
+    char reason[400];
+    snprintf(reason, sizeof(reason), "upstream_tls: %s", ce_tlsconn_error(sl->own.tls));
+    slot_failed(sl, 502, reason);
+    return;
+  }
+  sl->own.handshaken = true;
+  sl->connecting = false;
+  uv_timer_stop(&sl->timer);
+  CE_TRACE_D("proxy", 'c', c->id, "h2: upstream connection %d ready", (int)(sl - sl->h->slots));
+}
+
+static void own_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  h1slot_t *sl = slot_of_handle((uv_handle_t *)st);
+  ce_conn_t *c = sl->h->c;
+  if (c->dead || nread == 0)
+    return;
+  if (nread < 0) {
+    sl->own.eof = true;
+    uv_read_stop(st);
+    sl->own.reading = false;
+    if (sl->connecting)
+      slot_failed(sl, 502, "upstream_tls: the server closed during the handshake");
+    ce_conn_process(c);
+    return;
+  }
+  ce_conn_touch(c);
+  if (ce_tlsconn_feed(sl->own.tls, (const uint8_t *)buf->base, (size_t)nread) != CE_OK) {
+    slot_failed(sl, 502, "out_of_memory");
+  } else if (!sl->own.handshaken) {
+    own_handshake(sl);
+  }
+  ce_conn_process(c);
+}
+
+static void own_connected(uv_connect_t *req, int status) {
+  h1slot_t *sl = req->data;
+  ce_conn_t *c = sl->h->c;
+  if (c->dead || !sl->connecting || status == UV_ECANCELED)
+    return;
+  if (status < 0) {
+    sl->last_err = status;
+    own_close_handle(sl);
+    slot_connect_next(sl);
+    ce_conn_process(c);
+    return;
+  }
+  sl->own.connected = true;
+  uv_tcp_nodelay(&sl->own.tcp, 1);
+  sl->own.reading = true;
+  uv_read_start((uv_stream_t *)&sl->own.tcp, own_alloc, own_read);
+  static const unsigned char alpn_h1[] = "\x08http/1.1";
+  SSL *ssl;
+  if (ce_tls_client_ssl_new(c->proxy->client_ctx, c->sni.text, alpn_h1, sizeof(alpn_h1) - 1, &ssl) != CE_OK ||
+      ce_tlsconn_new(ssl, false, &sl->own.tls) != CE_OK) {
+    slot_failed(sl, 502, "upstream_tls: cannot create a TLS session");
+    ce_conn_process(c);
+    return;
+  }
+  uv_timer_start(&sl->timer, slot_timeout, c->proxy->opts->handshake_ms, 0);
+  own_handshake(sl);
+  ce_conn_process(c);
+}
+
+/* The next resolved address, else the slot failed. */
+static void slot_connect_next(h1slot_t *sl) {
+  ce_conn_t *c = sl->h->c;
+  if (sl->own.closing) {
+    sl->connect_pending = true;
+    return;
+  }
+  struct addrinfo *ai = sl->next_addr;
+  if (ai == NULL) {
+    char reason[200];
+    snprintf(reason, sizeof(reason), "upstream_unreachable: %s",
+             sl->last_err != 0 ? uv_strerror(sl->last_err) : "no address");
+    slot_failed(sl, 502, reason);
+    return;
+  }
+  sl->next_addr = ai->ai_next;
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    sl->last_err = uv_translate_sys_error(errno);
+    slot_connect_next(sl);
+    return;
+  }
+  /* The mark exempts the socket from the REDIRECT (docs/netfilter.md): fail closed. */
+  if (ce_set_mark(fd, c->proxy->opts->mark) != CE_OK) {
+    close(fd);
+    slot_failed(sl, 502, "upstream_unreachable: cannot set SO_MARK (the sidecar needs CAP_NET_ADMIN)");
+    return;
+  }
+  uv_tcp_init(c->proxy->loop, &sl->own.tcp);
+  sl->own.tcp.data = c;
+  c->handles++;
+  sl->own.open = true;
+  int rc = uv_tcp_open(&sl->own.tcp, fd);
+  if (rc == 0) {
+    sl->creq.data = sl;
+    rc = uv_tcp_connect(&sl->creq, &sl->own.tcp, ai->ai_addr, own_connected);
+  } else {
+    close(fd);
+  }
+  if (rc < 0) {
+    sl->last_err = rc;
+    own_close_handle(sl);
+    slot_connect_next(sl);
+  }
+}
+
+static void own_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
+  h1slot_t *sl = req->data;
+  ce_conn_t *c = sl->h->c;
+  sl->resolving = false;
+  if (c->dead || !sl->connecting) {
+    if (res != NULL)
+      uv_freeaddrinfo(res);
+    ce_conn_release(c); /* last: it may free the connection */
+    return;
+  }
+  if (status < 0) {
+    char reason[300];
+    snprintf(reason, sizeof(reason), "upstream_unreachable: cannot resolve %s: %s", c->sni.text, uv_strerror(status));
+    slot_failed(sl, 502, reason);
+  } else {
+    /* The addresses the proxy may use, in resolver order (as conn.c). */
+    struct addrinfo *keep = NULL, **tail = &keep;
+    char why[200] = "";
+    for (struct addrinfo *ai = res; ai != NULL;) {
+      struct addrinfo *next = ai->ai_next;
+      ai->ai_next = NULL;
+      if ((ai->ai_family == AF_INET || ai->ai_family == AF_INET6) &&
+          ce_conn_upstream_addr_ok(c, ai->ai_addr, why, sizeof(why))) {
+        *tail = ai;
+        tail = &ai->ai_next;
+      } else {
+        uv_freeaddrinfo(ai);
+      }
+      ai = next;
+    }
+    if (keep == NULL) {
+      slot_failed(sl, 403, why[0] != '\0' ? why : "upstream_unreachable: no address");
+    } else {
+      sl->addrs = sl->next_addr = keep;
+      sl->last_err = 0;
+      slot_connect_next(sl);
+    }
+  }
+  ce_conn_process(c);
+  ce_conn_release(c);
+}
+
+static void slot_timeout(uv_timer_t *t) {
+  h1slot_t *sl = t->data;
+  ce_conn_t *c = sl->h->c;
+  if (c->dead || !sl->connecting)
+    return;
+  slot_failed(sl, 504, "upstream_unreachable: connect timed out");
+  ce_conn_process(c);
+}
+
+static void own_timer_closed(uv_handle_t *hd) {
+  h1slot_t *sl = hd->data;
+  ce_conn_release(sl->h->c); /* last: it may free the connection */
+}
+
+/* Starts connecting an own slot (docs/http2.md §6). */
+static void own_connect(h1slot_t *sl) {
+  ce_conn_t *c = sl->h->c;
+  if (sl->resolving || sl->own.closing)
+    return; /* the last attempt's lookup or handle is still going away */
+  if (sl->own.in == NULL)
+    sl->own.in = malloc(CE_CONN_INPUT_MAX);
+  if (sl->own.rbuf == NULL)
+    sl->own.rbuf = malloc(CE_CONN_READ_CHUNK);
+  if (sl->own.in == NULL || sl->own.rbuf == NULL)
+    return;
+  if (!sl->timer_init) {
+    uv_timer_init(c->proxy->loop, &sl->timer);
+    sl->timer.data = sl;
+    sl->timer_init = true;
+    c->handles++;
+  }
+  sl->connecting = true;
+  sl->last_err = 0;
+  uv_timer_start(&sl->timer, slot_timeout, c->proxy->opts->connect_ms, 0);
+  char port[8];
+  snprintf(port, sizeof(port), "%u", (unsigned)c->port);
+  struct addrinfo hints;
+  memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  sl->gai.data = sl;
+  int rc = uv_getaddrinfo(c->proxy->loop, &sl->gai, own_resolved, c->sni.text, port, &hints);
+  if (rc < 0) {
+    char reason[200];
+    snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(rc));
+    slot_failed(sl, 502, reason);
+    return;
+  }
+  sl->resolving = true;
+  c->handles++;
+  CE_TRACE_D("proxy", 'c', c->id, "h2: connecting upstream connection %d", (int)(sl - sl->h->slots));
+}
+
+static void slot_connect(h1slot_t *sl) {
+  if (sl->conn_slot)
+    ce_conn_h2_connect(sl->h->c);
+  else
+    own_connect(sl);
+}
+
+/* Serves sl's stream as far as the bytes allow. True when it is free again. */
+static bool slot_serve(h1slot_t *sl) {
+  ce_conn_t *c = sl->h->c;
+  while (!c->dead && sl->cur != NULL) {
+    h2s_t *s = sl->cur;
+    h1_send_body(s);
+    if (c->dead || sl->cur != s)
+      continue;
+    if (!h1_read_response(s))
+      return false;
+  }
+  return !c->dead;
+}
+
+static void h1_pump(h2_t *h) {
+  ce_conn_t *c = h->c;
+  for (size_t i = 0; i < CE_H2_H1_POOL && !c->dead; i++) {
+    h1slot_t *sl = &h->slots[i];
+    if (!sl->conn_slot && sl->own.open && sl->own.handshaken) {
+      /* Decrypted input while there is room; a full buffer that the
+       * stream drains is filled again at once. */
+      for (int round = 0; round < 64 && !c->dead; round++) {
+        ce_conn_pump_tls_input(&sl->own);
+        bool full = sl->own.in_len == CE_CONN_INPUT_MAX;
+        if (c->dead || sl->cur == NULL)
+          break;
+        slot_serve(sl);
+        if (!full || sl->own.in_len == CE_CONN_INPUT_MAX)
+          break;
+      }
+    } else if (sl->cur != NULL) {
+      slot_serve(sl);
+    }
+    if (c->dead)
+      return;
+    /* Nothing asked of an idle upstream: stray bytes or its close end it. */
+    if (sl->cur == NULL && !slot_connecting(sl) && slot_open(sl) && sl->s->handshaken &&
+        (sl->s->eof || sl->s->in_len > 0))
+      slot_reset(sl);
+  }
+  /* Waiting streams take the idle connections, then new ones are opened
+   * while more streams wait than connections are coming. */
+  while (!c->dead && h->qhead != NULL) {
+    h1slot_t *ready = NULL;
+    size_t coming = 0;
+    for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
+      if (ready == NULL && slot_ready(&h->slots[i]))
+        ready = &h->slots[i];
+      if (slot_connecting(&h->slots[i]))
+        coming++;
+    }
+    if (ready != NULL) {
+      h2s_t *s = h1_pop(h);
+      ready->cur = s;
+      s->slot = ready;
+      s->h1_resp_head = false;
+      if (!h1_start(s)) {
+        if (ready->cur == s)
+          slot_drop(ready);
+        continue;
+      }
+      slot_serve(ready);
+      continue;
+    }
+    if (coming >= h->qlen)
+      return;
+    h1slot_t *idle = NULL;
+    for (size_t i = 0; i < CE_H2_H1_POOL && idle == NULL; i++) {
+      h1slot_t *sl = &h->slots[i];
+      if (sl->cur == NULL && !slot_connecting(sl) && !slot_open(sl) && !sl->resolving && !sl->own.closing &&
+          !(sl->conn_slot && c->u.closing && !c->connect_pending))
+        idle = sl;
+    }
+    if (idle == NULL)
+      return;
+    slot_connect(idle);
+  }
+}
+
+void ce_h2conn_upstream_done(ce_conn_t *c, int status, const char *reason) {
+  h2_t *h = c->h2;
+  if (h == NULL || status == 0)
+    return;
+  slot_failed(&h->slots[0], status, reason);
+}
+
+/* Own slots' reading: while their input has room (as conn.c's update_reading). */
+void ce_h2conn_update_reading(ce_conn_t *c) {
+  h2_t *h = c->h2;
+  if (h == NULL || c->dead)
+    return;
+  for (size_t i = 1; i < CE_H2_H1_POOL; i++) {
+    side_t *u = &h->slots[i].own;
+    if (!u->open || !u->connected)
+      continue;
+    bool want = !u->eof && u->in_len < CE_CONN_INPUT_MAX - 1;
+    if (want && !u->reading) {
+      uv_read_start((uv_stream_t *)&u->tcp, own_alloc, own_read);
+      u->reading = true;
+    } else if (!want && u->reading) {
+      uv_read_stop((uv_stream_t *)&u->tcp);
+      u->reading = false;
+    }
+  }
+}
+
+/* conn_abort: the own slots' handles and lookups go with the connection. */
+void ce_h2conn_close_handles(ce_conn_t *c) {
+  h2_t *h = c->h2;
+  if (h == NULL)
+    return;
+  for (size_t i = 1; i < CE_H2_H1_POOL; i++) {
+    h1slot_t *sl = &h->slots[i];
+    if (sl->resolving)
+      uv_cancel((uv_req_t *)&sl->gai);
+    sl->connecting = false;
+    own_close_handle(sl);
+    if (sl->timer_init && !sl->timer_closing) {
+      sl->timer_closing = true;
+      uv_close((uv_handle_t *)&sl->timer, own_timer_closed);
     }
   }
 }
@@ -1307,6 +1750,14 @@ int ce_h2conn_start(ce_conn_t *c) {
   h->c = c;
   c->h2 = h;
   ce_h2_guard_init(&h->guard);
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
+    h1slot_t *sl = &h->slots[i];
+    sl->h = h;
+    sl->conn_slot = i == 0;
+    sl->s = i == 0 ? &c->u : &sl->own;
+    sl->own.conn = c;
+    sl->own.name = "upstream";
+  }
   h->head = malloc(sizeof(*h->head));
   h->names = malloc(CE_H1_MAX_HEAD_BYTES);
   if (h->head == NULL || h->names == NULL || new_sessions(h) != CE_OK)
@@ -1327,6 +1778,14 @@ void ce_h2conn_free(struct ce_h2conn *h) {
   /* Deleting the sessions runs no stream callbacks: free the records. */
   while (h->streams != NULL)
     stream_free(h, h->streams);
+  for (size_t i = 1; i < CE_H2_H1_POOL; i++) {
+    h1slot_t *sl = &h->slots[i];
+    ce_tlsconn_free(sl->own.tls);
+    free(sl->own.in);
+    free(sl->own.rbuf);
+    if (sl->addrs != NULL)
+      uv_freeaddrinfo(sl->addrs);
+  }
   nghttp2_session_del(h->srv);
   nghttp2_session_del(h->up);
   free(h->head);

@@ -266,6 +266,22 @@ defmodule Condukt.Netns.SidecarH2Test do
       assert r.output =~ "< HTTP/1.1 103 Early Hints", r.output
     end
 
+    test "the HTTP/1.1 upstream pool: 8 concurrent slow streams on one h2 connection use 6 upstream connections",
+         %{tb: tb, sc: sc} do
+      key = "k#{System.unique_integer([:positive])}"
+      paths = Enum.map(1..8, &"/slow?key=#{key}&i=#{&1}")
+      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h1_only, mode: "paths", paths: paths, query: tag()})
+
+      for i <- 1..8 do
+        assert %{"status" => 200, "ended" => true, "body" => "slow"} = out["streams"]["#{2 * i - 1}"]
+      end
+
+      # The origin's view: at most (and here exactly) CE_H2_H1_POOL of them
+      # at once, each on a connection of its own.
+      r = Client.run(tb, :curl, "https://allowed.test:#{@h1_only}/slow-max?key=#{key}", ca: sc.ca_cert, http: :h1)
+      assert r.ok and r.body == "6 6", inspect(r)
+    end
+
     test "h2load: 200 requests on 4 connections, 10 streams each, all succeed (h2 and HTTP/1.1 upstreams)",
          %{tb: tb, sc: sc} do
       h2load = System.find_executable("h2load") || flunk("h2load (Debian nghttp2-client) is not installed")
