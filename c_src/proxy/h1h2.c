@@ -35,6 +35,10 @@
 
 /* One stream window of request body (docs/http2.md §4). */
 #define H1H2_BUF 65535u
+/* The connection window (one stream at a time uses it): as the h2 path's
+ * (docs/http2.md §4); what it lets in beyond the stream window is only
+ * ever a stream's that ended. */
+#define H1H2_CONN_WINDOW (1024 * 1024)
 /* Response header block, as HTTP/1.1 bounds a head. */
 #define H1H2_MAX_HEADER_LIST CE_H1_MAX_HEAD_BYTES
 
@@ -306,7 +310,8 @@ static int start(ce_conn_t *c) {
       {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
       {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, H1H2_MAX_HEADER_LIST},
   };
-  if (nghttp2_submit_settings(h->s, NGHTTP2_FLAG_NONE, set, 3) != 0)
+  if (nghttp2_submit_settings(h->s, NGHTTP2_FLAG_NONE, set, 3) != 0 ||
+      nghttp2_session_set_local_window_size(h->s, NGHTTP2_FLAG_NONE, 0, H1H2_CONN_WINDOW) != 0)
     goto out;
   rc = CE_OK;
   CE_TRACE_D("proxy", 'c', c->id, "HTTP/1.1 workspace over an h2 upstream");

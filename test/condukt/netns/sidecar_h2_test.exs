@@ -7,7 +7,7 @@ defmodule Condukt.Netns.SidecarH2Test do
   # GOAWAY ENHANCE_YOUR_CALM and an event.
   use Condukt.Test.Netns.Case, async: false
 
-  alias Condukt.Test.Netns.{ControlPeer, Sidecar, Tier}
+  alias Condukt.Test.Netns.{Cmd, ControlPeer, Sidecar, Tier}
 
   def decider(_ctx, _req), do: :deny
 
@@ -353,7 +353,16 @@ defmodule Condukt.Netns.SidecarH2Test do
           if not d:
               break
           raw += d
-      print(json.dumps({"keepalive": res, "raw": raw.decode()}))
+      s = ctx.wrap_socket(socket.create_connection(("allowed.test", #{@h2_only})), server_hostname="allowed.test")
+      s.sendall(b"POST /trailers?#{q2}-10 HTTP/1.0\\r\\nHost: allowed.test:#{@h2_only}\\r\\n"
+                b"Content-Length: 3\\r\\n\\r\\nabc")
+      raw10 = b""
+      while True:
+          d = s.recv(65536)
+          if not d:
+              break
+          raw10 += d
+      print(json.dumps({"keepalive": res, "raw": raw.decode(), "raw10": raw10.decode()}))
       """
 
       {out, status} = Testbed.exec_in(tb, :pod, [Tier.tool!("python3"), "-c", script], ca: sc.ca_cert, timeout: 30_000)
@@ -378,6 +387,68 @@ defmodule Condukt.Netns.SidecarH2Test do
       assert raw =~ "transfer-encoding: chunked\r\n"
       assert String.ends_with?(raw, "\r\n0\r\ngrpc-status: 0\r\ngrpc-message: ok\r\n\r\n"), inspect(raw)
       assert raw =~ "got 5 bytes; trailers \n"
+
+      # HTTP/1.0: no chunked, no trailers; the body ends at the close.
+      raw10 = res["raw10"]
+      assert raw10 =~ ~r/^HTTP\/1.1 200 OK\r\n/
+      assert raw10 =~ "connection: close\r\n"
+      refute raw10 =~ "transfer-encoding"
+      assert String.ends_with?(raw10, "\r\n\r\ngot 3 bytes; trailers \n"), inspect(raw10)
+    end
+
+    test "a paused HTTP/1.1 reader of 20 MiB from nginx over h2: the h2 window holds nginx back", %{tb: tb, sc: sc} do
+      q = tag()
+      marker = Path.join(Testbed.scratch_dir(tb), "paused-#{q}")
+
+      script = """
+      import hashlib, json, os, socket, ssl, time
+      ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+      fam, typ, proto, _, addr = socket.getaddrinfo("allowed.test", 443, type=socket.SOCK_STREAM)[0]
+      raw = socket.socket(fam, typ, proto)
+      raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+      raw.connect(addr)
+      s = ctx.wrap_socket(raw, server_hostname="allowed.test")
+      s.sendall(b"GET /big.bin?#{q} HTTP/1.1\\r\\nHost: allowed.test\\r\\nConnection: close\\r\\n\\r\\n")
+      data = bytearray()
+      while len(data) < 1 << 20:
+          d = s.recv(65536)
+          if not d:
+              break
+          data += d
+      open(#{inspect(marker)}, "w").close()
+      time.sleep(6)
+      while True:
+          d = s.recv(1 << 20)
+          if not d:
+              break
+          data += d
+      head, body = bytes(data).split(b"\\r\\n\\r\\n", 1)
+      print(json.dumps({"head": head.decode(), "size": len(body), "sha": hashlib.sha256(body).hexdigest()}))
+      """
+
+      task =
+        Task.async(fn ->
+          Testbed.exec_in(tb, :pod, [Tier.tool!("python3"), "-c", script], ca: sc.ca_cert, timeout: 60_000)
+        end)
+
+      # While the reader pauses, the proxy takes nginx's DATA only as the
+      # workspace takes it (the window is acknowledged, and the upstream
+      # socket read, only while the workspace's socket queue is short), so
+      # nginx cannot finish the response (it logs a request when it did):
+      # the buffers between the proxy and the reader (a 64 KiB receive
+      # buffer, the proxy's socket queue) hold far less than the 19 MiB to
+      # come. A proxy that buffered the body would let nginx finish.
+      :ok = Cmd.poll(fn -> File.exists?(marker) end, 30_000)
+      Process.sleep(2_000)
+      refute Enum.any?(Testbed.access_log(tb), &(&1["uri"] == "/big.bin?#{q}"))
+      {out, status} = Task.await(task, 70_000)
+      assert status == 0, out
+      res = out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
+      assert res["size"] == 20_971_520 and res["sha"] == tb.big_file.sha256, inspect(res)
+      assert res["head"] =~ "content-length: 20971520"
+
+      # nginx saw the request in h2.
+      assert Enum.any?(Testbed.access_log(tb), &(&1["uri"] == "/big.bin?#{q}" and &1["protocol"] == "HTTP/2.0"))
     end
   end
 
