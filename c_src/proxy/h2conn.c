@@ -120,6 +120,7 @@ typedef struct h1slot {
   uv_connect_t creq;
   uv_timer_t timer;
   bool timer_init, timer_closing;
+  bool cooldown;           /* failed to open: not again until a stream ends */
   int last_err;
 } h1slot_t;
 
@@ -1220,6 +1221,8 @@ static bool h1_read_response(h2s_t *s) {
   }
   sl->cur = NULL;
   s->slot = NULL;
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++)
+    h->slots[i].cooldown = false;
   if (!s->h1_keep || u->in_len > 0)
     slot_reset(sl);
   return true;
@@ -1254,7 +1257,9 @@ static void own_handle_closed(uv_handle_t *hd) {
   sl->connect_pending = false;
   if (again)
     slot_connect_next(sl);
-  ce_conn_release(c); /* last: it may free the connection */
+  if (!c->dead)
+    ce_conn_process(c); /* the slot may be used (or opened) again */
+  ce_conn_release(c);   /* last: it may free the connection */
 }
 
 static void own_close_handle(h1slot_t *sl) {
@@ -1326,11 +1331,17 @@ static void slot_failed(h1slot_t *sl, int status, const char *reason) {
   h2_t *h = sl->h;
   if (!sl->conn_slot)
     slot_reset(sl);
+  /* No storm of connects to an upstream that refuses more: the slot waits
+   * until a stream ends on another one. */
+  sl->cooldown = true;
+  CE_TRACE_D("proxy", 'c', h->c->id, "h2: upstream connection %d failed: %s", (int)(sl - h->slots), reason);
   for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
     const h1slot_t *o = &h->slots[i];
     if (o != sl && (o->cur != NULL || slot_connecting(o) || slot_ready(o)))
       return;
   }
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++)
+    h->slots[i].cooldown = false;
   fail_queue(h, status, reason);
 }
 
@@ -1629,12 +1640,14 @@ static void h1_pump(h2_t *h) {
     for (size_t i = 0; i < CE_H2_H1_POOL && idle == NULL; i++) {
       h1slot_t *sl = &h->slots[i];
       if (sl->cur == NULL && !slot_connecting(sl) && !slot_open(sl) && !sl->resolving && !sl->own.closing &&
-          !(sl->conn_slot && c->u.closing && !c->connect_pending))
+          !sl->cooldown)
         idle = sl;
     }
     if (idle == NULL)
       return;
     slot_connect(idle);
+    if (!slot_connecting(idle))
+      return; /* it failed at once (and said so), or must wait: no loop */
   }
 }
 

@@ -22,17 +22,34 @@ defmodule Condukt.Netns.SidecarH2Test do
   # servers/h2_origin.py speaks h2 only on 8093; nginx both on 443.
   @h1_only 8091
   @h2_only 8093
+  # scripted.py again: one connection at a time.
+  @h1_one 8094
 
   setup_all do
     tb = Testbed.start(big_size: 20 * 1024 * 1024)
     {crt, key} = tb.pki.server
     py = Tier.tool!("python3")
-    s1 = Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "scripted.py"), "8090", "#{@h1_only}", crt, key])
+
+    s1 =
+      Testbed.spawn_in(tb, :inet, [
+        py,
+        Path.join(tb.bin_dir, "scripted.py"),
+        "8090",
+        "#{@h1_only}",
+        crt,
+        key,
+        "#{@h1_one}"
+      ])
+
     s2 = Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "h2_origin.py"), "#{@h2_only}", crt, key])
 
-    :ok = Testbed.wait_listening(tb, :inet, tcp: ["0.0.0.0:#{@h1_only}", "0.0.0.0:#{@h2_only}"], pids: [s1, s2])
+    :ok =
+      Testbed.wait_listening(tb, :inet,
+        tcp: ["0.0.0.0:#{@h1_only}", "0.0.0.0:#{@h2_only}", "0.0.0.0:#{@h1_one}"],
+        pids: [s1, s2]
+      )
 
-    sc = Sidecar.start(tb, policy(), ports: [80, 443, @h1_only, @h2_only])
+    sc = Sidecar.start(tb, policy(), ports: [80, 443, @h1_only, @h2_only, @h1_one])
     on_exit(fn -> Sidecar.stop(sc) end)
     %{tb: tb, sc: sc}
   end
@@ -280,6 +297,27 @@ defmodule Condukt.Netns.SidecarH2Test do
       # at once, each on a connection of its own.
       r = Client.run(tb, :curl, "https://allowed.test:#{@h1_only}/slow-max?key=#{key}", ca: sc.ca_cert, http: :h1)
       assert r.ok and r.body == "6 6", inspect(r)
+    end
+
+    test "the pool: an upstream that refuses extra connections serves the streams on the one it keeps",
+         %{tb: tb, sc: sc} do
+      key = "k#{System.unique_integer([:positive])}"
+      q = tag()
+      paths = Enum.map(1..3, &"/slow?key=#{key}&i=#{&1}")
+      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h1_one, mode: "paths", paths: paths, query: q})
+
+      # The extra connections fail (closed before TLS); the streams wait
+      # for the one connection instead of failing, and are served in turn.
+      for i <- 1..3 do
+        assert %{"status" => 200, "ended" => true, "body" => "slow"} = out["streams"]["#{2 * i - 1}"]
+      end
+
+      for i <- 1..3 do
+        assert List.last(events_for("key=#{key}&i=#{i}&#{q}"))["event"] == "request_closed"
+      end
+
+      r = Client.run(tb, :curl, "https://allowed.test:#{@h1_one}/slow-max?key=#{key}", ca: sc.ca_cert, http: :h1)
+      assert r.ok and r.body == "1 1", inspect(r)
     end
 
     test "h2load: 200 requests on 4 connections, 10 streams each, all succeed (h2 and HTTP/1.1 upstreams)",

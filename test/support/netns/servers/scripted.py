@@ -31,7 +31,12 @@ sometimes do:
   /slow-max    ?key=K: answers the most /slow requests of key K that were
                in progress at once, and the connections they came on
 
-Run: /usr/bin/python3 scripted.py PLAIN TLS_PORT CERT KEY
+With a fifth argument ONE_PORT, also listens there (TLS) for one
+connection at a time: a connection that comes while another is open is
+closed at once, before its TLS handshake (an upstream that refuses a
+client's extra connections).
+
+Run: /usr/bin/python3 scripted.py PLAIN TLS_PORT CERT KEY [ONE_PORT]
 """
 
 import socket
@@ -169,7 +174,17 @@ def serve(sock, tls):
     sock.close()
 
 
-def handle(sock, ctx):
+ONE_LOCK = threading.Lock()
+ONE_OPEN = [0]
+
+
+def handle(sock, ctx, one=False):
+    if one:
+        with ONE_LOCK:
+            if ONE_OPEN[0] > 0:
+                sock.close()
+                return
+            ONE_OPEN[0] += 1
     try:
         if ctx is not None:
             sock = ctx.wrap_socket(sock, server_side=True)
@@ -181,9 +196,12 @@ def handle(sock, ctx):
             sock.close()
         except OSError:
             pass
+        if one:
+            with ONE_LOCK:
+                ONE_OPEN[0] -= 1
 
 
-def listen(family, addr, port, ctx):
+def listen(family, addr, port, ctx, one=False):
     s = socket.socket(family, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if family == socket.AF_INET6:
@@ -194,7 +212,7 @@ def listen(family, addr, port, ctx):
     def loop():
         while True:
             c, _ = s.accept()
-            threading.Thread(target=handle, args=(c, ctx), daemon=True).start()
+            threading.Thread(target=handle, args=(c, ctx, one), daemon=True).start()
 
     threading.Thread(target=loop, daemon=True).start()
 
@@ -206,6 +224,8 @@ def main():
     for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
         listen(family, addr, plain, None)
         listen(family, addr, tls_port, ctx)
+        if len(sys.argv) > 5:
+            listen(family, addr, int(sys.argv[5]), ctx, one=True)
     while True:
         time.sleep(3600)
 
