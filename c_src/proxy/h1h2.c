@@ -142,7 +142,7 @@ static bool write_head(h1h2_t *h, int status, unsigned flags) {
 }
 
 /* The final response head: framing for the workspace's version. */
-static void final_head(h1h2_t *h, int status, bool end) {
+static void final_head(h1h2_t *h, int status) {
   ce_conn_t *c = h->c;
   ce_h1_head_t *hd = malloc(sizeof(*hd));
   if (hd == NULL) {
@@ -180,7 +180,6 @@ static void final_head(h1h2_t *h, int status, bool end) {
       h->close_out = true;
     }
   }
-  (void)end;
   c->resp_keep_alive = c->req_keep_alive && !h->close_out && !c->proxy->draining;
   if (!c->resp_keep_alive)
     flags |= CE_H2H_CLOSE;
@@ -210,7 +209,7 @@ static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, v
         if (c->req_http11 && !(status == 100 && h->continued) && !write_head(h, status, 0))
           set_fail(h, "upstream_bad_response: the interim response cannot be expressed in HTTP/1.1");
       } else {
-        final_head(h, status, end);
+        final_head(h, status);
       }
       fields_reset(h);
     } else {

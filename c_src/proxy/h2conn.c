@@ -726,8 +726,13 @@ static void stream_request(h2s_t *s) {
   }
   if (v.decision != CE_DECISION_ALLOW) {
     const char *reason = v.decision == CE_DECISION_DENY ? ce_reason_name(v.reason) : "decider_error";
-    char text[900];
-    deny_text(s, text, sizeof(text), v.rule_index >= 0 ? "a rule" : "the policy default", reason);
+    /* In the words of the HTTP/1.1 path (conn.c refuse_policy). */
+    char text[900], who[64];
+    if (v.rule_index >= 0)
+      snprintf(who, sizeof(who), "rule %d (%s)", (int)v.rule_index, ce_rule_kind_name(v.rule_kind));
+    else
+      snprintf(who, sizeof(who), "the policy default");
+    deny_text(s, text, sizeof(text), who, reason);
     refuse(s, 403, reason, text);
     return;
   }
