@@ -1041,7 +1041,9 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
   for (int i = ce_h1_find(h, "te", 0); i >= 0; i = ce_h1_find(h, "te", i + 1))
     if (h->fields[i].value_len >= 8 && memmem(h->fields[i].value, h->fields[i].value_len, "trailers", 8) != NULL)
       c->req_te_trailers = true;
-  c->req_done = h->framing == CE_H1_BODY_NONE;
+  /* Content-Length: 0 is a body that is already whole (an h2 upstream
+   * needs its END_STREAM now, and the connection may be kept). */
+  c->req_done = h->framing == CE_H1_BODY_NONE || (h->framing == CE_H1_BODY_LENGTH && h->content_length == 0);
   c->resp_head_done = c->resp_done = false;
   c->denied_discard = false;
 

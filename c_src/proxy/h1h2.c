@@ -402,7 +402,7 @@ int ce_h1h2_begin(ce_conn_t *c) {
     nva[i] = (nghttp2_nv){(uint8_t *)(uintptr_t)f[i].name, (uint8_t *)(uintptr_t)f[i].value, f[i].name_len,
                           f[i].value_len, NGHTTP2_NV_FLAG_NONE};
   nghttp2_data_provider prd = {.source.ptr = h, .read_callback = body_read};
-  int32_t sid = nghttp2_submit_request(h->s, NULL, nva, (size_t)n, c->req_framing == CE_H1_BODY_NONE ? NULL : &prd,
+  int32_t sid = nghttp2_submit_request(h->s, NULL, nva, (size_t)n, c->req_done ? NULL : &prd,
                                        NULL);
   if (sid < 0)
     goto out;

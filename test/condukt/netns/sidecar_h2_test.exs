@@ -376,6 +376,9 @@ defmodule Condukt.Netns.SidecarH2Test do
           c.request("GET", p + "?#{q}")
           r = c.getresponse()
           res.append([r.status, r.version, r.read().decode()])
+      c.request("POST", "/empty?#{q}", body=b"")
+      r = c.getresponse()
+      res.append([r.status, r.version, r.read().decode()])
       def gen():
           for i in range(10):
               yield b"x" * 1000
@@ -407,14 +410,20 @@ defmodule Condukt.Netns.SidecarH2Test do
       assert status == 0, out
       res = out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
 
-      assert [[200, 11, "h2 origin /a?" <> _], [200, 11, "h2 origin /b?" <> _], [200, 11, "h2 origin /c?" <> _], upload] =
-               res["keepalive"]
+      assert [
+               [200, 11, "h2 origin /a?" <> _],
+               [200, 11, "h2 origin /b?" <> _],
+               [200, 11, "h2 origin /c?" <> _],
+               [200, 11, "h2 origin /empty?" <> _],
+               upload
+             ] = res["keepalive"]
 
       assert upload == [200, "chunked", "got 10000 bytes; trailers \n"]
 
-      # Four exchanges on one workspace connection (and so one upstream session).
-      closed = q |> events_for(4) |> Enum.filter(&(&1["event"] == "request_closed"))
-      assert length(closed) == 4
+      # Five exchanges (one a POST with Content-Length: 0) on one workspace
+      # connection, and so one upstream session.
+      closed = q |> events_for(5) |> Enum.filter(&(&1["event"] == "request_closed"))
+      assert length(closed) == 5
       assert closed |> Enum.map(& &1["connection_id"]) |> Enum.uniq() |> length() == 1
       assert Enum.all?(closed, &(&1["http_version"] == "HTTP/1.1"))
       assert List.last(closed)["bytes_out"] >= 10_000
@@ -526,18 +535,24 @@ defmodule Condukt.Netns.SidecarH2Test do
     test "a slow reader of a 20 MiB response: the proxy's RSS stays bounded, then all bytes arrive",
          %{tb: tb, sc: sc} do
       base = rss_kib(sc.pid)
+      q = tag()
 
       task =
         Task.async(fn ->
-          h2_raw(tb, sc, %{host: "allowed.test", mode: "slow_reader", path: "/big.bin", seconds: 4, query: tag()})
+          h2_raw(tb, sc, %{host: "allowed.test", mode: "slow_reader", path: "/big.bin", seconds: 4, query: q})
         end)
 
       Process.sleep(1_000)
       peak = Enum.reduce(1..10, 0, fn _, acc -> Process.sleep(250) && max(acc, rss_kib(sc.pid)) end)
+      # Still inside the reader's pause: nginx, held by the windows, has not
+      # finished the response (it logs a request when it did). This is the
+      # sharp check; RSS under the sanitizers also counts the allocator's
+      # quarantine, which grows with every byte moved by earlier tests.
+      refute Enum.any?(Testbed.access_log(tb), &(&1["uri"] == "/big.bin?#{q}"))
       out = Task.await(task, 60_000)
       assert %{"status" => 200, "ended" => true, "size" => 20_971_520} = out["streams"]["1"]
       # One connection holds at most its windows and socket queue (a few MiB).
-      assert peak - base < 8 * 1024, "RSS grew from #{base} KiB to #{peak} KiB"
+      assert peak - base < 16 * 1024, "RSS grew from #{base} KiB to #{peak} KiB"
     end
   end
 
