@@ -15,6 +15,8 @@ ROOT := $(abspath .)
 CC ?= cc
 # libwebsockets and yaml-0.1: the Kubernetes client (c_src/kube/).
 PKGS := jansson libuv openssl libwebsockets yaml-0.1
+# HTTP/2 (docs/http2.md).
+PKGS += libnghttp2
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lunistring
 # erl_interface (ei) ships with Erlang, not pkg-config: Debian's erlang-dev

@@ -12,6 +12,7 @@ PACKAGES="
   libcriterion-dev clang libclang-rt-14-dev
   iptables iproute2 util-linux openssl nginx-light nodejs
   python3 python3-requests python3-websockets
+  python3-h2 python3-httpx nghttp2-client
 "
 
 missing=""

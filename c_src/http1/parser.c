@@ -909,6 +909,11 @@ void ce_h1_body_init(ce_h1_body_t *body, ce_h1_framing_t framing,
   body->state = CH_SIZE;
 }
 
+void ce_h1_body_keep_trailers(ce_h1_body_t *body, char *buf) {
+  body->keep = buf;
+  body->kept = 0;
+}
+
 /* One byte of a chunk-size line (CH_SIZE .. CH_EXT_VAL_AFTER_QUOTE). */
 static int chunk_line_byte(ce_h1_body_t *b, unsigned char c, const char **why) {
   if (c == '\n')
@@ -1003,6 +1008,10 @@ static int chunk_line_byte(ce_h1_body_t *b, unsigned char c, const char **why) {
 static int trailer_byte(ce_h1_body_t *b, unsigned char c, const char **why) {
   if (++b->trailer_bytes > CE_H1_MAX_TRAILER_BYTES)
     return fail(why, "trailers too large", CE_ETOOBIG);
+  /* Every byte but the final CRLF's is a field line's; the count bounds
+   * what is kept (a failure later makes it moot). */
+  if (b->keep != NULL && b->state != CH_END_LF && !(b->state == CH_TRAILER_START && c == '\r'))
+    b->keep[b->kept++] = (char)c;
   switch (b->state) {
   case CH_TRAILER_START:
     if (c == '\r') {

@@ -178,12 +178,23 @@ typedef struct {
   int state;           /* private */
   size_t line_len;     /* private: bytes of the current chunk-size line */
   size_t trailer_bytes;/* private */
+  char *keep;          /* private: see ce_h1_body_keep_trailers */
+  size_t kept;         /* trailer bytes kept in keep */
 } ce_h1_body_t;
 
 /* Starts decoding a body framed as the parsed head says (content_length is
  * only read for CE_H1_BODY_LENGTH). Cannot fail. */
 void ce_h1_body_init(ce_h1_body_t *body, ce_h1_framing_t framing,
                      uint64_t content_length);
+
+/*
+ * Keeps the trailer section instead of dropping it: buf (at least
+ * CE_H1_MAX_TRAILER_BYTES bytes, owned by the caller) receives the trailer
+ * field lines as validated, each with its CRLF, without the final empty
+ * line; body->kept says how many bytes. Call after ce_h1_body_init.
+ * Cannot fail.
+ */
+void ce_h1_body_keep_trailers(ce_h1_body_t *body, char *buf);
 
 /*
  * Consumes body bytes from in[0..len). Sets *consumed to the bytes used and
@@ -207,7 +218,8 @@ void ce_h1_body_init(ce_h1_body_t *body, ce_h1_framing_t framing,
  *   CE_EINVAL   the decoder already failed, or an unknown framing.
  * After a failure *data_len is 0 and *consumed is the number of bytes
  * before the offending one. Trailer fields are validated and dropped
- * (RFC 9110 §6.5.1 lets a recipient discard them). For CE_H1_BODY_CLOSE it
+ * (RFC 9110 §6.5.1 lets a recipient discard them) unless kept
+ * (ce_h1_body_keep_trailers). For CE_H1_BODY_CLOSE it
  * never completes: the caller ends the body at EOF.
  */
 int ce_h1_body_next(ce_h1_body_t *body, const char *in, size_t len,

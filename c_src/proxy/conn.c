@@ -9,7 +9,7 @@
  * Closing is deferred the same way: conn_abort() only marks the connection
  * and closes its handles; memory goes in the last close callback.
  */
-#include "proxy/conn.h"
+#include "proxy/conn_internal.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -31,114 +31,10 @@
 #include "tls/context.h"
 #include "tls/tlsconn.h"
 
-typedef enum {
-  ST_HELLO = 0,
-  ST_HANDSHAKE,
-  ST_HEAD,
-  ST_DECIDING,
-  ST_CONNECTING,
-  ST_EXCHANGE,
-  ST_TUNNEL,
-  ST_CLOSING,
-} conn_state_t;
-
-static const char *const state_names[] = {"hello",      "handshake", "head",   "deciding",
-                                          "connecting", "exchange",  "tunnel", "closing"};
-
-typedef struct side {
-  uv_tcp_t tcp;
-  struct ce_conn *conn;
-  const char *name;        /* "client" or "upstream", for traces */
-  bool open;               /* tcp initialised and not yet closing */
-  bool closing;            /* uv_close called, its callback not yet run */
-  bool connected;
-  bool reading;
-  bool eof;                /* the peer finished sending */
-  bool close_notify;       /* TLS: the peer's eof was a close_notify */
-  bool close_after_flush;
-  bool shut;               /* uv_shutdown asked: nothing more is written */
-  bool shut_done;          /* ...and its callback ran */
-  uv_shutdown_t shut_req;
-  ce_tlsconn_t *tls;
-  bool handshaken;
-  uint32_t gen;            /* bumped when the handle closes; writes carry it */
-  size_t queued;           /* bytes given to uv_write on this handle, not yet written */
-  char *in;                /* CE_CONN_INPUT_MAX bytes of plaintext input */
-  size_t in_len;
-  char *rbuf;              /* CE_CONN_READ_CHUNK bytes for TLS reads */
-} side_t;
-
-typedef struct {
-  uv_write_t req;
-  side_t *side;
-  uint32_t gen;            /* side->gen when written: an older one is a past handle's */
-  size_t len;
-  char data[];
-} write_req_t;
-
-struct ce_conn {
-  ce_proxy_t *proxy;
-  ce_conn_t *next;
-  ce_conn_t *prev;
-  uint64_t id;
-  conn_state_t state;
-  side_t c;                /* the workspace */
-  side_t u;                /* the upstream */
-  uv_timer_t timer;
-  int handles;             /* open handles still to be closed */
-  bool resolving;          /* a uv_getaddrinfo is in flight */
-  bool connect_pending;    /* connect_next waits for the old upstream handle */
-  uv_getaddrinfo_t gai;
-  bool dead;               /* aborting: handles closing */
-  bool processing;         /* conn_process is on the stack */
-  bool again;
-  bool lingering;          /* closing: client write side shut, its input discarded */
-  bool head_started;       /* the header timeout runs for a head begun */
-  ce_clienthello_state_t hello_state;
-
-  /* What the workspace dialled. */
-  struct sockaddr_storage orig_dst;
-  uint16_t port;
-  bool tls;                /* the workspace speaks TLS */
-  bool has_sni;
-  char sni_raw[CE_CLIENTHELLO_MAX_SNI + 1];
-  ce_host_t sni;           /* normalised SNI, or the destination IP when none */
-
-  /* The upstream currently connected (or being connected). */
-  char up_host[256];
-  uint16_t up_port;
-  struct addrinfo *addrs;  /* from the resolver, owned */
-  struct addrinfo *next_addr;
-  uv_connect_t connect_req;
-
-  /* The current request. */
-  bool have_req;
-  ce_reqinfo_t req;
-  ce_h1_head_t head;       /* scratch for the last parsed head */
-  char *up_head;           /* the request head as forwarded upstream */
-  size_t up_head_len;
-  char method[32];
-  ce_h1_framing_t req_framing;
-  ce_h1_body_t req_body;
-  bool req_keep_alive;
-  bool req_upgrade;
-  bool req_expect_continue; /* Expect: 100-continue: the body may never come */
-  bool req_http11;         /* the client speaks HTTP/1.1 (else 1.0) */
-  bool req_done;
-  bool resp_head_done;
-  bool resp_done;
-  bool resp_keep_alive;
-  bool resp_chunked_out;   /* re-encoding the response body as chunks */
-  bool resp_close_out;     /* the client's response ends at close */
-  ce_h1_body_t resp_body;
-  bool denied_discard;     /* reading and dropping a denied request's body */
-  uint64_t ask_id;         /* pending decision, 0 = none */
-  int32_t decide_rule;
-  bool decide_cache;
-  bool failed_reported;
-};
-
 /* ---- tracing ------------------------------------------------------------ */
+
+static const char *const state_names[] = {"hello",    "handshake", "head",    "deciding", "connecting",
+                                          "exchange", "tunnel",    "closing", "h2"};
 
 /* Every state change goes through set_state() and is traced at debug
  * level with the connection id (common/trace.h). The macro wrapper keeps
@@ -158,8 +54,11 @@ static void conn_process(ce_conn_t *c);
 static void conn_abort(ce_conn_t *c);
 static void side_write(side_t *s, const char *data, size_t len);
 static void start_exchange(ce_conn_t *c);
+static void upstream_failed_mid_response(ce_conn_t *c, const char *reason);
 static void connect_next(ce_conn_t *c);
 static void answer(ce_conn_t *c, int status, const char *body, bool keep);
+static void preconnect_done(ce_conn_t *c, bool ok);
+static void resolve_upstream(ce_conn_t *c);
 
 /* ---- events -------------------------------------------------------------- */
 
@@ -231,6 +130,8 @@ static void maybe_free(ce_conn_t *c) {
   if (c->next != NULL)
     c->next->prev = c->prev;
   end_request(c);
+  ce_h2conn_free(c->h2);
+  ce_h1h2_free(c->h1h2);
   ce_tlsconn_free(c->c.tls);
   ce_tlsconn_free(c->u.tls);
   free(c->c.in);
@@ -273,6 +174,8 @@ static void side_close(side_t *s) {
 /* Drops the upstream connection (a new host on a plain connection, or a
  * broken one); the connection itself lives on. */
 static void upstream_reset(ce_conn_t *c) {
+  ce_h1h2_free(c->h1h2);
+  c->h1h2 = NULL;
   side_close(&c->u);
   ce_tlsconn_free(c->u.tls);
   c->u.tls = NULL;
@@ -283,6 +186,7 @@ static void upstream_reset(ce_conn_t *c) {
   c->u.shut = c->u.shut_done = false;
   c->u.in_len = 0;
   c->u.close_after_flush = false;
+  c->up_h2 = false;
   c->up_host[0] = '\0';
 }
 
@@ -299,12 +203,30 @@ static void conn_abort(ce_conn_t *c) {
     uv_cancel((uv_req_t *)&c->gai);
   side_close(&c->c);
   side_close(&c->u);
+  ce_h2conn_close_handles(c);
   if (!uv_is_closing((uv_handle_t *)&c->timer))
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
 }
 
 static void update_reading(ce_conn_t *c);
 static void arm(ce_conn_t *c, uint32_t ms);
+
+/* An HTTP/1.1 upstream asked for h2 streams (ce_conn_h2_connect) is ready
+ * (status 0) or failed: tell h2conn.c. False when none was being made. */
+static bool h2_connect_end(ce_conn_t *c, int status, const char *reason) {
+  if (!c->h2_connecting || c->dead)
+    return false;
+  c->h2_connecting = false;
+  if (status != 0) {
+    if (c->resolving)
+      uv_cancel((uv_req_t *)&c->gai);
+    upstream_reset(c);
+  }
+  arm(c, c->proxy->opts->idle_ms);
+  ce_h2conn_upstream_done(c, status, reason);
+  conn_process(c);
+  return true;
+}
 
 static void on_linger_shutdown(uv_shutdown_t *req, int status) {
   ce_conn_t *c = ((side_t *)req->data)->conn;
@@ -382,6 +304,10 @@ static void on_timer(uv_timer_t *t) {
     }
     break;
   case ST_CONNECTING:
+    if (c->preconnecting) {
+      preconnect_done(c, false);
+      return;
+    }
     report_failed(c, "upstream_unreachable: connect timed out");
     answer(c, 504, "condukt: upstream_unreachable: connect timed out\n", false);
     close_after_flush(c);
@@ -392,6 +318,11 @@ static void on_timer(uv_timer_t *t) {
   case ST_CLOSING:
     /* Flushing or lingering took too long: the request was reported. */
     break;
+  case ST_H2:
+    if (h2_connect_end(c, 504, "upstream_unreachable: connect timed out"))
+      return;
+    ce_h2conn_timeout(c);
+    return;
   default:
     report_failed(c, c->resp_head_done ? "upstream_timeout: response body stalled"
                                        : "upstream_timeout: no response");
@@ -423,6 +354,12 @@ static void on_write(uv_write_t *req, int status) {
     return;
   if (status < 0) {
     trace(c, "%s write failed: %s", s->name, uv_strerror(status));
+    if (s != &c->c && c->state == ST_H2) {
+      /* An upstream of h2 streams: they fail, the workspace goes on. */
+      s->eof = true;
+      conn_process(c);
+      return;
+    }
     if (s == &c->c)
       report_failed(c, "client_reset");
     else
@@ -699,11 +636,17 @@ static void on_upstream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 
 static void upstream_ready(ce_conn_t *c) {
+  if (h2_connect_end(c, 0, NULL))
+    return;
   /* Only a connection still waiting for its upstream starts the exchange:
    * one that timed out (504, CLOSING) was answered already. */
   if (c->state != ST_CONNECTING)
     return;
   trace(c, "upstream %s:%u ready", c->up_host, (unsigned)c->up_port);
+  if (c->preconnecting) {
+    preconnect_done(c, true);
+    return;
+  }
   start_exchange(c);
 }
 
@@ -716,8 +659,14 @@ static void upstream_handshake(ce_conn_t *c) {
     c->u.handshaken = true;
     upstream_ready(c);
   } else if (rc != CE_EAGAIN) {
+    if (c->preconnecting) {
+      preconnect_done(c, false);
+      return;
+    }
     char reason[400];
     snprintf(reason, sizeof(reason), "upstream_tls: %s", ce_tlsconn_error(c->u.tls));
+    if (h2_connect_end(c, 502, reason))
+      return;
     report_failed(c, reason);
     char text[500];
     plain(text, sizeof(text), reason);
@@ -735,8 +684,14 @@ static void connect_failed(ce_conn_t *c, int err) {
     connect_next(c);
     return;
   }
+  if (c->preconnecting) {
+    preconnect_done(c, false);
+    return;
+  }
   char reason[200], body[300];
   snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(err));
+  if (h2_connect_end(c, 502, reason))
+    return;
   report_failed(c, reason);
   snprintf(body, sizeof(body), "condukt: %s\n", reason);
   answer(c, 502, body, false);
@@ -747,7 +702,7 @@ static void on_connected(uv_connect_t *req, int status) {
   ce_conn_t *c = req->data;
   /* After a timeout (504 sent, CLOSING) the attempt is moot: its handle
    * goes with the connection. */
-  if (c->dead || c->state != ST_CONNECTING)
+  if (c->dead || (c->state != ST_CONNECTING && !c->h2_connecting) || (c->h2_connecting && status == UV_ECANCELED))
     return;
   if (status < 0) {
     side_close(&c->u);
@@ -764,8 +719,16 @@ static void on_connected(uv_connect_t *req, int status) {
     return;
   }
   SSL *ssl;
-  static const unsigned char alpn[] = "\x08http/1.1";
-  if (ce_tls_client_ssl_new(c->proxy->client_ctx, c->up_host, alpn, sizeof(alpn) - 1, &ssl) != CE_OK ||
+  /* A pre-connect and a connection for an HTTP/1.1 workspace ask for h2
+   * first (docs/http2.md §1, §6: an h2-only upstream is reached by
+   * translation); the HTTP/1.1 upstreams of an h2 workspace's streams and
+   * a WebSocket upgrade (no extended CONNECT here) ask for HTTP/1.1 only. */
+  static const unsigned char alpn_h1[] = "\x08http/1.1";
+  static const unsigned char alpn_both[] = "\x02h2\x08http/1.1";
+  bool both = c->preconnecting || (!c->h2_connecting && !c->req_upgrade);
+  const unsigned char *alpn = both ? alpn_both : alpn_h1;
+  size_t alpn_len = both ? sizeof(alpn_both) - 1 : sizeof(alpn_h1) - 1;
+  if (ce_tls_client_ssl_new(c->proxy->client_ctx, c->up_host, alpn, alpn_len, &ssl) != CE_OK ||
       ce_tlsconn_new(ssl, false, &c->u.tls) != CE_OK) {
     report_failed(c, "upstream_tls: cannot create a TLS session");
     conn_abort(c);
@@ -796,6 +759,12 @@ static void connect_next(ce_conn_t *c) {
    * sidecar that cannot set it would loop into itself: fail closed. */
   if (ce_set_mark(fd, c->proxy->opts->mark) != CE_OK) {
     close(fd);
+    if (c->preconnecting) {
+      preconnect_done(c, false);
+      return;
+    }
+    if (h2_connect_end(c, 502, "upstream_unreachable: cannot set SO_MARK (the sidecar needs CAP_NET_ADMIN)"))
+      return;
     report_failed(c, "upstream_unreachable: cannot set SO_MARK (the sidecar needs CAP_NET_ADMIN)");
     answer(c, 502, "condukt: the egress sidecar cannot mark its sockets (CAP_NET_ADMIN missing)\n", false);
     close_after_flush(c);
@@ -828,17 +797,23 @@ static void connect_next(ce_conn_t *c) {
 static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
   ce_conn_t *c = req->data;
   c->resolving = false;
-  if (c->dead || c->state != ST_CONNECTING) {
+  if (c->dead || (c->state != ST_CONNECTING && !c->h2_connecting)) {
     /* Aborted, or answered meanwhile (the connect timeout's 504). */
     if (res != NULL)
       uv_freeaddrinfo(res);
     maybe_free(c);
     return;
   }
+  if (status < 0 && c->preconnecting) {
+    preconnect_done(c, false);
+    return;
+  }
   if (status < 0) {
     char reason[300], body[400];
     snprintf(reason, sizeof(reason), "upstream_unreachable: cannot resolve %s: %s", c->up_host,
              uv_strerror(status));
+    if (h2_connect_end(c, 502, reason))
+      return;
     report_failed(c, reason);
     snprintf(body, sizeof(body), "condukt: %s\n", reason);
     answer(c, 502, body, false);
@@ -859,6 +834,12 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     }
     ai = next;
   }
+  if (keep == NULL && c->preconnecting) {
+    preconnect_done(c, false);
+    return;
+  }
+  if (keep == NULL && h2_connect_end(c, 403, why[0] != '\0' ? why : "upstream_unreachable: no address"))
+    return;
   if (keep == NULL) {
     /* Every address is private and nothing names it: a policy refusal. */
     refuse_request(c, 403, why[0] != '\0' ? why : "upstream_unreachable: no address",
@@ -868,16 +849,24 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
   }
   c->addrs = keep;
   c->next_addr = keep;
-  emit(c, "request_allowed", NULL);
+  if (!c->preconnecting && !c->h2_connecting)
+    emit(c, "request_allowed", NULL);
   connect_next(c);
 }
 
 /* Connects to the request's host (reusing a live upstream to the same
  * host and port), then starts the exchange. The allowed event is sent
  * once the resolved addresses passed the private-address check. */
+static bool upstream_speaks_h2(ce_conn_t *c) {
+  size_t n = 0;
+  const char *p = c->u.tls != NULL ? ce_tlsconn_alpn(c->u.tls, &n) : NULL;
+  return p != NULL && n == 2 && memcmp(p, "h2", 2) == 0;
+}
+
 static void connect_upstream(ce_conn_t *c) {
+  bool h2_ok = !upstream_speaks_h2(c) || (!c->req_upgrade && (c->h1h2 == NULL || ce_h1h2_usable(c)));
   if (c->u.open && c->u.connected && !c->u.eof && c->u.in_len == 0 && strcmp(c->up_host, c->req.host) == 0 &&
-      c->up_port == c->port && (!c->tls || c->u.handshaken)) {
+      c->up_port == c->port && (!c->tls || c->u.handshaken) && h2_ok) {
     emit(c, "request_allowed", NULL);
     start_exchange(c);
     return;
@@ -888,12 +877,24 @@ static void connect_upstream(ce_conn_t *c) {
     uv_freeaddrinfo(c->addrs);
     c->addrs = NULL;
   }
+  if (c->resolving) {
+    /* A pre-connect's lookup still runs (it timed out): its request
+     * structure is busy. */
+    report_failed(c, "upstream_unreachable: the resolver is busy");
+    answer(c, 502, "condukt: upstream_unreachable: the resolver is busy\n", false);
+    close_after_flush(c);
+    return;
+  }
   snprintf(c->up_host, sizeof(c->up_host), "%s", c->req.host);
   c->up_port = c->port;
   set_state(c, ST_CONNECTING);
   arm(c, c->proxy->opts->connect_ms);
+  resolve_upstream(c);
+}
+
+static void resolve_upstream(ce_conn_t *c) {
   char port[8];
-  snprintf(port, sizeof(port), "%u", (unsigned)c->port);
+  snprintf(port, sizeof(port), "%u", (unsigned)c->up_port);
   struct addrinfo hints;
   memset(&hints, 0, sizeof(hints));
   hints.ai_family = AF_UNSPEC;
@@ -901,9 +902,15 @@ static void connect_upstream(ce_conn_t *c) {
   hints.ai_flags = AI_NUMERICSERV;
   c->gai.data = c;
   int rc = uv_getaddrinfo(c->proxy->loop, &c->gai, on_resolved, c->up_host, port, &hints);
+  if (rc < 0 && c->preconnecting) {
+    preconnect_done(c, false);
+    return;
+  }
   if (rc < 0) {
     char reason[200];
     snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(rc));
+    if (h2_connect_end(c, 502, reason))
+      return;
     report_failed(c, reason);
     conn_abort(c);
     return;
@@ -1030,7 +1037,13 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
   c->req_upgrade = h->upgrade && h->upgrade_websocket;
   c->req_expect_continue = h->expect_continue;
   c->req_http11 = h->version_minor >= 1;
-  c->req_done = h->framing == CE_H1_BODY_NONE;
+  c->req_te_trailers = false;
+  for (int i = ce_h1_find(h, "te", 0); i >= 0; i = ce_h1_find(h, "te", i + 1))
+    if (h->fields[i].value_len >= 8 && memmem(h->fields[i].value, h->fields[i].value_len, "trailers", 8) != NULL)
+      c->req_te_trailers = true;
+  /* Content-Length: 0 is a body that is already whole (an h2 upstream
+   * needs its END_STREAM now, and the connection may be kept). */
+  c->req_done = h->framing == CE_H1_BODY_NONE || (h->framing == CE_H1_BODY_LENGTH && h->content_length == 0);
   c->resp_head_done = c->resp_done = false;
   c->denied_discard = false;
 
@@ -1160,6 +1173,19 @@ static void process_head(ce_conn_t *c) {
 static void start_exchange(ce_conn_t *c) {
   set_state(c, ST_EXCHANGE);
   arm(c, c->proxy->opts->idle_ms);
+  if (upstream_speaks_h2(c)) {
+    /* docs/http2.md §6: the exchange is one stream of the upstream's
+     * session (h1h2.c). */
+    int rc = ce_h1h2_begin(c);
+    if (rc != CE_OK) {
+      upstream_reset(c);
+      upstream_failed_mid_response(c, rc == CE_ENOMEM ? "out_of_memory"
+                                                      : "bad_request: the request cannot be expressed in HTTP/2");
+      return;
+    }
+    trace(c, "forwarded %s %s as an h2 stream", c->method, c->req.path != NULL ? c->req.path : "");
+    return;
+  }
   side_write(&c->u, c->up_head, c->up_head_len);
   trace(c, "forwarded %s %s", c->method, c->req.path != NULL ? c->req.path : "");
 }
@@ -1565,6 +1591,24 @@ static void client_handshake(ce_conn_t *c) {
   if (rc == CE_OK) {
     c->c.handshaken = true;
     trace(c, "TLS with the workspace established for %s", c->sni.text);
+    size_t alen = 0;
+    const char *ap = ce_tlsconn_alpn(c->c.tls, &alen);
+    bool client_h2 = ap != NULL && alen == 2 && memcmp(ap, "h2", 2) == 0;
+    /* With translation (docs/http2.md §6) the workspace gets h2 whatever
+     * the upstream speaks. */
+    if (client_h2) {
+      set_state(c, ST_H2);
+      arm(c, c->proxy->opts->idle_ms);
+      if (ce_h2conn_start(c) != CE_OK) {
+        report_failed(c, "out_of_memory");
+        conn_abort(c);
+      }
+      return;
+    }
+    /* An h2 upstream for a workspace that did not take h2 is of no use
+     * to the HTTP/1.1 path: the first request connects again. */
+    if (c->up_h2)
+      upstream_reset(c);
     set_state(c, ST_HEAD);
     arm(c, c->proxy->opts->idle_ms);
     return;
@@ -1581,6 +1625,42 @@ static void client_handshake(ce_conn_t *c) {
     report_failed(c, reason);
   }
   conn_abort(c);
+}
+
+static void mint_and_handshake(ce_conn_t *c);
+
+/* docs/http2.md §1: a workspace that offers h2 for a host the policy
+ * allows learns what the upstream speaks before it is answered. */
+static void start_preconnect(ce_conn_t *c) {
+  c->preconnecting = true;
+  snprintf(c->up_host, sizeof(c->up_host), "%s", c->sni.text);
+  c->up_port = c->port;
+  set_state(c, ST_CONNECTING);
+  arm(c, c->proxy->opts->connect_ms);
+  trace(c, "pre-connecting to %s for its ALPN", c->up_host);
+  resolve_upstream(c);
+}
+
+/* The pre-connect ended: on success the upstream stays (h2, or the first
+ * HTTP/1.1 request's upstream); on failure it goes, and the first request
+ * meets the failure again on its own path, answered in words. */
+static void preconnect_done(ce_conn_t *c, bool ok) {
+  if (!c->preconnecting || c->dead)
+    return;
+  c->preconnecting = false;
+  c->up_h2 = false;
+  if (ok && c->u.tls != NULL) {
+    size_t n = 0;
+    const char *p = ce_tlsconn_alpn(c->u.tls, &n);
+    c->up_h2 = p != NULL && n == 2 && memcmp(p, "h2", 2) == 0;
+  } else {
+    if (c->resolving)
+      uv_cancel((uv_req_t *)&c->gai);
+    upstream_reset(c);
+  }
+  trace(c, "pre-connect %s; upstream speaks %s", ok ? "done" : "failed", c->up_h2 ? "h2" : "http/1.1");
+  uv_timer_stop(&c->timer);
+  mint_and_handshake(c);
 }
 
 /* The ClientHello is complete: decide what certificate to show. */
@@ -1616,12 +1696,31 @@ static void start_client_tls(ce_conn_t *c, const ce_clienthello_t *hello) {
       return;
     }
   }
+  c->offers_h2 = hello->offers_h2;
+  if (hello->offers_h2 && hello->has_sni && !c->proxy->draining) {
+    ce_verdict_t v;
+    ce_policy_eval_host(c->proxy->policy, c->sni.text, c->sni.len, &v);
+    if (v.decision == CE_DECISION_ALLOW) {
+      start_preconnect(c);
+      return;
+    }
+  }
+  mint_and_handshake(c);
+}
+
+/* Mints (or finds) the leaf and starts the handshake with the workspace,
+ * offering the protocol the upstream chose (docs/http2.md §1). */
+static void mint_and_handshake(ce_conn_t *c) {
   X509 *cert = NULL;
   EVP_PKEY *key = NULL;
   SSL *ssl = NULL;
-  static const unsigned char alpn[] = "\x08http/1.1";
+  static const unsigned char alpn_h1[] = "\x08http/1.1";
+  static const unsigned char alpn_h2[] = "\x02h2";
+  bool h2 = c->offers_h2 && c->has_sni;
+  const unsigned char *alpn = h2 ? alpn_h2 : alpn_h1;
+  size_t alpn_len = h2 ? sizeof(alpn_h2) - 1 : sizeof(alpn_h1) - 1;
   if (ce_leaf_get(c->proxy->leaves, c->sni.text, &cert, &key) != CE_OK ||
-      ce_tls_server_ssl_new(c->proxy->server_ctx, cert, key, alpn, sizeof(alpn) - 1, &ssl) != CE_OK ||
+      ce_tls_server_ssl_new(c->proxy->server_ctx, cert, key, alpn, alpn_len, &ssl) != CE_OK ||
       ce_tlsconn_new(ssl, true, &c->c.tls) != CE_OK) {
     X509_free(cert);
     EVP_PKEY_free(key);
@@ -1713,6 +1812,11 @@ static void pump_tls_input(side_t *s) {
       s->close_notify = true;
       break;
     }
+    if (s != &c->c && c->state == ST_H2 && (s != &c->u || !c->h2_connecting)) {
+      /* The streams on it fail; the workspace's connection goes on. */
+      s->eof = true;
+      break;
+    }
     char reason[300];
     if (s == &c->c)
       snprintf(reason, sizeof(reason), "tls_client_error: %s", ce_tlsconn_error(s->tls));
@@ -1764,6 +1868,14 @@ static void on_read_common(side_t *s, ssize_t nread, const uv_buf_t *buf) {
       conn_abort(c);
       return;
     }
+    if (s == &c->u && c->state == ST_CONNECTING && c->preconnecting) {
+      preconnect_done(c, false);
+      return;
+    }
+    if (s == &c->u && c->h2_connecting) {
+      h2_connect_end(c, 502, "upstream_tls: the server closed during the handshake");
+      return;
+    }
     if (s == &c->u && c->state == ST_CONNECTING && c->u.tls != NULL && !c->u.handshaken) {
       report_failed(c, "upstream_tls: the server closed during the handshake");
       answer(c, 502, "condukt: upstream_tls: the server closed during the handshake\n", false);
@@ -1778,7 +1890,7 @@ static void on_read_common(side_t *s, ssize_t nread, const uv_buf_t *buf) {
     conn_process(c);
     return;
   }
-  if (c->state == ST_EXCHANGE || c->state == ST_TUNNEL)
+  if (c->state == ST_EXCHANGE || c->state == ST_TUNNEL || c->state == ST_H2)
     arm(c, c->proxy->opts->idle_ms);
   if (s->tls == NULL) {
     s->in_len += (size_t)nread; /* read straight into the input buffer */
@@ -1834,6 +1946,8 @@ static void update_reading(ce_conn_t *c) {
       s->reading = false;
     }
   }
+  if (c->state == ST_H2)
+    ce_h2conn_update_reading(c);
 }
 
 /* ---- the driver ---------------------------------------------------------- */
@@ -1861,20 +1975,30 @@ static void conn_process(ce_conn_t *c) {
     case ST_HANDSHAKE:
       break;
     case ST_HEAD:
-      drop_stray_upstream(c);
+      if (c->h1h2 != NULL)
+        ce_h1h2_idle(c);
+      else
+        drop_stray_upstream(c);
       if (c->denied_discard)
         discard_request_body(c);
       else
         process_head(c);
       break;
     case ST_DECIDING:
-      drop_stray_upstream(c);
+      if (c->h1h2 != NULL)
+        ce_h1h2_idle(c);
+      else
+        drop_stray_upstream(c);
       break;
     case ST_CONNECTING:
       break;
     case ST_EXCHANGE:
-      pump_request_body(c);
-      pump_response(c);
+      if (c->h1h2 != NULL) {
+        ce_h1h2_process(c);
+      } else {
+        pump_request_body(c);
+        pump_response(c);
+      }
       if (c->state == ST_EXCHANGE && c->c.eof && !c->req_done) {
         report_failed(c, "client_reset: closed inside the request body");
         conn_abort(c);
@@ -1884,6 +2008,9 @@ static void conn_process(ce_conn_t *c) {
       pump_tunnel(c);
       break;
     case ST_CLOSING:
+      break;
+    case ST_H2:
+      ce_h2conn_process(c);
       break;
     }
     if (c->state != before || c->c.in_len != cin || c->u.in_len != uin)
@@ -1985,6 +2112,8 @@ void ce_conn_drain_all(ce_proxy_t *p) {
       conn_abort(c);
     } else if (c->state == ST_HELLO) {
       conn_abort(c);
+    } else if (c->state == ST_H2) {
+      ce_h2conn_drain(c);
     } else if (c->state == ST_HEAD && c->denied_discard) {
       /* Skipping a refused request's body is waiting for the next request:
        * idle too. Its answer goes out first, then a lingering close. */
@@ -1999,8 +2128,67 @@ void ce_conn_abort_all(ce_proxy_t *p) {
   for (ce_conn_t *c = p->conns; c != NULL; c = c->next) {
     if (c->dead)
       continue;
-    if (c->have_req)
+    if (c->state == ST_H2)
+      ce_h2conn_abort(c, "proxy_shutdown");
+    else if (c->have_req)
       report_failed(c, "proxy_shutdown");
     conn_abort(c);
   }
+}
+
+/* ---- for h2conn.c (conn_internal.h) -------------------------------------- */
+
+void ce_conn_side_write(side_t *s, const char *data, size_t len) { side_write(s, data, len); }
+void ce_conn_report_failed(ce_conn_t *c, const char *reason) { report_failed(c, reason); }
+void ce_conn_abort(ce_conn_t *c) { conn_abort(c); }
+void ce_conn_close_after_flush(ce_conn_t *c) { close_after_flush(c); }
+void ce_conn_upstream_reset(ce_conn_t *c) { upstream_reset(c); }
+void ce_conn_process(ce_conn_t *c) { conn_process(c); }
+void ce_conn_pump_tls_input(side_t *s) { pump_tls_input(s); }
+bool ce_conn_upstream_addr_ok(ce_conn_t *c, const struct sockaddr *sa, char *why, size_t cap) {
+  return upstream_addr_ok(c, sa, why, cap);
+}
+void ce_conn_release(ce_conn_t *c) {
+  c->handles--;
+  maybe_free(c);
+}
+void ce_conn_touch(ce_conn_t *c) {
+  if (c->state == ST_H2)
+    arm(c, c->proxy->opts->idle_ms);
+}
+void ce_conn_failed_mid_response(ce_conn_t *c, const char *reason) { upstream_failed_mid_response(c, reason); }
+void ce_conn_finish_exchange(ce_conn_t *c) { finish_exchange(c); }
+
+void ce_conn_h2_connect(ce_conn_t *c) {
+  if (c->dead || c->h2_connecting)
+    return;
+  if (c->u.open)
+    upstream_reset(c);
+  if (c->addrs != NULL) {
+    uv_freeaddrinfo(c->addrs);
+    c->addrs = NULL;
+  }
+  if (c->resolving) {
+    ce_h2conn_upstream_done(c, 502, "upstream_unreachable: the resolver is busy");
+    return;
+  }
+  snprintf(c->up_host, sizeof(c->up_host), "%s", c->sni.text);
+  c->up_port = c->port;
+  c->h2_connecting = true;
+  trace(c, "h2: connecting %s for HTTP/1.1 streams", c->up_host);
+  arm(c, c->proxy->opts->connect_ms);
+  resolve_upstream(c);
+}
+
+void ce_conn_emit(ce_conn_t *c, const ce_reqinfo_t *r, const char *name, const char *reason) {
+  json_t *ev = ce_event_new(name, r, reason);
+  if (ev == NULL) {
+    CE_TRACE_E("proxy", 'c', c->id, "out of memory building a %s event", name);
+    return;
+  }
+  ce_control_emit(c->proxy->control, ev);
+}
+
+bool ce_conn_split_authority(const char *a, size_t n, size_t *host_len, long *port) {
+  return split_authority(a, n, host_len, port);
 }

@@ -99,6 +99,17 @@ static json_t *fields_json(const ce_h1_head_t *head, const ce_proxy_options_t *o
   return arr;
 }
 
+/* A NUL-terminated copy of s[0..n). Unlike strndup, it never looks past
+ * n: an h2 header value is not NUL-terminated and may end its buffer. */
+static char *copy_n(const char *s, size_t n) {
+  char *d = malloc(n + 1);
+  if (d == NULL)
+    return NULL;
+  memcpy(d, s, n);
+  d[n] = '\0';
+  return d;
+}
+
 int ce_reqinfo_set_request(ce_reqinfo_t *r, const ce_h1_head_t *head, const ce_proxy_options_t *opts) {
   size_t mlen = head->method_len < sizeof(r->method) - 1 ? head->method_len : sizeof(r->method) - 1;
   memcpy(r->method, head->method, mlen);
@@ -119,11 +130,11 @@ int ce_reqinfo_set_request(ce_reqinfo_t *r, const ce_h1_head_t *head, const ce_p
   free(r->path);
   free(r->query);
   r->query = NULL;
-  r->path = strndup(t, plen);
+  r->path = copy_n(t, plen);
   if (r->path == NULL)
     return CE_ENOMEM;
   if (q != NULL) {
-    r->query = strndup(q + 1, n - plen - 1);
+    r->query = copy_n(q + 1, n - plen - 1);
     if (r->query == NULL)
       return CE_ENOMEM;
   }
@@ -215,6 +226,10 @@ json_t *ce_event_new(const char *name, const ce_reqinfo_t *r, const char *reason
     return NULL;
   /* All or nothing: an event without its preview would read as a request
    * without a body. json_object_set_new consumes b, even NULL. */
+  if (r->stream_id > 0 && json_object_set_new(ev, "stream_id", json_integer(r->stream_id)) != 0) {
+    json_decref(ev);
+    return NULL;
+  }
   if (r->body_preview_len > 0 &&
       json_object_set_new(ev, "body_preview", base64(r->body_preview, r->body_preview_len)) != 0) {
     json_decref(ev);

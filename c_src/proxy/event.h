@@ -41,6 +41,7 @@ typedef struct {
   const char *matched_kind;  /* "allow" | "deny" | "decide" (static) */
   char *body_preview;        /* owned; up to the configured cap */
   size_t body_preview_len;
+  int32_t stream_id;         /* HTTP/2 stream of the workspace; 0 = none */
 } ce_reqinfo_t;
 
 void ce_reqinfo_init(ce_reqinfo_t *r, uint64_t id, uint64_t connection_id);

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "h2/headers.h"
 #include "http1/parser.h"
 #include "http1/writer.h"
 
@@ -114,6 +115,8 @@ typedef struct {
   size_t used;
   char *payload;
   size_t payload_len;
+  char *keep;              /* the kept trailers (CE_H1_MAX_TRAILER_BYTES) */
+  size_t kept;
 } body_result_t;
 
 /* Decodes in[0..len) in pieces of step bytes; payload must hold len bytes. */
@@ -121,6 +124,7 @@ static void decode(body_result_t *r, ce_h1_framing_t framing, uint64_t cl, const
                    size_t len, size_t step) {
   ce_h1_body_t b;
   ce_h1_body_init(&b, framing, cl);
+  ce_h1_body_keep_trailers(&b, r->keep);
   r->rc = 0;
   r->used = 0;
   r->payload_len = 0;
@@ -160,6 +164,8 @@ static void decode(body_result_t *r, ce_h1_framing_t framing, uint64_t cl, const
     }
   } while (off < len);
   r->used = off;
+  r->kept = b.kept;
+  CHECK(r->kept <= CE_H1_MAX_TRAILER_BYTES);
 }
 
 static void check_body(ce_h1_framing_t framing, uint64_t cl, const char *in, size_t len,
@@ -170,6 +176,11 @@ static void check_body(ce_h1_framing_t framing, uint64_t cl, const char *in, siz
   whole.payload = bufs;
   bytes.payload = bufs + len + 1;
   pieces.payload = bufs + 2 * (len + 1);
+  char *keeps = malloc(3 * CE_H1_MAX_TRAILER_BYTES);
+  CHECK(keeps != NULL);
+  whole.keep = keeps;
+  bytes.keep = keeps + CE_H1_MAX_TRAILER_BYTES;
+  pieces.keep = keeps + 2 * CE_H1_MAX_TRAILER_BYTES;
   decode(&whole, framing, cl, in, len, len > 0 ? len : 1);
   decode(&bytes, framing, cl, in, len, 1);
   decode(&pieces, framing, cl, in, len, step);
@@ -180,7 +191,20 @@ static void check_body(ce_h1_framing_t framing, uint64_t cl, const char *in, siz
     CHECK(o->used == whole.used);
     CHECK(o->payload_len == whole.payload_len);
     CHECK(memcmp(o->payload, whole.payload, whole.payload_len) == 0);
+    CHECK(o->kept == whole.kept && memcmp(o->keep, whole.keep, whole.kept) == 0);
   }
+  if (whole.rc == 1 && whole.kept > 0) {
+    /* Kept trailers become h2 fields within their bytes (h2/headers.h). */
+    static ce_h2h_field_t f[CE_H1_MAX_FIELDS];
+    static char names[CE_H1_MAX_TRAILER_BYTES];
+    long n = ce_h2h_trailer_fields(whole.keep, whole.kept, f, CE_H1_MAX_FIELDS, names, sizeof(names));
+    CHECK(n >= -1);
+    for (long i = 0; i < n; i++) {
+      CHECK(f[i].name_len > 0 && f[i].name >= names && f[i].name + f[i].name_len <= names + sizeof(names));
+      CHECK(f[i].value >= whole.keep && f[i].value + f[i].value_len <= whole.keep + whole.kept);
+    }
+  }
+  free(keeps);
   if (whole.rc == 1 && framing == CE_H1_BODY_LENGTH)
     CHECK(whole.payload_len == cl && whole.used == cl);
   if (framing == CE_H1_BODY_CLOSE)

@@ -1258,3 +1258,34 @@ Test(http1_body, done_and_failed_are_sticky) {
   cr_expect_eq(consumed, 7);
   cr_expect_eq(dlen, 0);
 }
+
+Test(http1_body, trailers_kept_when_asked_in_any_split) {
+  const char *in = "5\r\nhello\r\n0\r\nGrpc-Status: 0\r\nX-B: two words \r\n\r\nNEXT";
+  for (size_t step = 1; step <= strlen(in); step++) {
+    static char keep[CE_H1_MAX_TRAILER_BYTES];
+    ce_h1_body_t b;
+    ce_h1_body_init(&b, CE_H1_BODY_CHUNKED, 0);
+    ce_h1_body_keep_trailers(&b, keep);
+    size_t off = 0;
+    int rc = 0;
+    while (off < strlen(in) && rc == 0) {
+      size_t k = strlen(in) - off < step ? strlen(in) - off : step;
+      size_t used = 0, dl = 0;
+      const char *data = NULL, *why = NULL;
+      rc = ce_h1_body_next(&b, in + off, k, &used, &data, &dl, &why);
+      off += used;
+    }
+    cr_assert_eq(rc, 1, "step %zu", step);
+    cr_assert_eq(off, strlen(in) - 4, "step %zu", step);
+    cr_assert_eq(b.kept, strlen("Grpc-Status: 0\r\nX-B: two words \r\n"), "step %zu", step);
+    cr_assert(memcmp(keep, "Grpc-Status: 0\r\nX-B: two words \r\n", b.kept) == 0, "step %zu", step);
+  }
+  static char keep2[CE_H1_MAX_TRAILER_BYTES];
+  ce_h1_body_t b;
+  ce_h1_body_init(&b, CE_H1_BODY_CHUNKED, 0);
+  ce_h1_body_keep_trailers(&b, keep2);
+  size_t used = 0, dl = 0;
+  const char *data = NULL, *why = NULL;
+  cr_assert_eq(ce_h1_body_next(&b, "0\r\n\r\n", 5, &used, &data, &dl, &why), 1);
+  cr_assert_eq(b.kept, 0);
+}

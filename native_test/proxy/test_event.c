@@ -1,6 +1,7 @@
 /* Tests for c_src/proxy/event.c: request records, redaction and the event
  * JSON every lifecycle step emits. */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/error.h"
@@ -158,4 +159,24 @@ Test(event, time_format) {
   char buf[40];
   ce_format_time(1763788179123456LL, buf, sizeof(buf));
   cr_expect_str_eq(buf, "2025-11-22T05:09:39.123456Z");
+}
+
+Test(event, a_path_that_ends_its_buffer_without_a_nul_is_copied_within_bounds) {
+  /* An h2 :path is a span of a header buffer, not NUL-terminated, and may
+   * be the last bytes of it (the sanitizers run with strict string
+   * checks: a strndup there read past the buffer). */
+  ce_h1_head_t h;
+  request_head(&h, "/");
+  char *buf = malloc(9);
+  cr_assert_not_null(buf);
+  memcpy(buf, "/p/q?a=12", 9);
+  h.path = buf;
+  h.path_len = 9;
+  ce_reqinfo_t r;
+  ce_reqinfo_init(&r, 1, 1);
+  cr_assert_eq(ce_reqinfo_set_request(&r, &h, NULL), CE_OK);
+  cr_expect_str_eq(r.path, "/p/q");
+  cr_expect_str_eq(r.query, "a=12");
+  ce_reqinfo_clear(&r);
+  free(buf);
 }

@@ -24,8 +24,19 @@ sometimes do:
   /tunnel      101 to a WebSocket upgrade; then reads until the client's
                end of stream and only then answers "got: <bytes>" and closes
   /sink        reads a chunked or Content-Length body; answers its size
+  /trailers    a chunked body "with trailers\\n" followed by the trailers
+               Grpc-Status: 0 and X-Checksum: abc
+  /slow        ?key=K: sleeps 1 s, then 200 "slow"; counts the /slow
+               requests of key K in progress at once
+  /slow-max    ?key=K: answers the most /slow requests of key K that were
+               in progress at once, and the connections they came on
 
-Run: /usr/bin/python3 scripted.py PLAIN TLS_PORT CERT KEY
+With a fifth argument ONE_PORT, also listens there (TLS) for one
+connection at a time: a connection that comes while another is open is
+closed at once, before its TLS handshake (an upstream that refuses a
+client's extra connections).
+
+Run: /usr/bin/python3 scripted.py PLAIN TLS_PORT CERT KEY [ONE_PORT]
 """
 
 import socket
@@ -34,6 +45,9 @@ import sys
 import threading
 import time
 from urllib.parse import parse_qs, urlsplit
+
+SLOW_LOCK = threading.Lock()
+SLOW = {}  # key -> {"now": n, "max": n, "conns": set()}
 
 
 def read_head(f):
@@ -129,6 +143,28 @@ def serve(sock, tls):
             sock.shutdown(socket.SHUT_WR)
             time.sleep(0.5)
             break
+        elif path == "/trailers":
+            read_body(f, headers)
+            sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: Grpc-Status, X-Checksum\r\n\r\n"
+                         b"e\r\nwith trailers\n\r\n0\r\nGrpc-Status: 0\r\nX-Checksum: abc\r\n\r\n")
+        elif path == "/slow":
+            read_body(f, headers)
+            key = q.get("key", "")
+            with SLOW_LOCK:
+                st = SLOW.setdefault(key, {"now": 0, "max": 0, "conns": set()})
+                st["now"] += 1
+                st["max"] = max(st["max"], st["now"])
+                st["conns"].add(id(sock))
+            time.sleep(1)
+            with SLOW_LOCK:
+                st["now"] -= 1
+            sock.sendall(ok(b"slow"))
+        elif path == "/slow-max":
+            read_body(f, headers)
+            with SLOW_LOCK:
+                st = SLOW.get(q.get("key", ""), {"max": 0, "conns": set()})
+                body = b"%d %d" % (st["max"], len(st["conns"]))
+            sock.sendall(ok(body))
         elif path == "/sink":
             n = read_body(f, headers)
             sock.sendall(ok(b"%d\n" % n))
@@ -138,7 +174,17 @@ def serve(sock, tls):
     sock.close()
 
 
-def handle(sock, ctx):
+ONE_LOCK = threading.Lock()
+ONE_OPEN = [0]
+
+
+def handle(sock, ctx, one=False):
+    if one:
+        with ONE_LOCK:
+            if ONE_OPEN[0] > 0:
+                sock.close()
+                return
+            ONE_OPEN[0] += 1
     try:
         if ctx is not None:
             sock = ctx.wrap_socket(sock, server_side=True)
@@ -150,9 +196,12 @@ def handle(sock, ctx):
             sock.close()
         except OSError:
             pass
+        if one:
+            with ONE_LOCK:
+                ONE_OPEN[0] -= 1
 
 
-def listen(family, addr, port, ctx):
+def listen(family, addr, port, ctx, one=False):
     s = socket.socket(family, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if family == socket.AF_INET6:
@@ -163,7 +212,7 @@ def listen(family, addr, port, ctx):
     def loop():
         while True:
             c, _ = s.accept()
-            threading.Thread(target=handle, args=(c, ctx), daemon=True).start()
+            threading.Thread(target=handle, args=(c, ctx, one), daemon=True).start()
 
     threading.Thread(target=loop, daemon=True).start()
 
@@ -175,6 +224,8 @@ def main():
     for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
         listen(family, addr, plain, None)
         listen(family, addr, tls_port, ctx)
+        if len(sys.argv) > 5:
+            listen(family, addr, int(sys.argv[5]), ctx, one=True)
     while True:
         time.sleep(3600)
 

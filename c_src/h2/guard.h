@@ -1,0 +1,70 @@
+/*
+ * Frame-level defences for an HTTP/2 connection from the workspace
+ * (docs/http2.md §5). The guard reads the raw plaintext stream the client
+ * sends, before nghttp2 does: it skips the client preface, then walks the
+ * 9-byte frame headers and counts what floods are made of. It never looks
+ * inside a payload, allocates nothing, and is a pure function of the bytes
+ * and of the times (milliseconds of a monotonic clock) the caller passes.
+ *
+ * Counters are sliding windows of CE_H2G_WINDOW_S one-second buckets.
+ */
+#ifndef CE_H2_GUARD_H
+#define CE_H2_GUARD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CE_H2G_WINDOW_S 10u
+
+/* Limits per window (docs/http2.md §5). */
+#define CE_H2G_MAX_RST 200u
+#define CE_H2G_MAX_STREAMS 10000u
+#define CE_H2G_MAX_SETTINGS 100u
+#define CE_H2G_MAX_PING 100u
+#define CE_H2G_MAX_EMPTY 10000u
+/* One header block: HEADERS + CONTINUATION frames, and its encoded bytes. */
+#define CE_H2G_MAX_CONTINUATIONS 16u
+#define CE_H2G_MAX_BLOCK_BYTES (80u * 1024u)
+
+typedef enum {
+  CE_H2G_OK = 0,
+  CE_H2G_RAPID_RESET,
+  CE_H2G_STREAM_FLOOD,
+  CE_H2G_CONTINUATION_FLOOD,
+  CE_H2G_SETTINGS_FLOOD,
+  CE_H2G_PING_FLOOD,
+  CE_H2G_CONTROL_FLOOD,
+  CE_H2G_BAD_PREFACE,
+} ce_h2g_verdict_t;
+
+typedef struct {
+  uint32_t counts[CE_H2G_WINDOW_S];
+  uint64_t second[CE_H2G_WINDOW_S]; /* which second each bucket holds */
+} ce_h2g_window_t;
+
+typedef struct {
+  size_t preface_seen;      /* bytes of the 24-byte client preface matched */
+  uint8_t hdr[9];           /* the frame header being read */
+  size_t hdr_len;
+  uint64_t payload_left;    /* bytes of the current frame's payload to skip */
+  bool in_block;            /* inside a header block (END_HEADERS not seen) */
+  uint32_t block_frames;
+  uint64_t block_bytes;
+  ce_h2g_verdict_t verdict; /* sticky */
+  ce_h2g_window_t rst, streams, settings, ping, empty;
+} ce_h2_guard_t;
+
+void ce_h2_guard_init(ce_h2_guard_t *g);
+
+/* Scans len more bytes received at now_ms. Returns CE_H2G_OK or the first
+ * limit crossed (sticky: later calls return it again). */
+ce_h2g_verdict_t ce_h2_guard_feed(ce_h2_guard_t *g, const uint8_t *data, size_t len, uint64_t now_ms);
+
+/* The event reason of a verdict: "h2_rapid_reset", ... */
+const char *ce_h2_guard_reason(ce_h2g_verdict_t v);
+
+/* Adds n events at now_ms to a window; returns the sum over the window. */
+uint32_t ce_h2g_window_add(ce_h2g_window_t *w, uint64_t now_ms, uint32_t n);
+
+#endif

@@ -1,0 +1,196 @@
+/*
+ * The connection record shared by conn.c and h2conn.c (the HTTP/2 path,
+ * docs/http2.md). Nothing else includes this.
+ */
+#ifndef CE_PROXY_CONN_INTERNAL_H
+#define CE_PROXY_CONN_INTERNAL_H
+
+#include <netdb.h>
+#include <stdbool.h>
+#include <uv.h>
+
+#include "http1/parser.h"
+#include "policy/host.h"
+#include "proxy/clienthello.h"
+#include "proxy/conn.h"
+#include "proxy/event.h"
+#include "tls/tlsconn.h"
+
+typedef enum {
+  ST_HELLO = 0,
+  ST_HANDSHAKE,
+  ST_HEAD,
+  ST_DECIDING,
+  ST_CONNECTING,
+  ST_EXCHANGE,
+  ST_TUNNEL,
+  ST_CLOSING,
+  ST_H2,
+} conn_state_t;
+
+
+typedef struct side {
+  uv_tcp_t tcp;
+  struct ce_conn *conn;
+  const char *name;        /* "client" or "upstream", for traces */
+  bool open;               /* tcp initialised and not yet closing */
+  bool closing;            /* uv_close called, its callback not yet run */
+  bool connected;
+  bool reading;
+  bool eof;                /* the peer finished sending */
+  bool close_notify;       /* TLS: the peer's eof was a close_notify */
+  bool close_after_flush;
+  bool shut;               /* uv_shutdown asked: nothing more is written */
+  bool shut_done;          /* ...and its callback ran */
+  uv_shutdown_t shut_req;
+  ce_tlsconn_t *tls;
+  bool handshaken;
+  uint32_t gen;            /* bumped when the handle closes; writes carry it */
+  size_t queued;           /* bytes given to uv_write on this handle, not yet written */
+  char *in;                /* CE_CONN_INPUT_MAX bytes of plaintext input */
+  size_t in_len;
+  char *rbuf;              /* CE_CONN_READ_CHUNK bytes for TLS reads */
+} side_t;
+
+typedef struct {
+  uv_write_t req;
+  side_t *side;
+  uint32_t gen;            /* side->gen when written: an older one is a past handle's */
+  size_t len;
+  char data[];
+} write_req_t;
+
+struct ce_conn {
+  ce_proxy_t *proxy;
+  ce_conn_t *next;
+  ce_conn_t *prev;
+  uint64_t id;
+  conn_state_t state;
+  side_t c;                /* the workspace */
+  side_t u;                /* the upstream */
+  uv_timer_t timer;
+  int handles;             /* open handles still to be closed */
+  bool resolving;          /* a uv_getaddrinfo is in flight */
+  bool connect_pending;    /* connect_next waits for the old upstream handle */
+  uv_getaddrinfo_t gai;
+  bool dead;               /* aborting: handles closing */
+  bool processing;         /* conn_process is on the stack */
+  bool again;
+  bool lingering;          /* closing: client write side shut, its input discarded */
+  bool head_started;       /* the header timeout runs for a head begun */
+  ce_clienthello_state_t hello_state;
+
+  /* What the workspace dialled. */
+  struct sockaddr_storage orig_dst;
+  uint16_t port;
+  bool tls;                /* the workspace speaks TLS */
+  bool has_sni;
+  char sni_raw[CE_CLIENTHELLO_MAX_SNI + 1];
+  ce_host_t sni;           /* normalised SNI, or the destination IP when none */
+
+  /* The upstream currently connected (or being connected). */
+  char up_host[256];
+  uint16_t up_port;
+  struct addrinfo *addrs;  /* from the resolver, owned */
+  struct addrinfo *next_addr;
+  uv_connect_t connect_req;
+
+  /* The current request. */
+  bool have_req;
+  ce_reqinfo_t req;
+  ce_h1_head_t head;       /* scratch for the last parsed head */
+  char *up_head;           /* the request head as forwarded upstream */
+  size_t up_head_len;
+  char method[32];
+  ce_h1_framing_t req_framing;
+  ce_h1_body_t req_body;
+  bool req_keep_alive;
+  bool req_upgrade;
+  bool req_expect_continue; /* Expect: 100-continue: the body may never come */
+  bool req_http11;         /* the client speaks HTTP/1.1 (else 1.0) */
+  bool req_te_trailers;    /* TE: trailers (the client takes chunked trailers) */
+  bool req_done;
+  bool resp_head_done;
+  bool resp_done;
+  bool resp_keep_alive;
+  bool resp_chunked_out;   /* re-encoding the response body as chunks */
+  bool resp_close_out;     /* the client's response ends at close */
+  ce_h1_body_t resp_body;
+  bool denied_discard;     /* reading and dropping a denied request's body */
+  uint64_t ask_id;         /* pending decision, 0 = none */
+  int32_t decide_rule;
+  bool decide_cache;
+  bool failed_reported;
+
+  /* HTTP/2 (docs/http2.md). */
+  bool offers_h2;          /* the ClientHello offered h2 */
+  bool preconnecting;      /* connecting upstream before answering the hello */
+  bool up_h2;              /* the upstream negotiated h2 */
+  struct ce_h2conn *h2;    /* the sessions, in ST_H2 */
+  bool h2_connecting;      /* ST_H2: connecting an HTTP/1.1 upstream for streams */
+  struct ce_h1h2 *h1h2;    /* HTTP/1.1 path over an h2 upstream (h1h2.c), with c->u */
+};
+
+/* conn.c, for h2conn.c. */
+void ce_conn_side_write(side_t *s, const char *data, size_t len);
+void ce_conn_report_failed(ce_conn_t *c, const char *reason);
+void ce_conn_emit(ce_conn_t *c, const ce_reqinfo_t *r, const char *name, const char *reason);
+void ce_conn_abort(ce_conn_t *c);
+void ce_conn_close_after_flush(ce_conn_t *c);
+void ce_conn_upstream_reset(ce_conn_t *c);
+bool ce_conn_split_authority(const char *a, size_t n, size_t *host_len, long *port);
+void ce_conn_process(ce_conn_t *c);
+/* Moves a TLS side's decrypted bytes into its input buffer. */
+void ce_conn_pump_tls_input(side_t *s);
+/* The private-address rule for an upstream address (why set when not). */
+bool ce_conn_upstream_addr_ok(ce_conn_t *c, const struct sockaddr *sa, char *why, size_t cap);
+/* A handle (or lookup) of h2conn.c counted in c->handles is done: may
+ * free the connection, so the caller touches nothing after. */
+void ce_conn_release(ce_conn_t *c);
+/* Bytes moved: the idle timer starts again. */
+void ce_conn_touch(ce_conn_t *c);
+/* ST_H2 without an h2 upstream: (re)connects the SNI host for HTTP/1.1
+ * (resolve, private-address rule, marked socket, verified TLS offering
+ * http/1.1) under the connect timeout; ends in ce_h2conn_upstream_done. */
+void ce_conn_h2_connect(ce_conn_t *c);
+
+/* The current HTTP/1.1 exchange failed on the upstream's side: 502 in
+ * words when no response head went out, else the connection ends. */
+void ce_conn_failed_mid_response(ce_conn_t *c, const char *reason);
+/* The current HTTP/1.1 exchange's response is complete. */
+void ce_conn_finish_exchange(ce_conn_t *c);
+
+/* h1h2.c: an HTTP/1.1 workspace over an h2 upstream (docs/http2.md §6). */
+struct ce_h1h2;
+/* Opens the stream for the current request (c->up_head), creating the
+ * session on c->u first. CE_OK, CE_ENOMEM or CE_EINVAL (the head cannot
+ * be expressed in h2). */
+int ce_h1h2_begin(ce_conn_t *c);
+/* ST_EXCHANGE: moves the request body, the upstream's frames and the
+ * response; ends the exchange (ce_conn_finish_exchange or
+ * ce_conn_failed_mid_response). */
+void ce_h1h2_process(ce_conn_t *c);
+/* Between exchanges: the upstream's frames (SETTINGS, PING, GOAWAY); an
+ * upstream that ended goes. */
+void ce_h1h2_idle(ce_conn_t *c);
+/* May the session take another request? */
+bool ce_h1h2_usable(ce_conn_t *c);
+void ce_h1h2_free(struct ce_h1h2 *h);
+
+/* h2conn.c. */
+struct ce_h2conn;
+int ce_h2conn_start(ce_conn_t *c);
+void ce_h2conn_process(ce_conn_t *c);
+void ce_h2conn_timeout(ce_conn_t *c);
+void ce_h2conn_drain(ce_conn_t *c);
+void ce_h2conn_abort(ce_conn_t *c, const char *reason);
+void ce_h2conn_free(struct ce_h2conn *h);
+/* Reading on the pool's own upstream connections (from update_reading). */
+void ce_h2conn_update_reading(ce_conn_t *c);
+/* conn_abort: closes the pool's own handles and cancels its lookups. */
+void ce_h2conn_close_handles(ce_conn_t *c);
+/* The HTTP/1.1 upstream asked by ce_conn_h2_connect is ready (status 0) or
+ * could not be had (status 502, 504 or 403 and reason). */
+void ce_h2conn_upstream_done(ce_conn_t *c, int status, const char *reason);
+
+#endif

@@ -1,0 +1,547 @@
+/*
+ * An HTTP/1.1 workspace over an h2 upstream (docs/http2.md §6, "Workspace
+ * HTTP/1.1 ↔ upstream h2"): the HTTP/1.1 path offers the upstream
+ * "h2, http/1.1"; when it picks h2, every exchange of the workspace's
+ * connection is one stream on an nghttp2 client session over c->u.
+ *
+ * The request head is the one conn.c built for an HTTP/1.1 upstream
+ * (c->up_head, re-parsed), turned into h2 fields by h2/headers.c; the body
+ * is decoded from the workspace's framing into one stream window's buffer
+ * and sent as DATA. The response comes back as an HTTP/1.1 head framed for
+ * the workspace's version (content-length kept, else chunked for HTTP/1.1
+ * or until the close for HTTP/1.0), its DATA written as it arrives, and its
+ * trailers as chunked trailers when the body goes chunked.
+ *
+ * Flow control: the session runs without automatic WINDOW_UPDATEs; the
+ * upstream's DATA is acknowledged (nghttp2_session_consume) only while
+ * the workspace's socket is under CE_CONN_HIGH_WATER, so a slow reader
+ * stops the upstream within one window. The request body is read from the
+ * workspace only while the stream's buffer has room.
+ *
+ * Runs inside conn_process(); the nghttp2 callbacks below only record and
+ * write to the workspace: endings are acted on after nghttp2 returns.
+ */
+#include <nghttp2/nghttp2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/trace.h"
+#include "h2/headers.h"
+#include "http1/writer.h"
+#include "proxy/conn_internal.h"
+#include "proxy/proxy.h"
+
+/* One stream window of request body (docs/http2.md §4). */
+#define H1H2_BUF 65535u
+/* The connection window (one stream at a time uses it): as the h2 path's
+ * (docs/http2.md §4); what it lets in beyond the stream window is only
+ * ever a stream's that ended. */
+#define H1H2_CONN_WINDOW (1024 * 1024)
+/* Response header block, as HTTP/1.1 bounds a head. */
+#define H1H2_MAX_HEADER_LIST CE_H1_MAX_HEAD_BYTES
+
+struct ce_h1h2 {
+  ce_conn_t *c;
+  nghttp2_session *s;
+  /* The current exchange's stream (0: none). */
+  int32_t sid;
+  bool open;               /* the stream is open in the session */
+  char *up;                /* request body not yet sent: H1H2_BUF bytes */
+  size_t up_len;
+  /* Response fields being collected (head, interim head or trailers). */
+  char *fbuf;              /* H1H2_MAX_HEADER_LIST bytes */
+  size_t fused;
+  ce_h2h_field_t f[CE_H1_MAX_FIELDS];
+  size_t fn;
+  bool foverflow;
+  bool head_sent;          /* the final head went to the workspace */
+  bool chunked_out;        /* ... chunked */
+  bool close_out;          /* ... delimited by the close */
+  bool no_body;            /* HEAD, 204, 304 */
+  bool trailers;           /* f holds the trailers */
+  bool ended;              /* the response ended (END_STREAM) */
+  bool continued;          /* the proxy said 100 Continue itself */
+  char fail[200];          /* the stream failed: why */
+  size_t unconsumed;       /* DATA written to the workspace, not yet acknowledged */
+  size_t unconsumed_conn;  /* ... of a stream that is gone */
+};
+
+typedef struct ce_h1h2 h1h2_t;
+
+static int32_t cur_sid(nghttp2_session *session, h1h2_t *h, int32_t stream_id) {
+  (void)session;
+  return h->sid != 0 && stream_id == h->sid ? stream_id : 0;
+}
+
+static void fields_reset(h1h2_t *h) {
+  h->fused = 0;
+  h->fn = 0;
+  h->foverflow = false;
+}
+
+/* ---- callbacks ---------------------------------------------------------- */
+
+static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
+                     const uint8_t *value, size_t valuelen, uint8_t flags, void *user_data) {
+  h1h2_t *h = user_data;
+  if (frame->hd.type != NGHTTP2_HEADERS || cur_sid(session, h, frame->hd.stream_id) == 0 || h->foverflow)
+    return 0;
+  if (h->fn == CE_H1_MAX_FIELDS || namelen + valuelen > H1H2_MAX_HEADER_LIST - h->fused) {
+    h->foverflow = true;
+    return 0;
+  }
+  char *p = h->fbuf + h->fused;
+  memcpy(p, name, namelen);
+  memcpy(p + namelen, value, valuelen);
+  h->fused += namelen + valuelen;
+  h->f[h->fn++] = (ce_h2h_field_t){p, namelen, p + namelen, valuelen};
+  return 0;
+}
+
+static int status_of(const h1h2_t *h) {
+  for (size_t i = 0; i < h->fn; i++)
+    if (h->f[i].name_len == 7 && memcmp(h->f[i].name, ":status", 7) == 0) {
+      int st = 0;
+      for (size_t j = 0; j < h->f[i].value_len && j < 3; j++)
+        st = st * 10 + (h->f[i].value[j] - '0');
+      return st;
+    }
+  return 0;
+}
+
+static const ce_h2h_field_t *field(const h1h2_t *h, const char *name) {
+  size_t n = strlen(name);
+  for (size_t i = 0; i < h->fn; i++)
+    if (h->f[i].name_len == n && memcmp(h->f[i].name, name, n) == 0)
+      return &h->f[i];
+  return NULL;
+}
+
+static void set_fail(h1h2_t *h, const char *reason) {
+  if (h->fail[0] == '\0')
+    snprintf(h->fail, sizeof(h->fail), "%s", reason);
+}
+
+/* Writes a head for the workspace; false when it cannot be expressed. */
+static bool write_head(h1h2_t *h, int status, unsigned flags) {
+  ce_conn_t *c = h->c;
+  char *buf = malloc(CE_H1_MAX_HEAD_BYTES + 256u);
+  if (buf == NULL)
+    return false;
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, CE_H1_MAX_HEAD_BYTES + 256u);
+  int rc = ce_h2h_write_response(&w, status, h->f, h->fn, flags);
+  if (rc == CE_OK) {
+    ce_conn_side_write(&c->c, buf, w.len);
+    c->req.bytes_in += w.len;
+  }
+  free(buf);
+  return rc == CE_OK;
+}
+
+/* The final response head: framing for the workspace's version. */
+static void final_head(h1h2_t *h, int status) {
+  ce_conn_t *c = h->c;
+  ce_h1_head_t *hd = malloc(sizeof(*hd));
+  if (hd == NULL) {
+    set_fail(h, "out_of_memory");
+    return;
+  }
+  memset(hd, 0, sizeof(*hd));
+  hd->is_response = true;
+  hd->version_minor = 1;
+  hd->status = status;
+  for (size_t i = 0; i < h->fn && hd->field_count < CE_H1_MAX_FIELDS; i++) {
+    if (h->f[i].name_len > 0 && h->f[i].name[0] == ':')
+      continue;
+    ce_h1_field_t *x = &hd->fields[hd->field_count++];
+    x->name = h->f[i].name;
+    x->name_len = h->f[i].name_len;
+    x->value = h->f[i].value;
+    x->value_len = h->f[i].value_len;
+  }
+  ce_reqinfo_set_response(&c->req, hd, c->proxy->opts);
+  free(hd);
+
+  bool head_method = strcmp(c->method, "HEAD") == 0;
+  h->no_body = head_method || status == 204 || status == 304;
+  bool has_len = field(h, "content-length") != NULL;
+  unsigned flags = 0;
+  h->chunked_out = h->close_out = false;
+  if (!h->no_body) {
+    if (has_len && !(c->req_te_trailers && c->req_http11)) {
+      /* The length stands (nghttp2 checks the DATA against it). */
+    } else if (c->req_http11) {
+      h->chunked_out = true;
+      flags |= CE_H2H_CHUNKED;
+    } else {
+      h->close_out = true;
+    }
+  }
+  c->resp_keep_alive = c->req_keep_alive && !h->close_out && !c->proxy->draining;
+  if (!c->resp_keep_alive)
+    flags |= CE_H2H_CLOSE;
+  if (!write_head(h, status, flags)) {
+    set_fail(h, "upstream_bad_response: the response cannot be expressed in HTTP/1.1");
+    return;
+  }
+  h->head_sent = true;
+  c->resp_head_done = true;
+}
+
+static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
+  h1h2_t *h = user_data;
+  if (cur_sid(session, h, frame->hd.stream_id) == 0)
+    return 0;
+  ce_conn_t *c = h->c;
+  bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+  if (frame->hd.type == NGHTTP2_HEADERS) {
+    if (h->foverflow) {
+      set_fail(h, "upstream_bad_response: header list too large");
+    } else if (!h->head_sent) {
+      int status = status_of(h);
+      if (status >= 100 && status < 200) {
+        /* An interim response (100 Continue, 103 Early Hints) goes to an
+         * HTTP/1.1 workspace as it would from an HTTP/1.1 upstream; never
+         * to HTTP/1.0 (RFC 9110 §15.2). */
+        if (c->req_http11 && !(status == 100 && h->continued) && !write_head(h, status, 0))
+          set_fail(h, "upstream_bad_response: the interim response cannot be expressed in HTTP/1.1");
+      } else {
+        final_head(h, status);
+      }
+      fields_reset(h);
+    } else {
+      h->trailers = true; /* kept in f until the end */
+    }
+  }
+  if (end && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA))
+    h->ended = true;
+  return 0;
+}
+
+static int on_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data, size_t len,
+                   void *user_data) {
+  h1h2_t *h = user_data;
+  if (cur_sid(session, h, stream_id) == 0 || !h->head_sent || h->no_body || h->fail[0] != '\0') {
+    nghttp2_session_consume(session, stream_id, len);
+    return 0;
+  }
+  ce_conn_t *c = h->c;
+  if (h->chunked_out) {
+    char hdr[24];
+    int n = snprintf(hdr, sizeof(hdr), "%zx\r\n", len);
+    ce_conn_side_write(&c->c, hdr, (size_t)n);
+  }
+  ce_conn_side_write(&c->c, (const char *)data, len);
+  if (h->chunked_out)
+    ce_conn_side_write(&c->c, "\r\n", 2);
+  c->req.bytes_in += len;
+  h->unconsumed += len;
+  return 0;
+}
+
+static int on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data) {
+  h1h2_t *h = user_data;
+  if (cur_sid(session, h, stream_id) == 0)
+    return 0;
+  h->open = false;
+  h->unconsumed_conn += h->unconsumed;
+  h->unconsumed = 0;
+  if (!h->ended) {
+    char reason[120];
+    snprintf(reason, sizeof(reason), "upstream_reset: RST_STREAM %s", nghttp2_http2_strerror(error_code));
+    set_fail(h, reason);
+  }
+  return 0;
+}
+
+static ssize_t body_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
+                         uint32_t *data_flags, nghttp2_data_source *source, void *user_data) {
+  h1h2_t *h = user_data;
+  if (cur_sid(session, h, stream_id) == 0)
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+  ce_conn_t *c = h->c;
+  size_t n = h->up_len < length ? h->up_len : length;
+  if (n > 0) {
+    memcpy(buf, h->up, n);
+    memmove(h->up, h->up + n, h->up_len - n);
+    h->up_len -= n;
+    c->req.bytes_out += n;
+    ce_reqinfo_add_preview(&c->req, (const char *)buf, n, c->proxy->opts->body_preview);
+  }
+  if (h->up_len == 0 && c->req_done) {
+    *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+    return (ssize_t)n;
+  }
+  return n == 0 ? NGHTTP2_ERR_DEFERRED : (ssize_t)n;
+}
+
+/* ---- the session -------------------------------------------------------- */
+
+static int start(ce_conn_t *c) {
+  h1h2_t *h = calloc(1, sizeof(*h));
+  if (h == NULL)
+    return CE_ENOMEM;
+  h->c = c;
+  c->h1h2 = h;
+  h->up = malloc(H1H2_BUF);
+  h->fbuf = malloc(H1H2_MAX_HEADER_LIST);
+  nghttp2_session_callbacks *cb = NULL;
+  nghttp2_option *opt = NULL;
+  int rc = CE_ENOMEM;
+  if (h->up == NULL || h->fbuf == NULL || nghttp2_session_callbacks_new(&cb) != 0 || nghttp2_option_new(&opt) != 0)
+    goto out;
+  nghttp2_option_set_no_auto_window_update(opt, 1);
+  nghttp2_option_set_max_outbound_ack(opt, 1000);
+  nghttp2_option_set_max_settings(opt, 32);
+  nghttp2_option_set_max_continuations(opt, 16);
+  nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
+  nghttp2_session_callbacks_set_on_header_callback(cb, on_header);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, on_frame_recv);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, on_data);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cb, on_stream_close);
+  if (nghttp2_session_client_new2(&h->s, cb, h, opt) != 0)
+    goto out;
+  nghttp2_settings_entry set[] = {
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, H1H2_BUF},
+      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, H1H2_MAX_HEADER_LIST},
+  };
+  if (nghttp2_submit_settings(h->s, NGHTTP2_FLAG_NONE, set, 3) != 0 ||
+      nghttp2_session_set_local_window_size(h->s, NGHTTP2_FLAG_NONE, 0, H1H2_CONN_WINDOW) != 0)
+    goto out;
+  rc = CE_OK;
+  CE_TRACE_D("proxy", 'c', c->id, "HTTP/1.1 workspace over an h2 upstream");
+out:
+  nghttp2_session_callbacks_del(cb);
+  nghttp2_option_del(opt);
+  return rc;
+}
+
+void ce_h1h2_free(struct ce_h1h2 *h) {
+  if (h == NULL)
+    return;
+  nghttp2_session_del(h->s);
+  free(h->up);
+  free(h->fbuf);
+  free(h);
+}
+
+bool ce_h1h2_usable(ce_conn_t *c) {
+  h1h2_t *h = c->h1h2;
+  return h != NULL && h->s != NULL && nghttp2_session_check_request_allowed(h->s) != 0 &&
+         nghttp2_session_want_read(h->s) != 0;
+}
+
+/* Frames to the upstream while its socket has room. False on an error. */
+static bool flush(h1h2_t *h) {
+  ce_conn_t *c = h->c;
+  while (!c->dead && c->u.open && c->u.queued < CE_CONN_HIGH_WATER) {
+    const uint8_t *data;
+    ssize_t n = nghttp2_session_mem_send(h->s, &data);
+    if (n < 0)
+      return false;
+    if (n == 0)
+      break;
+    ce_conn_side_write(&c->u, (const char *)data, (size_t)n);
+  }
+  return !c->dead;
+}
+
+/* The upstream's frames. False when the session failed (or the upstream
+ * closed) and the upstream must go. */
+static bool recv_upstream(h1h2_t *h) {
+  ce_conn_t *c = h->c;
+  if (c->u.in_len > 0) {
+    ssize_t n = nghttp2_session_mem_recv(h->s, (const uint8_t *)c->u.in, c->u.in_len);
+    c->u.in_len = 0;
+    if (n < 0) {
+      char reason[120];
+      snprintf(reason, sizeof(reason), "upstream_bad_response: %s", nghttp2_strerror((int)n));
+      set_fail(h, reason);
+      return false;
+    }
+  }
+  if (c->u.eof) {
+    if (h->open)
+      set_fail(h, "upstream_reset: connection closed");
+    return false;
+  }
+  return true;
+}
+
+int ce_h1h2_begin(ce_conn_t *c) {
+  if (c->h1h2 == NULL && start(c) != CE_OK) {
+    ce_h1h2_free(c->h1h2);
+    c->h1h2 = NULL;
+    return CE_ENOMEM;
+  }
+  h1h2_t *h = c->h1h2;
+  h->up_len = 0;
+  fields_reset(h);
+  h->head_sent = h->chunked_out = h->close_out = h->no_body = h->trailers = h->ended = h->continued = false;
+  h->fail[0] = '\0';
+  h->unconsumed = 0;
+  ce_h1_head_t *hd = malloc(sizeof(*hd));
+  ce_h2h_field_t *f = malloc(sizeof(*f) * (CE_H1_MAX_FIELDS + 5u));
+  char *names = malloc(CE_H1_MAX_HEAD_BYTES);
+  nghttp2_nv *nva = malloc(sizeof(*nva) * (CE_H1_MAX_FIELDS + 5u));
+  int rc = CE_ENOMEM;
+  const char *why = NULL;
+  if (hd == NULL || f == NULL || names == NULL || nva == NULL)
+    goto out;
+  rc = CE_EINVAL;
+  if (ce_h1_parse_request(c->up_head, c->up_head_len, hd, &why) != CE_OK)
+    goto out;
+  long n = ce_h2h_request_fields(hd, c->req_te_trailers, f, CE_H1_MAX_FIELDS + 5u, names, CE_H1_MAX_HEAD_BYTES);
+  if (n < 0)
+    goto out;
+  for (long i = 0; i < n; i++)
+    nva[i] = (nghttp2_nv){(uint8_t *)(uintptr_t)f[i].name, (uint8_t *)(uintptr_t)f[i].value, f[i].name_len,
+                          f[i].value_len, NGHTTP2_NV_FLAG_NONE};
+  nghttp2_data_provider prd = {.source.ptr = h, .read_callback = body_read};
+  int32_t sid = nghttp2_submit_request(h->s, NULL, nva, (size_t)n, c->req_done ? NULL : &prd,
+                                       NULL);
+  if (sid < 0)
+    goto out;
+  h->sid = sid;
+  h->open = true;
+  rc = CE_OK;
+  if (c->req_expect_continue && c->req_http11 && !c->req_done) {
+    /* Many h2 servers never answer Expect (nginx does not): the stream's
+     * window bounds what the body can make the proxy hold, so the proxy
+     * says 100 itself (RFC 9110 §10.1.1), and an upstream's own 100 is
+     * then not repeated. */
+    ce_conn_side_write(&c->c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+    h->continued = true;
+  }
+out:
+  free(hd);
+  free(f);
+  free(names);
+  free(nva);
+  return rc;
+}
+
+/* Moves the workspace's request body into the stream's buffer. False on
+ * a malformed body (reported). */
+static bool take_body(h1h2_t *h) {
+  ce_conn_t *c = h->c;
+  bool more = false;
+  while (!c->req_done && c->c.in_len > 0 && h->up_len < H1H2_BUF) {
+    size_t room = H1H2_BUF - h->up_len;
+    size_t len = c->c.in_len < room ? c->c.in_len : room;
+    size_t used = 0, dl = 0;
+    const char *data = NULL, *why = NULL;
+    int rc = ce_h1_body_next(&c->req_body, c->c.in, len, &used, &data, &dl, &why);
+    if (rc < 0) {
+      char reason[160];
+      snprintf(reason, sizeof(reason), "bad_request: %s", why != NULL ? why : "malformed body");
+      ce_conn_failed_mid_response(c, reason);
+      return false;
+    }
+    if (dl > 0) {
+      memcpy(h->up + h->up_len, data, dl);
+      h->up_len += dl;
+    }
+    memmove(c->c.in, c->c.in + used, c->c.in_len - used);
+    c->c.in_len -= used;
+    more = true;
+    if (rc == 1)
+      c->req_done = true;
+    if (used == 0)
+      break;
+  }
+  if (more && h->open)
+    nghttp2_session_resume_data(h->s, h->sid);
+  return true;
+}
+
+/* Acknowledges the DATA the workspace's socket took. */
+static void consume(h1h2_t *h) {
+  ce_conn_t *c = h->c;
+  if (h->unconsumed_conn > 0) {
+    nghttp2_session_consume_connection(h->s, h->unconsumed_conn);
+    h->unconsumed_conn = 0;
+  }
+  if (h->unconsumed > 0 && h->open && c->c.queued < CE_CONN_HIGH_WATER) {
+    nghttp2_session_consume(h->s, h->sid, h->unconsumed);
+    h->unconsumed = 0;
+  }
+}
+
+void ce_h1h2_process(ce_conn_t *c) {
+  h1h2_t *h = c->h1h2;
+  if (h == NULL || c->dead || h->sid == 0)
+    return;
+  if (!take_body(h))
+    return;
+  bool alive = recv_upstream(h);
+  if (c->dead)
+    return;
+  if (h->fail[0] == '\0' && h->ended) {
+    /* The response is whole: its end for the workspace, then the next
+     * exchange (the stream is done with; a request body still coming
+     * means the connection ends, as on HTTP/1.1). */
+    if (h->chunked_out) {
+      ce_h2h_field_t none[1];
+      size_t cap = 5u + (h->trailers ? h->fused + 4u * h->fn : 0u);
+      char *buf = malloc(cap);
+      if (buf != NULL) {
+        ce_h1_writer_t w;
+        ce_h1_writer_init(&w, buf, cap);
+        if (ce_h2h_write_trailers(&w, h->trailers ? h->f : none, h->trailers ? h->fn : 0) == CE_OK)
+          ce_conn_side_write(&c->c, buf, w.len);
+        free(buf);
+      }
+    }
+    if (h->open) {
+      nghttp2_submit_rst_stream(h->s, NGHTTP2_FLAG_NONE, h->sid, NGHTTP2_CANCEL);
+      h->unconsumed_conn += h->unconsumed;
+      h->unconsumed = 0;
+      h->open = false;
+    }
+    h->sid = 0;
+    consume(h);
+    bool ok = flush(h);
+    if (h->close_out)
+      c->resp_keep_alive = false;
+    if (!ok || !alive)
+      c->resp_keep_alive = false; /* finish_exchange drops the upstream then */
+    ce_conn_finish_exchange(c);
+    return;
+  }
+  if (h->fail[0] != '\0') {
+    char reason[200];
+    snprintf(reason, sizeof(reason), "%s", h->fail);
+    h->sid = 0;
+    ce_conn_upstream_reset(c); /* frees h */
+    ce_conn_failed_mid_response(c, reason);
+    return;
+  }
+  consume(h);
+  if (!flush(h)) {
+    ce_conn_upstream_reset(c);
+    ce_conn_failed_mid_response(c, "upstream_bad_response: the h2 session failed");
+    return;
+  }
+  if (!alive) {
+    ce_conn_upstream_reset(c);
+    ce_conn_failed_mid_response(c, "upstream_reset: the upstream ended the connection");
+  }
+}
+
+void ce_h1h2_idle(ce_conn_t *c) {
+  h1h2_t *h = c->h1h2;
+  if (h == NULL || c->dead)
+    return;
+  bool alive = recv_upstream(h);
+  consume(h);
+  alive = flush(h) && alive;
+  if (c->dead)
+    return;
+  if (!alive || (!nghttp2_session_want_read(h->s) && !nghttp2_session_want_write(h->s)))
+    ce_conn_upstream_reset(c);
+}

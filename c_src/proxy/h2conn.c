@@ -1,0 +1,1968 @@
+/*
+ * HTTP/2 between the workspace and an h2 upstream (docs/http2.md): a
+ * server session over the workspace's TLS, a client session over the
+ * upstream's, and one record per stream. Every stream is evaluated on its
+ * own; bytes move through bounded per-stream buffers, and a window is
+ * opened again (nghttp2_session_consume) only when its bytes were taken by
+ * the other side, so a slow reader stops the writer within one window.
+ *
+ * Runs inside conn_process() (conn.c), never re-entered: every callback
+ * below only changes records and submits frames; bytes move in
+ * ce_h2conn_process().
+ */
+#include <errno.h>
+#include <nghttp2/nghttp2.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "common/trace.h"
+#include "h2/guard.h"
+#include "h2/headers.h"
+#include "http1/writer.h"
+#include "proxy/conn_internal.h"
+#include "proxy/netaddr.h"
+#include "proxy/proxy.h"
+#include "tls/context.h"
+
+/* Per stream and direction: one stream window (docs/http2.md §4). */
+#define CE_H2_STREAM_BUF 65535u
+#define CE_H2_CONN_WINDOW (1024 * 1024)
+#define CE_H2_MAX_STREAMS 100u
+/* Decoded header list (RFC 9113 §6.5.2 counting) and fields per block. */
+#define CE_H2_MAX_HEADER_LIST 65536u
+#define CE_H2_MAX_FIELDS 128u
+/* Streams waiting for an HTTP/1.1 upstream connection (docs/http2.md §6). */
+#define CE_H2_H1_QUEUE 64u
+/* HTTP/1.1 upstream connections per workspace connection (docs/http2.md §6). */
+#define CE_H2_H1_POOL 6u
+
+typedef struct {
+  char *buf;
+  size_t used, cap;
+  struct {
+    uint32_t no, nl, vo, vl;
+  } f[CE_H2_MAX_FIELDS];
+  size_t n;
+  size_t list_bytes;
+  bool overflow;
+} hset_t;
+
+typedef struct {
+  uint8_t *data;           /* CE_H2_STREAM_BUF bytes, allocated on first use */
+  size_t len;
+  bool eof;
+} sbuf_t;
+
+struct h1slot;
+
+typedef struct h2s {
+  struct h2s *next, *prev;
+  struct ce_h2conn *h;
+  int32_t cid;             /* the workspace's stream */
+  int32_t uid;             /* the upstream's, 0 when none (or closed) */
+  ce_reqinfo_t req;
+  bool have_req;
+  hset_t rq;               /* request head */
+  hset_t rqt;              /* request trailers */
+  hset_t rs;               /* response head; then response trailers */
+  bool rq_head_done, rs_head_done;
+  bool rq_trailers, rs_trailers;
+  sbuf_t up, down;
+  bool local;              /* answered by the proxy: input is dropped */
+  char *local_body;
+  size_t local_len, local_off;
+  bool resp_end_sent;
+  bool event_done;         /* the closing event (or a denial) was sent */
+  char fail[200];          /* the reason for request_failed, when set */
+  /* A pending decision (docs/http2.md §3). */
+  uint64_t ask_id;
+  int32_t decide_rule;
+  bool decide_cache;
+  /* Over the HTTP/1.1 upstream (h->up == NULL, docs/http2.md §6). */
+  struct h2s *qnext;
+  bool queued;             /* waiting for an upstream connection */
+  struct h1slot *slot;     /* the upstream connection serving it, or NULL */
+  bool h1_chunked;         /* the request body goes chunked */
+  bool h1_req_done;        /* the whole request was written */
+  bool h1_resp_head;       /* the response head was parsed and forwarded */
+  bool h1_keep;            /* the upstream keeps the connection */
+  bool h1_abandon;         /* the response ended first: the rest of the body is dropped */
+  ce_h1_framing_t h1_framing;
+  ce_h1_body_t h1_body;
+  char *h1_trailers;       /* CE_H1_MAX_TRAILER_BYTES: the chunked body's trailers */
+} h2s_t;
+
+/*
+ * One HTTP/1.1 upstream connection of the pool (docs/http2.md §6). Slot 0
+ * is c->u, connected by conn.c (ce_conn_h2_connect, it may be the
+ * pre-connected one); the others have their own handle, connected here
+ * the same way (resolve, private-address rule, marked socket, verified
+ * TLS offering http/1.1) under their own timer.
+ */
+typedef struct h1slot {
+  struct ce_h2conn *h;
+  side_t *s;               /* &c->u (slot 0) or &own */
+  bool conn_slot;
+  struct h2s *cur;         /* the stream it serves, one at a time */
+  side_t own;
+  bool connecting;         /* resolving, connecting or in the TLS handshake */
+  bool resolving;          /* a uv_getaddrinfo is in flight (counted in c->handles) */
+  bool connect_pending;    /* the next address waits for the old handle's close */
+  uv_getaddrinfo_t gai;
+  struct addrinfo *addrs, *next_addr;
+  uv_connect_t creq;
+  uv_timer_t timer;
+  bool timer_init, timer_closing;
+  bool cooldown;           /* failed to open: not again until a stream ends */
+  int last_err;
+} h1slot_t;
+
+struct ce_h2conn {
+  ce_conn_t *c;
+  nghttp2_session *srv;    /* towards the workspace */
+  nghttp2_session *up;     /* towards the upstream; NULL once gone */
+  ce_h2_guard_t guard;
+  h2s_t *streams;
+  size_t nstreams;
+  bool failed;             /* a connection-level failure was reported */
+  bool draining;
+  /* HTTP/1.1 upstreams: a pool, one stream at a time on each, the others queued. */
+  h1slot_t slots[CE_H2_H1_POOL];
+  h2s_t *qhead, *qtail;
+  size_t qlen;
+  ce_h1_head_t *head;      /* scratch for a parsed response head */
+  char *names;             /* lower-cased response field names */
+};
+
+typedef struct ce_h2conn h2_t;
+
+static void slot_reset(h1slot_t *sl);
+static void slot_drop(h1slot_t *sl);
+static void slot_connect_next(h1slot_t *sl);
+static void slot_timeout(uv_timer_t *t);
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- header sets ---------------------------------------------------------- */
+
+static void hset_reset(hset_t *s) {
+  s->used = 0;
+  s->n = 0;
+  s->list_bytes = 0;
+  s->overflow = false;
+}
+
+static void hset_free(hset_t *s) {
+  free(s->buf);
+  memset(s, 0, sizeof(*s));
+}
+
+static void hset_add(hset_t *s, const uint8_t *name, size_t nl, const uint8_t *value, size_t vl) {
+  if (s->overflow)
+    return;
+  size_t cost = nl + vl + 32u;
+  if (s->n == CE_H2_MAX_FIELDS || s->list_bytes + cost > CE_H2_MAX_HEADER_LIST) {
+    s->overflow = true;
+    return;
+  }
+  if (s->used + nl + vl > s->cap) {
+    size_t cap = s->cap == 0 ? 1024 : s->cap;
+    while (cap < s->used + nl + vl)
+      cap *= 2;
+    char *nb = realloc(s->buf, cap);
+    if (nb == NULL) {
+      s->overflow = true;
+      return;
+    }
+    s->buf = nb;
+    s->cap = cap;
+  }
+  s->f[s->n].no = (uint32_t)s->used;
+  s->f[s->n].nl = (uint32_t)nl;
+  memcpy(s->buf + s->used, name, nl);
+  s->used += nl;
+  s->f[s->n].vo = (uint32_t)s->used;
+  s->f[s->n].vl = (uint32_t)vl;
+  memcpy(s->buf + s->used, value, vl);
+  s->used += vl;
+  s->n++;
+  s->list_bytes += cost;
+}
+
+/* The value of a field (first one), or NULL. */
+static const char *hset_get(const hset_t *s, const char *name, size_t *len) {
+  size_t nl = strlen(name);
+  for (size_t i = 0; i < s->n; i++)
+    if (s->f[i].nl == nl && memcmp(s->buf + s->f[i].no, name, nl) == 0) {
+      *len = s->f[i].vl;
+      return s->buf + s->f[i].vo;
+    }
+  return NULL;
+}
+
+/* nghttp2_nv entries for every field (pseudo ones first, as received). */
+static size_t hset_nva(const hset_t *s, nghttp2_nv *out, size_t cap, bool pseudo) {
+  size_t k = 0;
+  for (size_t i = 0; i < s->n && k < cap; i++) {
+    const char *name = s->buf + s->f[i].no;
+    if (!pseudo && s->f[i].nl > 0 && name[0] == ':')
+      continue;
+    out[k].name = (uint8_t *)(uintptr_t)name;
+    out[k].namelen = s->f[i].nl;
+    out[k].value = (uint8_t *)(uintptr_t)(s->buf + s->f[i].vo);
+    out[k].valuelen = s->f[i].vl;
+    out[k].flags = NGHTTP2_NV_FLAG_NONE;
+    k++;
+  }
+  return k;
+}
+
+/* A parsed-head view of a set (regular fields only) for the event record. */
+static void hset_head(const hset_t *s, ce_h1_head_t *hd) {
+  memset(hd, 0, sizeof(*hd));
+  hd->version_minor = 1;
+  for (size_t i = 0; i < s->n && hd->field_count < CE_H1_MAX_FIELDS; i++) {
+    const char *name = s->buf + s->f[i].no;
+    if (s->f[i].nl > 0 && name[0] == ':')
+      continue;
+    ce_h1_field_t *f = &hd->fields[hd->field_count++];
+    f->name = name;
+    f->name_len = s->f[i].nl;
+    f->value = s->buf + s->f[i].vo;
+    f->value_len = s->f[i].vl;
+  }
+}
+
+static size_t hset_bytes(const hset_t *s) {
+  size_t n = 0;
+  for (size_t i = 0; i < s->n; i++)
+    n += s->f[i].nl + s->f[i].vl;
+  return n;
+}
+
+/* ---- streams ---------------------------------------------------------------- */
+
+static bool sbuf_put(sbuf_t *b, const uint8_t *data, size_t len) {
+  if (b->data == NULL) {
+    b->data = malloc(CE_H2_STREAM_BUF);
+    if (b->data == NULL)
+      return false;
+  }
+  if (len > CE_H2_STREAM_BUF - b->len)
+    return false;
+  memcpy(b->data + b->len, data, len);
+  b->len += len;
+  return true;
+}
+
+static size_t sbuf_take(sbuf_t *b, uint8_t *out, size_t cap) {
+  size_t n = b->len < cap ? b->len : cap;
+  if (n == 0)
+    return 0;
+  memcpy(out, b->data, n);
+  memmove(b->data, b->data + n, b->len - n);
+  b->len -= n;
+  return n;
+}
+
+static h2s_t *stream_new(h2_t *h, int32_t cid) {
+  h2s_t *s = calloc(1, sizeof(*s));
+  if (s == NULL)
+    return NULL;
+  s->h = h;
+  s->cid = cid;
+  s->next = h->streams;
+  if (h->streams != NULL)
+    h->streams->prev = s;
+  h->streams = s;
+  h->nstreams++;
+  return s;
+}
+
+static void stream_free(h2_t *h, h2s_t *s) {
+  if (s->prev != NULL)
+    s->prev->next = s->next;
+  else
+    h->streams = s->next;
+  if (s->next != NULL)
+    s->next->prev = s->prev;
+  h->nstreams--;
+  if (s->have_req)
+    ce_reqinfo_clear(&s->req);
+  if (s->ask_id != 0)
+    ce_control_cancel(h->c->proxy->control, s->ask_id);
+  hset_free(&s->rq);
+  hset_free(&s->rqt);
+  hset_free(&s->rs);
+  free(s->up.data);
+  free(s->down.data);
+  free(s->local_body);
+  free(s->h1_trailers);
+  free(s);
+}
+
+static void stream_event(h2s_t *s, const char *name, const char *reason) {
+  if (!s->have_req)
+    return;
+  ce_conn_emit(s->h->c, &s->req, name, reason);
+}
+
+/* The closing event, once. */
+static void stream_finish_event(h2s_t *s, const char *failed_reason) {
+  if (s->event_done || !s->have_req)
+    return;
+  s->event_done = true;
+  s->req.closed_at_us = ce_now_us();
+  if (failed_reason != NULL)
+    stream_event(s, "request_failed", failed_reason);
+  else
+    stream_event(s, "request_closed", NULL);
+}
+
+/* ---- local answers ------------------------------------------------------------ */
+
+static ssize_t local_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
+                          uint32_t *data_flags, nghttp2_data_source *source, void *user_data) {
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL || s->local_body == NULL)
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+  size_t n = s->local_len - s->local_off;
+  if (n > length)
+    n = length;
+  memcpy(buf, s->local_body + s->local_off, n);
+  s->local_off += n;
+  if (s->local_off == s->local_len)
+    *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+  return (ssize_t)n;
+}
+
+/* Answers a stream itself: status and a short text body, with the same
+ * fields as an HTTP/1.1 refusal. */
+static void local_answer(h2s_t *s, int status, const char *text) {
+  h2_t *h = s->h;
+  s->local = true;
+  free(s->local_body);
+  s->local_body = strdup(text);
+  if (s->local_body == NULL) {
+    nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+    return;
+  }
+  s->local_len = strlen(text);
+  s->local_off = 0;
+  char st[8], cl[24];
+  snprintf(st, sizeof(st), "%d", status);
+  snprintf(cl, sizeof(cl), "%zu", s->local_len);
+#define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NONE}
+  nghttp2_nv nva[] = {NV(":status", st), NV("content-type", "text/plain; charset=utf-8"),
+                      NV("content-length", cl), NV("cache-control", "no-store"),
+                      NV("x-condukt-egress", "refused")};
+#undef NV
+  nghttp2_data_provider prd = {.source.ptr = s, .read_callback = local_read};
+  if (nghttp2_submit_response(h->srv, s->cid, nva, sizeof(nva) / sizeof(nva[0]), &prd) != 0)
+    nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+  if (s->have_req) {
+    s->req.status = status;
+    s->req.bytes_in += s->local_len;
+    if (s->req.responded_at_us == 0)
+      s->req.responded_at_us = ce_now_us();
+  }
+  /* Nothing more from the upstream for this stream. */
+  if (s->uid > 0 && h->up != NULL) {
+    nghttp2_session_set_stream_user_data(h->up, s->uid, NULL);
+    nghttp2_submit_rst_stream(h->up, NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
+    s->uid = 0;
+  }
+}
+
+static void plain(char *dst, size_t cap, const char *src) {
+  size_t w = 0;
+  for (size_t i = 0; src[i] != '\0' && w + 1 < cap; i++) {
+    unsigned char ch = (unsigned char)src[i];
+    dst[w++] = (ch >= 0x20 && ch < 0x7f) ? (char)ch : '?';
+  }
+  dst[w] = '\0';
+}
+
+/* A refusal: request_denied, then the answer. */
+static void refuse(h2s_t *s, int status, const char *reason, const char *text) {
+  s->req.closed_at_us = ce_now_us();
+  s->req.status = status;
+  stream_event(s, "request_denied", reason);
+  s->event_done = true;
+  local_answer(s, status, text);
+}
+
+/* A failure before any response byte: request_failed, then the status. */
+static void fail_with(h2s_t *s, int status, const char *reason) {
+  char safe[200], text[260];
+  plain(safe, sizeof(safe), reason);
+  snprintf(text, sizeof(text), "condukt: %s\n", safe);
+  local_answer(s, status, text);
+  stream_finish_event(s, reason);
+}
+
+static void fail_502(h2s_t *s, const char *reason) { fail_with(s, 502, reason); }
+
+/* ---- the upstream's data, to the workspace ------------------------------------ */
+
+static ssize_t down_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
+                         uint32_t *data_flags, nghttp2_data_source *source, void *user_data) {
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL)
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+  h2_t *h = s->h;
+  size_t n = sbuf_take(&s->down, buf, length);
+  if (n > 0) {
+    s->req.bytes_in += n;
+    /* The bytes left the proxy: the upstream may send as many again. */
+    if (h->up != NULL) {
+      if (s->uid > 0)
+        nghttp2_session_consume(h->up, s->uid, n);
+      else
+        nghttp2_session_consume_connection(h->up, n);
+    }
+  }
+  if (s->down.len == 0 && s->down.eof) {
+    *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+    if (s->rs_trailers) {
+      nghttp2_nv nva[CE_H2_MAX_FIELDS];
+      size_t k = hset_nva(&s->rs, nva, CE_H2_MAX_FIELDS, false);
+      if (nghttp2_submit_trailer(session, stream_id, nva, k) == 0)
+        *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+    }
+    return (ssize_t)n;
+  }
+  if (n == 0)
+    return NGHTTP2_ERR_DEFERRED;
+  return (ssize_t)n;
+}
+
+/* ---- the workspace's data, to the upstream -------------------------------------- */
+
+static ssize_t up_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
+                       uint32_t *data_flags, nghttp2_data_source *source, void *user_data) {
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL)
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+  h2_t *h = s->h;
+  size_t n = sbuf_take(&s->up, buf, length);
+  if (n > 0) {
+    s->req.bytes_out += n;
+    ce_reqinfo_add_preview(&s->req, (const char *)buf, n, h->c->proxy->opts->body_preview);
+    nghttp2_session_consume(h->srv, s->cid, n);
+  }
+  if (s->up.len == 0 && s->up.eof) {
+    *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+    if (s->rq_trailers) {
+      nghttp2_nv nva[CE_H2_MAX_FIELDS];
+      size_t k = hset_nva(&s->rqt, nva, CE_H2_MAX_FIELDS, false);
+      if (nghttp2_submit_trailer(session, stream_id, nva, k) == 0)
+        *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+    }
+    return (ssize_t)n;
+  }
+  if (n == 0)
+    return NGHTTP2_ERR_DEFERRED;
+  return (ssize_t)n;
+}
+
+/* ---- a request head: evaluate and forward ----------------------------------------- */
+
+static void deny_text(h2s_t *s, char *text, size_t cap, const char *who, const char *reason) {
+  char hs[300], why[300];
+  plain(hs, sizeof(hs), s->req.host);
+  plain(why, sizeof(why), reason);
+  snprintf(text, cap, "condukt: the network policy of this sandbox refused the request to %s\nrefused by: %s\nreason: %s\n",
+           hs, who, why);
+}
+
+/* ---- HTTP/1.1 upstream: the queue ------------------------------------------------- */
+
+static void h1_enqueue(h2s_t *s) {
+  h2_t *h = s->h;
+  if (h->qlen >= CE_H2_H1_QUEUE) {
+    fail_with(s, 503, "upstream_busy: too many streams wait for the upstream connection");
+    return;
+  }
+  s->queued = true;
+  s->qnext = NULL;
+  if (h->qtail != NULL)
+    h->qtail->qnext = s;
+  else
+    h->qhead = s;
+  h->qtail = s;
+  h->qlen++;
+}
+
+static void h1_unqueue(h2_t *h, h2s_t *s) {
+  if (!s->queued)
+    return;
+  h2s_t **pp = &h->qhead, *prev = NULL;
+  while (*pp != NULL && *pp != s) {
+    prev = *pp;
+    pp = &(*pp)->qnext;
+  }
+  if (*pp == s) {
+    *pp = s->qnext;
+    if (h->qtail == s)
+      h->qtail = prev;
+    h->qlen--;
+  }
+  s->queued = false;
+  s->qnext = NULL;
+}
+
+static h2s_t *h1_pop(h2_t *h) {
+  h2s_t *s = h->qhead;
+  if (s != NULL)
+    h1_unqueue(h, s);
+  return s;
+}
+
+/* An allowed stream goes upstream: a new h2 stream, or the HTTP/1.1 queue. */
+static void stream_forward(h2s_t *s) {
+  h2_t *h = s->h;
+  if (h->draining) {
+    stream_event(s, "request_allowed", NULL);
+    fail_502(s, "upstream_unreachable: the proxy is draining");
+    return;
+  }
+  if (h->up == NULL) {
+    stream_event(s, "request_allowed", NULL);
+    h1_enqueue(s);
+    return;
+  }
+  /* Pseudo-headers first, as received (nghttp2 checked them), then the
+   * rest: nghttp2 already refused connection-specific fields. */
+  nghttp2_nv nva[CE_H2_MAX_FIELDS];
+  size_t k = hset_nva(&s->rq, nva, CE_H2_MAX_FIELDS, true);
+  nghttp2_data_provider prd = {.source.ptr = s, .read_callback = up_read};
+  bool body = !(s->up.eof && s->up.len == 0);
+  int32_t uid = nghttp2_submit_request(h->up, NULL, nva, k, body ? &prd : NULL, s);
+  stream_event(s, "request_allowed", NULL);
+  if (uid < 0) {
+    fail_502(s, "upstream_unreachable: cannot open an upstream stream");
+    return;
+  }
+  s->uid = uid;
+}
+
+/* ---- decisions ------------------------------------------------------------------------- */
+
+static void stream_decided(h2s_t *s, bool allow, const char *reason) {
+  s->req.matched_rule = s->decide_rule;
+  s->req.matched_kind = "decide";
+  if (allow) {
+    stream_forward(s);
+    return;
+  }
+  char text[1200], who[64];
+  snprintf(who, sizeof(who), "the decider of rule %d", (int)s->decide_rule);
+  deny_text(s, text, sizeof(text), who, reason);
+  refuse(s, 403, reason, text);
+}
+
+static void on_stream_decision(void *data, int status, bool allow, const char *reason, bool cacheable) {
+  h2s_t *s = data;
+  ce_conn_t *c = s->h->c;
+  s->ask_id = 0;
+  if (c->dead)
+    return;
+  if (status == CE_OK) {
+    const char *r = allow ? NULL : (reason != NULL && reason[0] != '\0' ? reason : "denied_by_decider");
+    if (s->decide_cache && cacheable)
+      ce_decision_cache_put(c->proxy, s->decide_rule, s->req.host, allow, r != NULL ? r : "");
+    stream_decided(s, allow, r);
+  } else if (status == CE_ETIMEDOUT) {
+    stream_decided(s, false, "decider_timeout");
+  } else {
+    stream_decided(s, false, "control_channel_unavailable");
+  }
+  ce_conn_process(c);
+}
+
+/* A decide rule: this stream asks the control channel and waits; the
+ * connection's other streams go on. */
+static void stream_ask(h2s_t *s, int32_t rule) {
+  ce_conn_t *c = s->h->c;
+  s->decide_rule = rule;
+  ce_rule_info_t info;
+  if (ce_policy_rule(c->proxy->policy, (size_t)rule, &info) != 0) {
+    stream_decided(s, false, "decider_error");
+    return;
+  }
+  s->decide_cache = info.cache;
+  bool allow;
+  const char *reason;
+  if (info.cache && ce_decision_cache_get(c->proxy, rule, s->req.host, &allow, &reason)) {
+    stream_decided(s, allow, allow ? NULL : reason);
+    return;
+  }
+  json_t *request = ce_event_new("decision_request", &s->req, NULL);
+  json_t *frame = request != NULL ? json_pack("{s:o s:{s:i s:s}}", "request", request, "rule", "index",
+                                              (json_int_t)rule, "kind", "decide")
+                                  : NULL;
+  if (frame == NULL) {
+    stream_decided(s, false, "decider_error");
+    return;
+  }
+  s->ask_id = ce_control_ask(c->proxy->control, frame, info.timeout_ms, on_stream_decision, s);
+  if (s->ask_id == 0)
+    stream_decided(s, false, "control_channel_unavailable");
+}
+
+
+static void stream_request(h2s_t *s) {
+  h2_t *h = s->h;
+  ce_conn_t *c = h->c;
+  ce_reqinfo_init(&s->req, ++c->proxy->next_request_id, c->id);
+  s->have_req = true;
+  s->req.scheme = "https";
+  s->req.port = c->port;
+  s->req.stream_id = s->cid;
+  snprintf(s->req.sni, sizeof(s->req.sni), "%s", c->sni_raw);
+
+  size_t ml = 0, pl = 0, al = 0;
+  const char *method = hset_get(&s->rq, ":method", &ml);
+  const char *path = hset_get(&s->rq, ":path", &pl);
+  const char *auth = hset_get(&s->rq, ":authority", &al);
+  size_t hl = 0;
+  const char *host = hset_get(&s->rq, "host", &hl);
+
+  ce_h1_head_t *hd = malloc(sizeof(*hd));
+  if (hd == NULL) {
+    nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+    return;
+  }
+  hset_head(&s->rq, hd);
+  hd->method = method != NULL ? method : "GET";
+  hd->method_len = method != NULL ? ml : 3;
+  hd->path = path;
+  hd->path_len = pl;
+  if (ce_reqinfo_set_request(&s->req, hd, c->proxy->opts) != CE_OK) {
+    free(hd);
+    nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+    return;
+  }
+  free(hd);
+  s->req.http_version = "HTTP/2";
+  s->req.bytes_out = hset_bytes(&s->rq);
+
+  if (s->rq.overflow) {
+    snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
+    stream_event(s, "request_opened", NULL);
+    refuse(s, 431, "request_header_too_large", "condukt: the request header list is too large\n");
+    return;
+  }
+  /* RFC 9113 §8.3.1: :authority names the target; a Host that differs
+   * would let the upstream see another name than the policy did. */
+  if (auth == NULL) {
+    auth = host;
+    al = hl;
+  } else if (host != NULL && (hl != al || strncasecmp(host, auth, al) != 0)) {
+    snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
+    stream_event(s, "request_opened", NULL);
+    refuse(s, 400, "bad_request: host differs from :authority",
+           "condukt: malformed request: host differs from :authority\n");
+    return;
+  }
+  if (method != NULL && ml == 7 && memcmp(method, "CONNECT", 7) == 0) {
+    snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
+    stream_event(s, "request_opened", NULL);
+    refuse(s, 400, "bad_request: connect_not_supported",
+           "condukt: CONNECT is not supported: this connection already goes where it was dialled\n");
+    return;
+  }
+  if (auth == NULL || al == 0) {
+    snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
+    stream_event(s, "request_opened", NULL);
+    refuse(s, 400, "bad_request: missing host", "condukt: malformed request: the request names no host\n");
+    return;
+  }
+  size_t host_len;
+  long port;
+  bool port_ok = ce_conn_split_authority(auth, al, &host_len, &port);
+  ce_verdict_t v;
+  ce_policy_eval_host(c->proxy->policy, auth, port_ok ? host_len : al, &v);
+  if (!port_ok || !v.host_valid) {
+    size_t n = al < sizeof(s->req.host) - 1 ? al : sizeof(s->req.host) - 1;
+    memcpy(s->req.host, auth, n);
+    s->req.host[n] = '\0';
+    stream_event(s, "request_opened", NULL);
+    refuse(s, 400, "invalid_host", "condukt: malformed request: the :authority is not a valid host name or address\n");
+    return;
+  }
+  snprintf(s->req.host, sizeof(s->req.host), "%s", v.host.text);
+  stream_event(s, "request_opened", NULL);
+
+  /* Coalescing: one connection, one name (DESIGN §4). */
+  if (strcmp(v.host.text, c->sni.text) != 0 || (port >= 0 && port != c->port)) {
+    char detail[700], safe[700];
+    snprintf(detail, sizeof(detail),
+             "misdirected request: the :authority %s is not the TLS server name %s:%u of this connection",
+             v.host.text, c->sni.text, (unsigned)c->port);
+    plain(safe, sizeof(safe), detail);
+    char text[720];
+    snprintf(text, sizeof(text), "condukt: %s\n", safe);
+    refuse(s, 421, "misdirected_request", text);
+    return;
+  }
+  s->req.matched_rule = v.rule_index;
+  s->req.matched_kind = v.rule_index >= 0 ? ce_rule_kind_name(v.rule_kind) : NULL;
+  if (v.decision == CE_DECISION_DECIDE && v.rule_index >= 0) {
+    stream_ask(s, v.rule_index);
+    return;
+  }
+  if (v.decision != CE_DECISION_ALLOW) {
+    const char *reason = v.decision == CE_DECISION_DENY ? ce_reason_name(v.reason) : "decider_error";
+    /* In the words of the HTTP/1.1 path (conn.c refuse_policy). */
+    char text[900], who[64];
+    if (v.rule_index >= 0)
+      snprintf(who, sizeof(who), "rule %d (%s)", (int)v.rule_index, ce_rule_kind_name(v.rule_kind));
+    else
+      snprintf(who, sizeof(who), "the policy default");
+    deny_text(s, text, sizeof(text), who, reason);
+    refuse(s, 403, reason, text);
+    return;
+  }
+  stream_forward(s);
+}
+
+/* ---- server session callbacks (the workspace) ----------------------------------- */
+
+static int srv_begin_headers(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
+  h2_t *h = user_data;
+  if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+    return 0;
+  h2s_t *s = stream_new(h, frame->hd.stream_id);
+  if (s == NULL)
+    return NGHTTP2_ERR_CALLBACK_FAILURE;
+  nghttp2_session_set_stream_user_data(session, frame->hd.stream_id, s);
+  return 0;
+}
+
+static int srv_header(nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
+                      const uint8_t *value, size_t valuelen, uint8_t flags, void *user_data) {
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
+  if (s == NULL)
+    return 0;
+  hset_add(s->rq_head_done ? &s->rqt : &s->rq, name, namelen, value, valuelen);
+  return 0;
+}
+
+static int srv_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
+  h2_t *h = user_data;
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
+  if (s == NULL)
+    return 0;
+  bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+  if (frame->hd.type == NGHTTP2_HEADERS) {
+    if (!s->rq_head_done) {
+      s->rq_head_done = true;
+      s->up.eof = end;
+      stream_request(s);
+      return 0;
+    }
+    /* Trailers (nghttp2 makes sure they end the stream). */
+    if (s->rqt.overflow) {
+      nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_ENHANCE_YOUR_CALM);
+      return 0;
+    }
+    s->rq_trailers = !s->local;
+  }
+  if (end && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA)) {
+    s->up.eof = true;
+    if (s->uid > 0 && h->up != NULL)
+      nghttp2_session_resume_data(h->up, s->uid);
+  }
+  return 0;
+}
+
+static int srv_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data, size_t len,
+                    void *user_data) {
+  h2_t *h = user_data;
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL || s->local || s->h1_abandon || (s->uid == 0 && s->rq_head_done && s->have_req && s->event_done)) {
+    nghttp2_session_consume(session, stream_id, len);
+    return 0;
+  }
+  if (!sbuf_put(&s->up, data, len)) {
+    /* More than the window we gave, or out of memory. */
+    nghttp2_session_consume(session, stream_id, len);
+    nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_FLOW_CONTROL_ERROR);
+    return 0;
+  }
+  if (s->uid > 0 && h->up != NULL)
+    nghttp2_session_resume_data(h->up, s->uid);
+  return 0;
+}
+
+static int srv_frame_send(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
+  if (s != NULL && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
+      (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0)
+    s->resp_end_sent = true;
+  return 0;
+}
+
+static int srv_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data) {
+  h2_t *h = user_data;
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL)
+    return 0;
+  nghttp2_session_set_stream_user_data(session, stream_id, NULL);
+  if (s->fail[0] != '\0') {
+    stream_finish_event(s, s->fail);
+  } else if (error_code == NGHTTP2_NO_ERROR && s->resp_end_sent) {
+    stream_finish_event(s, NULL);
+  } else {
+    char reason[80];
+    snprintf(reason, sizeof(reason), "client_reset: RST_STREAM %s", nghttp2_http2_strerror(error_code));
+    stream_finish_event(s, reason);
+  }
+  if (s->uid > 0 && h->up != NULL) {
+    nghttp2_session_set_stream_user_data(h->up, s->uid, NULL);
+    nghttp2_submit_rst_stream(h->up, NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
+  }
+  h1_unqueue(h, s);
+  if (s->slot != NULL && s->slot->cur == s) {
+    /* A half-done HTTP/1.1 exchange cannot be reused. */
+    slot_drop(s->slot);
+  }
+  stream_free(h, s);
+  return 0;
+}
+
+/* ---- client session callbacks (the upstream) --------------------------------------- */
+
+static int up_header(nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
+                     const uint8_t *value, size_t valuelen, uint8_t flags, void *user_data) {
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
+  if (s == NULL || frame->hd.type != NGHTTP2_HEADERS)
+    return 0;
+  hset_add(&s->rs, name, namelen, value, valuelen);
+  return 0;
+}
+
+static void upstream_response(h2s_t *s, bool end) {
+  h2_t *h = s->h;
+  size_t sl = 0;
+  const char *st = hset_get(&s->rs, ":status", &sl);
+  int status = 0;
+  for (size_t i = 0; st != NULL && i < sl && i < 3; i++)
+    status = status * 10 + (st[i] - '0');
+  if (status >= 100 && status < 200) {
+    /* Interim responses (100 Continue, 103 Early Hints) go to the
+     * workspace as non-final HEADERS (docs/http2.md §3); nghttp2 refuses
+     * a 101 on h2 before this is reached. */
+    if (status != 101 && !s->rs.overflow) {
+      nghttp2_nv nva[CE_H2_MAX_FIELDS];
+      size_t k = hset_nva(&s->rs, nva, CE_H2_MAX_FIELDS, true);
+      nghttp2_submit_headers(h->srv, NGHTTP2_FLAG_NONE, s->cid, NULL, nva, k, NULL);
+    }
+    hset_reset(&s->rs);
+    return;
+  }
+  if (s->rs.overflow) {
+    s->fail[0] = '\0';
+    snprintf(s->fail, sizeof(s->fail), "upstream_bad_response: header list too large");
+    nghttp2_session_set_stream_user_data(h->up, s->uid, NULL);
+    nghttp2_submit_rst_stream(h->up, NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
+    s->uid = 0;
+    fail_502(s, s->fail);
+    return;
+  }
+  ce_h1_head_t *hd = malloc(sizeof(*hd));
+  if (hd != NULL) {
+    hset_head(&s->rs, hd);
+    hd->is_response = true;
+    hd->status = status;
+    ce_reqinfo_set_response(&s->req, hd, h->c->proxy->opts);
+    free(hd);
+  }
+  s->req.bytes_in += hset_bytes(&s->rs);
+  nghttp2_nv nva[CE_H2_MAX_FIELDS];
+  size_t k = hset_nva(&s->rs, nva, CE_H2_MAX_FIELDS, true);
+  nghttp2_data_provider prd = {.source.ptr = s, .read_callback = down_read};
+  s->down.eof = end;
+  int rc = nghttp2_submit_response(h->srv, s->cid, nva, k, end ? NULL : &prd);
+  s->rs_head_done = true;
+  hset_reset(&s->rs);
+  if (rc != 0)
+    nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+}
+
+static int up_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
+  h2_t *h = user_data;
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
+  if (s == NULL)
+    return 0;
+  bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+  if (frame->hd.type == NGHTTP2_HEADERS) {
+    if (!s->rs_head_done) {
+      upstream_response(s, end);
+      return 0;
+    }
+    s->rs_trailers = !s->rs.overflow;
+  }
+  if (end && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA)) {
+    s->down.eof = true;
+    nghttp2_session_resume_data(h->srv, s->cid);
+  }
+  return 0;
+}
+
+static int up_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data, size_t len,
+                   void *user_data) {
+  h2_t *h = user_data;
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL || s->local) {
+    nghttp2_session_consume(session, stream_id, len);
+    return 0;
+  }
+  if (!sbuf_put(&s->down, data, len)) {
+    nghttp2_session_consume(session, stream_id, len);
+    nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_FLOW_CONTROL_ERROR);
+    return 0;
+  }
+  nghttp2_session_resume_data(h->srv, s->cid);
+  return 0;
+}
+
+static int up_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data) {
+  h2_t *h = user_data;
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s == NULL)
+    return 0;
+  nghttp2_session_set_stream_user_data(session, stream_id, NULL);
+  s->uid = 0;
+  if (error_code == NGHTTP2_NO_ERROR && s->down.eof)
+    return 0;
+  char reason[120];
+  snprintf(reason, sizeof(reason), "upstream_reset: RST_STREAM %s", nghttp2_http2_strerror(error_code));
+  if (!s->rs_head_done && !s->local) {
+    fail_502(s, reason);
+    return 0;
+  }
+  snprintf(s->fail, sizeof(s->fail), "%s", reason);
+  uint32_t code = error_code == NGHTTP2_NO_ERROR ? NGHTTP2_INTERNAL_ERROR : error_code;
+  nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, code);
+  return 0;
+}
+
+/* ---- HTTP/1.1 upstream: one exchange at a time on c->u (docs/http2.md §6) ---- */
+
+static void in_consume(side_t *u, size_t n) {
+  if (n >= u->in_len) {
+    u->in_len = 0;
+    return;
+  }
+  memmove(u->in, u->in + n, u->in_len - n);
+  u->in_len -= n;
+}
+
+/* The upstream connection broke or misbehaved during s's exchange. */
+static void h1_broke(h2s_t *s, const char *reason) {
+  h2_t *h = s->h;
+  if (s->slot != NULL)
+    slot_drop(s->slot);
+  if (!s->h1_resp_head) {
+    fail_502(s, reason);
+    return;
+  }
+  snprintf(s->fail, sizeof(s->fail), "%s", reason);
+  nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+}
+
+/* Writes s's request head to the upstream. */
+static bool h1_start(h2s_t *s) {
+  h2_t *h = s->h;
+  ce_conn_t *c = h->c;
+  size_t cl = 0;
+  bool has_len = hset_get(&s->rq, "content-length", &cl) != NULL;
+  bool body = !(s->up.eof && s->up.len == 0);
+  s->h1_chunked = body && !has_len;
+  ce_h2h_field_t f[CE_H2_MAX_FIELDS];
+  for (size_t i = 0; i < s->rq.n; i++) {
+    f[i].name = s->rq.buf + s->rq.f[i].no;
+    f[i].name_len = s->rq.f[i].nl;
+    f[i].value = s->rq.buf + s->rq.f[i].vo;
+    f[i].value_len = s->rq.f[i].vl;
+  }
+  char *buf = malloc(CE_H1_MAX_HEAD_BYTES + 256u);
+  if (buf == NULL) {
+    fail_502(s, "out_of_memory");
+    return false;
+  }
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, CE_H1_MAX_HEAD_BYTES + 256u);
+  int rc = ce_h2h_write_request(&w, f, s->rq.n, s->h1_chunked);
+  if (rc != CE_OK) {
+    free(buf);
+    fail_with(s, 400, "bad_request: the request cannot be expressed in HTTP/1.1");
+    return false;
+  }
+  ce_conn_side_write(s->slot->s, buf, w.len);
+  free(buf);
+  return !c->dead;
+}
+
+static void h1_send_body(h2s_t *s) {
+  h2_t *h = s->h;
+  ce_conn_t *c = h->c;
+  side_t *u = s->slot->s;
+  if (s->h1_req_done || s->h1_abandon)
+    return;
+  while (s->up.len > 0 && u->open && u->queued < CE_CONN_HIGH_WATER && !c->dead) {
+    size_t n = s->up.len < 16384u ? s->up.len : 16384u;
+    if (s->h1_chunked) {
+      char hdr[24];
+      int hl = snprintf(hdr, sizeof(hdr), "%zx\r\n", n);
+      ce_conn_side_write(u, hdr, (size_t)hl);
+    }
+    ce_conn_side_write(u, (const char *)s->up.data, n);
+    if (s->h1_chunked)
+      ce_conn_side_write(u, "\r\n", 2);
+    s->req.bytes_out += n;
+    ce_reqinfo_add_preview(&s->req, (const char *)s->up.data, n, c->proxy->opts->body_preview);
+    memmove(s->up.data, s->up.data + n, s->up.len - n);
+    s->up.len -= n;
+    /* The bytes left the proxy: the workspace may send as many again. */
+    nghttp2_session_consume(h->srv, s->cid, n);
+  }
+  if (s->up.len > 0 || !s->up.eof || c->dead)
+    return;
+  if (s->h1_chunked) {
+    /* The last chunk, and the request's trailers as chunked trailers. */
+    size_t cap = 5u + s->rqt.used + 4u * s->rqt.n + 2u;
+    char *buf = malloc(cap);
+    if (buf == NULL) {
+      h1_broke(s, "out_of_memory");
+      return;
+    }
+    ce_h1_writer_t w;
+    ce_h1_writer_init(&w, buf, cap);
+    memcpy(buf, "0\r\n", 3);
+    w.len = 3;
+    for (size_t i = 0; s->rq_trailers && i < s->rqt.n; i++) {
+      const char *name = s->rqt.buf + s->rqt.f[i].no;
+      if (ce_h2h_hop_by_hop(name, s->rqt.f[i].nl) || (s->rqt.f[i].nl > 0 && name[0] == ':'))
+        continue;
+      size_t before = w.len;
+      if (ce_h1_write_field(&w, name, s->rqt.f[i].nl, s->rqt.buf + s->rqt.f[i].vo, s->rqt.f[i].vl) != CE_OK) {
+        w.err = 0;
+        w.len = before;
+      }
+    }
+    memcpy(buf + w.len, "\r\n", 2);
+    ce_conn_side_write(u, buf, w.len + 2);
+    free(buf);
+  }
+  s->h1_req_done = true;
+}
+
+/* The chunked body's trailers, as the response's trailers. */
+static void h1_take_trailers(h2s_t *s) {
+  if (s->h1_trailers == NULL || s->h1_body.kept == 0)
+    return;
+  ce_h2h_field_t f[CE_H2_MAX_FIELDS];
+  char *names = malloc(CE_H1_MAX_TRAILER_BYTES);
+  long n = names != NULL ? ce_h2h_trailer_fields(s->h1_trailers, s->h1_body.kept, f, CE_H2_MAX_FIELDS, names,
+                                                 CE_H1_MAX_TRAILER_BYTES)
+                         : -1;
+  hset_reset(&s->rs);
+  for (long i = 0; i < n; i++)
+    hset_add(&s->rs, (const uint8_t *)f[i].name, f[i].name_len, (const uint8_t *)f[i].value, f[i].value_len);
+  free(names);
+  s->rs_trailers = n > 0 && !s->rs.overflow;
+}
+
+/* Reads s's response from u-> True when s is done with the upstream. */
+static bool h1_read_response(h2s_t *s) {
+  h2_t *h = s->h;
+  ce_conn_t *c = h->c;
+  h1slot_t *sl = s->slot;
+  side_t *u = sl->s;
+  while (!s->h1_resp_head) {
+    if (u->in_len == 0) {
+      if (u->eof) {
+        h1_broke(s, "upstream_reset: connection closed before the response");
+        return true;
+      }
+      return false;
+    }
+    size_t ml = 0;
+    const char *method = hset_get(&s->rq, ":method", &ml);
+    const char *why = NULL;
+    int rc = ce_h1_parse_response(u->in, u->in_len, method, ml, h->head, &why);
+    if (rc == CE_EAGAIN) {
+      if (u->eof) {
+        h1_broke(s, "upstream_bad_response: connection closed inside the response head");
+        return true;
+      }
+      return false;
+    }
+    if (rc != CE_OK) {
+      char reason[200];
+      snprintf(reason, sizeof(reason), "upstream_bad_response: %s", why != NULL ? why : "malformed head");
+      h1_broke(s, reason);
+      return true;
+    }
+    ce_h1_head_t *hd = h->head;
+    if (hd->status >= 100 && hd->status < 200 && hd->status != 101) {
+      /* Interim responses go to the workspace as non-final HEADERS
+       * (docs/http2.md §3, §6), as the HTTP/1.1 path forwards them. */
+      ce_h2h_field_t f[CE_H1_MAX_FIELDS];
+      long k = ce_h2h_response_fields(hd, f, CE_H1_MAX_FIELDS, h->names, CE_H1_MAX_HEAD_BYTES);
+      if (k >= 0) {
+        nghttp2_nv nva[CE_H1_MAX_FIELDS + 1];
+        char st[8];
+        snprintf(st, sizeof(st), "%d", hd->status);
+        nva[0] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)st, 7, strlen(st), NGHTTP2_NV_FLAG_NONE};
+        for (long i = 0; i < k; i++)
+          nva[i + 1] = (nghttp2_nv){(uint8_t *)(uintptr_t)f[i].name, (uint8_t *)(uintptr_t)f[i].value,
+                                    f[i].name_len, f[i].value_len, NGHTTP2_NV_FLAG_NONE};
+        nghttp2_submit_headers(h->srv, NGHTTP2_FLAG_NONE, s->cid, NULL, nva, (size_t)k + 1, NULL);
+      }
+      in_consume(u, hd->head_len);
+      continue;
+    }
+    if (hd->status == 101) {
+      h1_broke(s, "upstream_bad_response: a 101 cannot be expressed in HTTP/2");
+      return true;
+    }
+    ce_h2h_field_t f[CE_H1_MAX_FIELDS];
+    long k = ce_h2h_response_fields(hd, f, CE_H1_MAX_FIELDS, h->names, CE_H1_MAX_HEAD_BYTES);
+    if (k < 0) {
+      h1_broke(s, "upstream_bad_response: header list too large");
+      return true;
+    }
+    nghttp2_nv nva[CE_H1_MAX_FIELDS + 1];
+    char st[8];
+    snprintf(st, sizeof(st), "%d", hd->status);
+    nva[0] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)st, 7, strlen(st), NGHTTP2_NV_FLAG_NONE};
+    size_t hbytes = 0;
+    for (long i = 0; i < k; i++) {
+      nva[i + 1] = (nghttp2_nv){(uint8_t *)(uintptr_t)f[i].name, (uint8_t *)(uintptr_t)f[i].value, f[i].name_len,
+                                f[i].value_len, NGHTTP2_NV_FLAG_NONE};
+      hbytes += f[i].name_len + f[i].value_len;
+    }
+    ce_reqinfo_set_response(&s->req, hd, c->proxy->opts);
+    s->req.bytes_in += hbytes;
+    s->h1_framing = hd->framing;
+    s->h1_keep = hd->keep_alive;
+    ce_h1_body_init(&s->h1_body, hd->framing, hd->content_length);
+    if (hd->framing == CE_H1_BODY_CHUNKED) {
+      /* Its trailers become a trailing HEADERS frame (docs/http2.md §6). */
+      if (s->h1_trailers == NULL)
+        s->h1_trailers = malloc(CE_H1_MAX_TRAILER_BYTES);
+      if (s->h1_trailers != NULL)
+        ce_h1_body_keep_trailers(&s->h1_body, s->h1_trailers);
+    }
+    bool nobody = hd->framing == CE_H1_BODY_NONE;
+    s->down.eof = nobody;
+    nghttp2_data_provider prd = {.source.ptr = s, .read_callback = down_read};
+    int src = nghttp2_submit_response(h->srv, s->cid, nva, (size_t)k + 1, nobody ? NULL : &prd);
+    in_consume(u, hd->head_len);
+    s->h1_resp_head = true;
+    s->rs_head_done = true;
+    if (src != 0) {
+      h1_broke(s, "upstream_bad_response: the response cannot be expressed in HTTP/2");
+      return true;
+    }
+  }
+  while (!s->down.eof) {
+    size_t room = CE_H2_STREAM_BUF - s->down.len;
+    if (room == 0)
+      return false; /* the workspace reads slower: wait (the upstream socket stops) */
+    if (u->in_len == 0) {
+      if (!u->eof)
+        return false;
+      if (s->h1_framing != CE_H1_BODY_CLOSE) {
+        h1_broke(s, "upstream_reset: connection closed inside the response body");
+        return true;
+      }
+      s->down.eof = true;
+      s->h1_keep = false;
+      break;
+    }
+    size_t len = u->in_len < room ? u->in_len : room;
+    size_t used = 0, dl = 0;
+    const char *data = NULL, *why = NULL;
+    int rc = ce_h1_body_next(&s->h1_body, u->in, len, &used, &data, &dl, &why);
+    if (rc < 0) {
+      char reason[200];
+      snprintf(reason, sizeof(reason), "upstream_bad_response: %s", why != NULL ? why : "malformed body");
+      h1_broke(s, reason);
+      return true;
+    }
+    if (dl > 0) {
+      sbuf_put(&s->down, (const uint8_t *)data, dl);
+      nghttp2_session_resume_data(h->srv, s->cid);
+    }
+    in_consume(u, used);
+    if (rc == 1) {
+      s->down.eof = true;
+      h1_take_trailers(s);
+    }
+  }
+  nghttp2_session_resume_data(h->srv, s->cid);
+  /* The response is whole (it may still wait in s->down for the
+   * workspace): the upstream connection is free. */
+  if (!s->h1_req_done) {
+    s->h1_abandon = true;
+    s->h1_keep = false;
+  }
+  sl->cur = NULL;
+  s->slot = NULL;
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++)
+    h->slots[i].cooldown = false;
+  if (!s->h1_keep || u->in_len > 0)
+    slot_reset(sl);
+  return true;
+}
+
+/* ---- the pool of HTTP/1.1 upstream connections ------------------------------------ */
+
+static h1slot_t *slot_of_handle(uv_handle_t *hd) {
+  return (h1slot_t *)((char *)hd - offsetof(h1slot_t, own.tcp));
+}
+
+static bool slot_open(const h1slot_t *sl) {
+  return sl->s->open;
+}
+
+static bool slot_connecting(const h1slot_t *sl) {
+  return sl->conn_slot ? sl->h->c->h2_connecting : sl->connecting;
+}
+
+/* Connected, verified, idle and clean: it may take a stream. */
+static bool slot_ready(const h1slot_t *sl) {
+  const side_t *u = sl->s;
+  return sl->cur == NULL && !slot_connecting(sl) && u->open && u->connected && u->handshaken && !u->eof &&
+         u->in_len == 0;
+}
+
+static void own_handle_closed(uv_handle_t *hd) {
+  h1slot_t *sl = slot_of_handle(hd);
+  ce_conn_t *c = sl->h->c;
+  sl->own.closing = false;
+  bool again = sl->connect_pending && !c->dead;
+  sl->connect_pending = false;
+  if (again)
+    slot_connect_next(sl);
+  if (!c->dead)
+    ce_conn_process(c); /* the slot may be used (or opened) again */
+  ce_conn_release(c);   /* last: it may free the connection */
+}
+
+static void own_close_handle(h1slot_t *sl) {
+  side_t *u = &sl->own;
+  if (!u->open)
+    return;
+  u->open = false;
+  u->reading = false;
+  u->closing = true;
+  u->gen++;
+  u->queued = 0;
+  uv_close((uv_handle_t *)&u->tcp, own_handle_closed);
+}
+
+/* The slot's connection goes (a stream it served cannot be finished). */
+static void slot_reset(h1slot_t *sl) {
+  ce_conn_t *c = sl->h->c;
+  sl->cur = NULL;
+  if (sl->conn_slot) {
+    ce_conn_upstream_reset(c);
+    return;
+  }
+  if (sl->resolving)
+    uv_cancel((uv_req_t *)&sl->gai);
+  sl->connecting = false;
+  sl->connect_pending = false;
+  if (sl->timer_init && !sl->timer_closing)
+    uv_timer_stop(&sl->timer);
+  own_close_handle(sl);
+  ce_tlsconn_free(sl->own.tls);
+  sl->own.tls = NULL;
+  sl->own.connected = sl->own.handshaken = sl->own.eof = sl->own.close_notify = false;
+  sl->own.in_len = 0;
+  if (sl->addrs != NULL) {
+    uv_freeaddrinfo(sl->addrs);
+    sl->addrs = NULL;
+  }
+  sl->next_addr = NULL;
+}
+
+/* The stream the slot served is gone half-way: the connection goes too. */
+static void slot_drop(h1slot_t *sl) {
+  if (sl->cur != NULL)
+    sl->cur->slot = NULL;
+  slot_reset(sl);
+}
+
+/* Fails the queued streams with the reason a connection could not be had. */
+static void fail_queue(h2_t *h, int status, const char *reason) {
+  char why[300];
+  snprintf(why, sizeof(why), "%s", reason != NULL ? reason : "upstream_unreachable");
+  h2s_t *s;
+  while ((s = h1_pop(h)) != NULL) {
+    if (status == 403) {
+      char text[600], safe[400];
+      plain(safe, sizeof(safe), why);
+      snprintf(text, sizeof(text), "condukt: the network policy of this sandbox refused the request: %s\n", safe);
+      local_answer(s, 403, text);
+      stream_finish_event(s, why);
+    } else {
+      fail_with(s, status, why);
+    }
+  }
+}
+
+/* A slot's connection could not be had: when no other connection is up or
+ * coming, the waiting streams fail with its reason (docs/http2.md §6). */
+static void slot_failed(h1slot_t *sl, int status, const char *reason) {
+  h2_t *h = sl->h;
+  if (!sl->conn_slot)
+    slot_reset(sl);
+  /* No storm of connects to an upstream that refuses more: the slot waits
+   * until a stream ends on another one. */
+  sl->cooldown = true;
+  CE_TRACE_D("proxy", 'c', h->c->id, "h2: upstream connection %d failed: %s", (int)(sl - h->slots), reason);
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
+    const h1slot_t *o = &h->slots[i];
+    if (o != sl && (o->cur != NULL || slot_connecting(o) || slot_ready(o)))
+      return;
+  }
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++)
+    h->slots[i].cooldown = false;
+  fail_queue(h, status, reason);
+}
+
+static void own_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  h1slot_t *sl = slot_of_handle(hd);
+  *buf = uv_buf_init(sl->own.rbuf, CE_CONN_READ_CHUNK);
+}
+
+static void own_handshake(h1slot_t *sl) {
+  ce_conn_t *c = sl->h->c;
+  int rc = ce_tlsconn_handshake(sl->own.tls);
+  ce_conn_side_write(&sl->own, NULL, 0);
+  if (c->dead || rc == CE_EAGAIN)
+    return;
+  if (rc != CE_OK) {
+    char reason[400];
+    snprintf(reason, sizeof(reason), "upstream_tls: %s", ce_tlsconn_error(sl->own.tls));
+    slot_failed(sl, 502, reason);
+    return;
+  }
+  sl->own.handshaken = true;
+  sl->connecting = false;
+  uv_timer_stop(&sl->timer);
+  CE_TRACE_D("proxy", 'c', c->id, "h2: upstream connection %d ready", (int)(sl - sl->h->slots));
+}
+
+static void own_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  h1slot_t *sl = slot_of_handle((uv_handle_t *)st);
+  ce_conn_t *c = sl->h->c;
+  if (c->dead || nread == 0)
+    return;
+  if (nread < 0) {
+    sl->own.eof = true;
+    uv_read_stop(st);
+    sl->own.reading = false;
+    if (sl->connecting)
+      slot_failed(sl, 502, "upstream_tls: the server closed during the handshake");
+    ce_conn_process(c);
+    return;
+  }
+  ce_conn_touch(c);
+  if (ce_tlsconn_feed(sl->own.tls, (const uint8_t *)buf->base, (size_t)nread) != CE_OK) {
+    slot_failed(sl, 502, "out_of_memory");
+  } else if (!sl->own.handshaken) {
+    own_handshake(sl);
+  }
+  ce_conn_process(c);
+}
+
+static void own_connected(uv_connect_t *req, int status) {
+  h1slot_t *sl = req->data;
+  ce_conn_t *c = sl->h->c;
+  if (c->dead || !sl->connecting || status == UV_ECANCELED)
+    return;
+  if (status < 0) {
+    sl->last_err = status;
+    own_close_handle(sl);
+    slot_connect_next(sl);
+    ce_conn_process(c);
+    return;
+  }
+  sl->own.connected = true;
+  uv_tcp_nodelay(&sl->own.tcp, 1);
+  sl->own.reading = true;
+  uv_read_start((uv_stream_t *)&sl->own.tcp, own_alloc, own_read);
+  static const unsigned char alpn_h1[] = "\x08http/1.1";
+  SSL *ssl;
+  if (ce_tls_client_ssl_new(c->proxy->client_ctx, c->sni.text, alpn_h1, sizeof(alpn_h1) - 1, &ssl) != CE_OK ||
+      ce_tlsconn_new(ssl, false, &sl->own.tls) != CE_OK) {
+    slot_failed(sl, 502, "upstream_tls: cannot create a TLS session");
+    ce_conn_process(c);
+    return;
+  }
+  uv_timer_start(&sl->timer, slot_timeout, c->proxy->opts->handshake_ms, 0);
+  own_handshake(sl);
+  ce_conn_process(c);
+}
+
+/* The next resolved address, else the slot failed. */
+static void slot_connect_next(h1slot_t *sl) {
+  ce_conn_t *c = sl->h->c;
+  if (sl->own.closing) {
+    sl->connect_pending = true;
+    return;
+  }
+  struct addrinfo *ai = sl->next_addr;
+  if (ai == NULL) {
+    char reason[200];
+    snprintf(reason, sizeof(reason), "upstream_unreachable: %s",
+             sl->last_err != 0 ? uv_strerror(sl->last_err) : "no address");
+    slot_failed(sl, 502, reason);
+    return;
+  }
+  sl->next_addr = ai->ai_next;
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    sl->last_err = uv_translate_sys_error(errno);
+    slot_connect_next(sl);
+    return;
+  }
+  /* The mark exempts the socket from the REDIRECT (docs/netfilter.md): fail closed. */
+  if (ce_set_mark(fd, c->proxy->opts->mark) != CE_OK) {
+    close(fd);
+    slot_failed(sl, 502, "upstream_unreachable: cannot set SO_MARK (the sidecar needs CAP_NET_ADMIN)");
+    return;
+  }
+  uv_tcp_init(c->proxy->loop, &sl->own.tcp);
+  sl->own.tcp.data = c;
+  c->handles++;
+  sl->own.open = true;
+  int rc = uv_tcp_open(&sl->own.tcp, fd);
+  if (rc == 0) {
+    sl->creq.data = sl;
+    rc = uv_tcp_connect(&sl->creq, &sl->own.tcp, ai->ai_addr, own_connected);
+  } else {
+    close(fd);
+  }
+  if (rc < 0) {
+    sl->last_err = rc;
+    own_close_handle(sl);
+    slot_connect_next(sl);
+  }
+}
+
+static void own_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
+  h1slot_t *sl = req->data;
+  ce_conn_t *c = sl->h->c;
+  sl->resolving = false;
+  if (c->dead || !sl->connecting) {
+    if (res != NULL)
+      uv_freeaddrinfo(res);
+    ce_conn_release(c); /* last: it may free the connection */
+    return;
+  }
+  if (status < 0) {
+    char reason[300];
+    snprintf(reason, sizeof(reason), "upstream_unreachable: cannot resolve %s: %s", c->sni.text, uv_strerror(status));
+    slot_failed(sl, 502, reason);
+  } else {
+    /* The addresses the proxy may use, in resolver order (as conn.c). */
+    struct addrinfo *keep = NULL, **tail = &keep;
+    char why[200] = "";
+    for (struct addrinfo *ai = res; ai != NULL;) {
+      struct addrinfo *next = ai->ai_next;
+      ai->ai_next = NULL;
+      if ((ai->ai_family == AF_INET || ai->ai_family == AF_INET6) &&
+          ce_conn_upstream_addr_ok(c, ai->ai_addr, why, sizeof(why))) {
+        *tail = ai;
+        tail = &ai->ai_next;
+      } else {
+        uv_freeaddrinfo(ai);
+      }
+      ai = next;
+    }
+    if (keep == NULL) {
+      slot_failed(sl, 403, why[0] != '\0' ? why : "upstream_unreachable: no address");
+    } else {
+      sl->addrs = sl->next_addr = keep;
+      sl->last_err = 0;
+      slot_connect_next(sl);
+    }
+  }
+  ce_conn_process(c);
+  ce_conn_release(c);
+}
+
+static void slot_timeout(uv_timer_t *t) {
+  h1slot_t *sl = t->data;
+  ce_conn_t *c = sl->h->c;
+  if (c->dead || !sl->connecting)
+    return;
+  slot_failed(sl, 504, "upstream_unreachable: connect timed out");
+  ce_conn_process(c);
+}
+
+static void own_timer_closed(uv_handle_t *hd) {
+  h1slot_t *sl = hd->data;
+  ce_conn_release(sl->h->c); /* last: it may free the connection */
+}
+
+/* Starts connecting an own slot (docs/http2.md §6). */
+static void own_connect(h1slot_t *sl) {
+  ce_conn_t *c = sl->h->c;
+  if (sl->resolving || sl->own.closing)
+    return; /* the last attempt's lookup or handle is still going away */
+  if (sl->own.in == NULL)
+    sl->own.in = malloc(CE_CONN_INPUT_MAX);
+  if (sl->own.rbuf == NULL)
+    sl->own.rbuf = malloc(CE_CONN_READ_CHUNK);
+  if (sl->own.in == NULL || sl->own.rbuf == NULL)
+    return;
+  if (!sl->timer_init) {
+    uv_timer_init(c->proxy->loop, &sl->timer);
+    sl->timer.data = sl;
+    sl->timer_init = true;
+    c->handles++;
+  }
+  sl->connecting = true;
+  sl->last_err = 0;
+  uv_timer_start(&sl->timer, slot_timeout, c->proxy->opts->connect_ms, 0);
+  char port[8];
+  snprintf(port, sizeof(port), "%u", (unsigned)c->port);
+  struct addrinfo hints;
+  memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  sl->gai.data = sl;
+  int rc = uv_getaddrinfo(c->proxy->loop, &sl->gai, own_resolved, c->sni.text, port, &hints);
+  if (rc < 0) {
+    char reason[200];
+    snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(rc));
+    slot_failed(sl, 502, reason);
+    return;
+  }
+  sl->resolving = true;
+  c->handles++;
+  CE_TRACE_D("proxy", 'c', c->id, "h2: connecting upstream connection %d", (int)(sl - sl->h->slots));
+}
+
+static void slot_connect(h1slot_t *sl) {
+  if (sl->conn_slot)
+    ce_conn_h2_connect(sl->h->c);
+  else
+    own_connect(sl);
+}
+
+/* Serves sl's stream as far as the bytes allow. True when it is free again. */
+static bool slot_serve(h1slot_t *sl) {
+  ce_conn_t *c = sl->h->c;
+  while (!c->dead && sl->cur != NULL) {
+    h2s_t *s = sl->cur;
+    h1_send_body(s);
+    if (c->dead || sl->cur != s)
+      continue;
+    if (!h1_read_response(s))
+      return false;
+  }
+  return !c->dead;
+}
+
+static void h1_pump(h2_t *h) {
+  ce_conn_t *c = h->c;
+  for (size_t i = 0; i < CE_H2_H1_POOL && !c->dead; i++) {
+    h1slot_t *sl = &h->slots[i];
+    if (!sl->conn_slot && sl->own.open && sl->own.handshaken) {
+      /* Decrypted input while there is room; a full buffer that the
+       * stream drains is filled again at once. */
+      for (int round = 0; round < 64 && !c->dead; round++) {
+        ce_conn_pump_tls_input(&sl->own);
+        bool full = sl->own.in_len == CE_CONN_INPUT_MAX;
+        if (c->dead || sl->cur == NULL)
+          break;
+        slot_serve(sl);
+        if (!full || sl->own.in_len == CE_CONN_INPUT_MAX)
+          break;
+      }
+    } else if (sl->cur != NULL) {
+      slot_serve(sl);
+    }
+    if (c->dead)
+      return;
+    /* Nothing asked of an idle upstream: stray bytes or its close end it. */
+    if (sl->cur == NULL && !slot_connecting(sl) && slot_open(sl) && sl->s->handshaken &&
+        (sl->s->eof || sl->s->in_len > 0))
+      slot_reset(sl);
+  }
+  /* Waiting streams take the idle connections, then new ones are opened
+   * while more streams wait than connections are coming. */
+  while (!c->dead && h->qhead != NULL) {
+    h1slot_t *ready = NULL;
+    size_t coming = 0;
+    for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
+      if (ready == NULL && slot_ready(&h->slots[i]))
+        ready = &h->slots[i];
+      if (slot_connecting(&h->slots[i]))
+        coming++;
+    }
+    if (ready != NULL) {
+      h2s_t *s = h1_pop(h);
+      ready->cur = s;
+      s->slot = ready;
+      s->h1_resp_head = false;
+      if (!h1_start(s)) {
+        if (ready->cur == s)
+          slot_drop(ready);
+        continue;
+      }
+      slot_serve(ready);
+      continue;
+    }
+    if (coming >= h->qlen)
+      return;
+    h1slot_t *idle = NULL;
+    for (size_t i = 0; i < CE_H2_H1_POOL && idle == NULL; i++) {
+      h1slot_t *sl = &h->slots[i];
+      if (sl->cur == NULL && !slot_connecting(sl) && !slot_open(sl) && !sl->resolving && !sl->own.closing &&
+          !sl->cooldown)
+        idle = sl;
+    }
+    if (idle == NULL)
+      return;
+    slot_connect(idle);
+    if (!slot_connecting(idle))
+      return; /* it failed at once (and said so), or must wait: no loop */
+  }
+}
+
+void ce_h2conn_upstream_done(ce_conn_t *c, int status, const char *reason) {
+  h2_t *h = c->h2;
+  if (h == NULL || status == 0)
+    return;
+  slot_failed(&h->slots[0], status, reason);
+}
+
+/* Own slots' reading: while their input has room (as conn.c's update_reading). */
+void ce_h2conn_update_reading(ce_conn_t *c) {
+  h2_t *h = c->h2;
+  if (h == NULL || c->dead)
+    return;
+  for (size_t i = 1; i < CE_H2_H1_POOL; i++) {
+    side_t *u = &h->slots[i].own;
+    if (!u->open || !u->connected)
+      continue;
+    bool want = !u->eof && u->in_len < CE_CONN_INPUT_MAX - 1;
+    if (want && !u->reading) {
+      uv_read_start((uv_stream_t *)&u->tcp, own_alloc, own_read);
+      u->reading = true;
+    } else if (!want && u->reading) {
+      uv_read_stop((uv_stream_t *)&u->tcp);
+      u->reading = false;
+    }
+  }
+}
+
+/* conn_abort: the own slots' handles and lookups go with the connection. */
+void ce_h2conn_close_handles(ce_conn_t *c) {
+  h2_t *h = c->h2;
+  if (h == NULL)
+    return;
+  for (size_t i = 1; i < CE_H2_H1_POOL; i++) {
+    h1slot_t *sl = &h->slots[i];
+    if (sl->resolving)
+      uv_cancel((uv_req_t *)&sl->gai);
+    sl->connecting = false;
+    own_close_handle(sl);
+    if (sl->timer_init && !sl->timer_closing) {
+      sl->timer_closing = true;
+      uv_close((uv_handle_t *)&sl->timer, own_timer_closed);
+    }
+  }
+}
+
+/* ---- sessions ------------------------------------------------------------------------ */
+
+static int new_sessions(h2_t *h) {
+  nghttp2_session_callbacks *cb = NULL;
+  nghttp2_option *opt = NULL;
+  int rc = CE_ENOMEM;
+  if (nghttp2_session_callbacks_new(&cb) != 0 || nghttp2_option_new(&opt) != 0)
+    goto out;
+  /* Windows open again only as bytes leave (docs/http2.md §4); the
+   * library's own flood limits are set explicitly as a second layer
+   * behind the guard (§5). */
+  nghttp2_option_set_no_auto_window_update(opt, 1);
+  nghttp2_option_set_max_outbound_ack(opt, 1000);
+  nghttp2_option_set_max_settings(opt, 32);
+  nghttp2_option_set_max_continuations(opt, CE_H2G_MAX_CONTINUATIONS);
+  nghttp2_option_set_stream_reset_rate_limit(opt, CE_H2G_MAX_RST, CE_H2G_MAX_RST / CE_H2G_WINDOW_S);
+  nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
+  nghttp2_option_set_max_send_header_block_length(opt, 2u * CE_H2_MAX_HEADER_LIST);
+
+  nghttp2_session_callbacks_set_on_begin_headers_callback(cb, srv_begin_headers);
+  nghttp2_session_callbacks_set_on_header_callback(cb, srv_header);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, srv_frame_recv);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, srv_data);
+  nghttp2_session_callbacks_set_on_frame_send_callback(cb, srv_frame_send);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cb, srv_stream_close);
+  if (nghttp2_session_server_new2(&h->srv, cb, h, opt) != 0)
+    goto out;
+
+  nghttp2_session_callbacks_set_on_begin_headers_callback(cb, NULL);
+  nghttp2_session_callbacks_set_on_header_callback(cb, up_header);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, up_frame_recv);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, up_data);
+  nghttp2_session_callbacks_set_on_frame_send_callback(cb, NULL);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cb, up_stream_close);
+  if (nghttp2_session_client_new2(&h->up, cb, h, opt) != 0)
+    goto out;
+
+  nghttp2_settings_entry srv_set[] = {
+      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, CE_H2_MAX_STREAMS},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, CE_H2_STREAM_BUF},
+      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, CE_H2_MAX_HEADER_LIST},
+  };
+  nghttp2_settings_entry up_set[] = {
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, CE_H2_STREAM_BUF},
+      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, CE_H2_MAX_HEADER_LIST},
+  };
+  if (nghttp2_submit_settings(h->srv, NGHTTP2_FLAG_NONE, srv_set, 4) != 0 ||
+      nghttp2_submit_settings(h->up, NGHTTP2_FLAG_NONE, up_set, 3) != 0 ||
+      nghttp2_session_set_local_window_size(h->srv, NGHTTP2_FLAG_NONE, 0, CE_H2_CONN_WINDOW) != 0 ||
+      nghttp2_session_set_local_window_size(h->up, NGHTTP2_FLAG_NONE, 0, CE_H2_CONN_WINDOW) != 0)
+    goto out;
+  rc = CE_OK;
+out:
+  nghttp2_session_callbacks_del(cb);
+  nghttp2_option_del(opt);
+  return rc;
+}
+
+int ce_h2conn_start(ce_conn_t *c) {
+  h2_t *h = calloc(1, sizeof(*h));
+  if (h == NULL)
+    return CE_ENOMEM;
+  h->c = c;
+  c->h2 = h;
+  ce_h2_guard_init(&h->guard);
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
+    h1slot_t *sl = &h->slots[i];
+    sl->h = h;
+    sl->conn_slot = i == 0;
+    sl->s = i == 0 ? &c->u : &sl->own;
+    sl->own.conn = c;
+    sl->own.name = "upstream";
+  }
+  h->head = malloc(sizeof(*h->head));
+  h->names = malloc(CE_H1_MAX_HEAD_BYTES);
+  if (h->head == NULL || h->names == NULL || new_sessions(h) != CE_OK)
+    return CE_ENOMEM;
+  if (!c->up_h2) {
+    /* The upstream speaks HTTP/1.1 (or is not connected yet): streams are
+     * translated (docs/http2.md §6). */
+    nghttp2_session_del(h->up);
+    h->up = NULL;
+  }
+  CE_TRACE_D("proxy", 'c', c->id, "h2 with the workspace and the upstream");
+  return CE_OK;
+}
+
+void ce_h2conn_free(struct ce_h2conn *h) {
+  if (h == NULL)
+    return;
+  /* Deleting the sessions runs no stream callbacks: free the records. */
+  while (h->streams != NULL)
+    stream_free(h, h->streams);
+  for (size_t i = 1; i < CE_H2_H1_POOL; i++) {
+    h1slot_t *sl = &h->slots[i];
+    ce_tlsconn_free(sl->own.tls);
+    free(sl->own.in);
+    free(sl->own.rbuf);
+    if (sl->addrs != NULL)
+      uv_freeaddrinfo(sl->addrs);
+  }
+  nghttp2_session_del(h->srv);
+  nghttp2_session_del(h->up);
+  free(h->head);
+  free(h->names);
+  free(h);
+}
+
+/* The upstream session is over: streams it still carried fail. */
+static void upstream_gone(h2_t *h, const char *reason) {
+  if (h->up == NULL)
+    return;
+  for (h2s_t *s = h->streams; s != NULL; s = s->next) {
+    if (s->uid == 0)
+      continue;
+    s->uid = 0;
+    if (!s->rs_head_done && !s->local) {
+      fail_502(s, reason);
+    } else if (!s->down.eof) {
+      snprintf(s->fail, sizeof(s->fail), "%s", reason);
+      nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
+    }
+  }
+  nghttp2_session_del(h->up);
+  h->up = NULL;
+  ce_conn_upstream_reset(h->c);
+}
+
+/* A connection-level failure: GOAWAY, the event, close after the flush. */
+static void conn_fail(h2_t *h, uint32_t code, const char *reason) {
+  ce_conn_t *c = h->c;
+  if (!h->failed) {
+    h->failed = true;
+    ce_conn_report_failed(c, reason);
+    CE_TRACE_W("proxy", 'c', c->id, "h2: %s", reason);
+  }
+  nghttp2_session_terminate_session(h->srv, code);
+}
+
+static void flush(h2_t *h) {
+  ce_conn_t *c = h->c;
+  while (!c->dead && h->up != NULL && c->u.open && c->u.queued < CE_CONN_HIGH_WATER) {
+    const uint8_t *data;
+    ssize_t n = nghttp2_session_mem_send(h->up, &data);
+    if (n < 0) {
+      char reason[120];
+      snprintf(reason, sizeof(reason), "upstream_bad_response: %s", nghttp2_strerror((int)n));
+      upstream_gone(h, reason);
+      break;
+    }
+    if (n == 0)
+      break;
+    ce_conn_side_write(&c->u, (const char *)data, (size_t)n);
+  }
+  while (!c->dead && c->c.open && c->c.queued < CE_CONN_HIGH_WATER) {
+    const uint8_t *data;
+    ssize_t n = nghttp2_session_mem_send(h->srv, &data);
+    if (n < 0) {
+      conn_fail(h, NGHTTP2_INTERNAL_ERROR, "h2_internal_error");
+      ce_conn_abort(c);
+      return;
+    }
+    if (n == 0)
+      break;
+    ce_conn_side_write(&c->c, (const char *)data, (size_t)n);
+  }
+}
+
+void ce_h2conn_process(ce_conn_t *c) {
+  h2_t *h = c->h2;
+  if (h == NULL || c->dead)
+    return;
+  /* The workspace's frames: through the guard, then nghttp2. */
+  if (c->c.in_len > 0 && !h->failed) {
+    ce_h2g_verdict_t v = ce_h2_guard_feed(&h->guard, (const uint8_t *)c->c.in, c->c.in_len, now_ms());
+    if (v != CE_H2G_OK) {
+      conn_fail(h, v == CE_H2G_BAD_PREFACE ? NGHTTP2_PROTOCOL_ERROR : NGHTTP2_ENHANCE_YOUR_CALM,
+                ce_h2_guard_reason(v));
+    } else {
+      ssize_t n = nghttp2_session_mem_recv(h->srv, (const uint8_t *)c->c.in, c->c.in_len);
+      if (n < 0) {
+        char reason[120];
+        snprintf(reason, sizeof(reason), "h2_protocol_error: %s", nghttp2_strerror((int)n));
+        conn_fail(h, n == NGHTTP2_ERR_FLOODED ? NGHTTP2_ENHANCE_YOUR_CALM : NGHTTP2_PROTOCOL_ERROR, reason);
+      }
+    }
+  }
+  c->c.in_len = 0;
+  if (h->up == NULL) {
+    h1_pump(h);
+    flush(h);
+    if (c->dead)
+      return;
+    goto client_side;
+  }
+  /* The upstream's frames. */
+  if (c->u.in_len > 0 && h->up != NULL) {
+    ssize_t n = nghttp2_session_mem_recv(h->up, (const uint8_t *)c->u.in, c->u.in_len);
+    if (n < 0) {
+      char reason[120];
+      snprintf(reason, sizeof(reason), "upstream_bad_response: %s", nghttp2_strerror((int)n));
+      nghttp2_session_terminate_session(h->up, NGHTTP2_PROTOCOL_ERROR);
+      flush(h);
+      upstream_gone(h, reason);
+    }
+  }
+  c->u.in_len = 0;
+  if (h->up != NULL && c->u.eof)
+    upstream_gone(h, "upstream_reset: connection closed");
+  if (h->up != NULL && !nghttp2_session_want_read(h->up) && !nghttp2_session_want_write(h->up))
+    upstream_gone(h, "upstream_reset: the upstream ended the connection (GOAWAY)");
+  flush(h);
+  if (c->dead)
+    return;
+client_side:
+  if (c->c.eof) {
+    /* The workspace is gone: its streams with it. */
+    for (h2s_t *s = h->streams; s != NULL; s = s->next)
+      stream_finish_event(s, "client_reset: connection closed");
+    ce_conn_abort(c);
+    return;
+  }
+  if (!nghttp2_session_want_read(h->srv) && !nghttp2_session_want_write(h->srv))
+    ce_conn_close_after_flush(c);
+}
+
+void ce_h2conn_timeout(ce_conn_t *c) {
+  h2_t *h = c->h2;
+  if (h != NULL) {
+    for (h2s_t *s = h->streams; s != NULL; s = s->next)
+      stream_finish_event(s, s->rs_head_done ? "upstream_timeout: response body stalled"
+                                             : "upstream_timeout: no response");
+    if (h->streams == NULL) {
+      /* Idle: a GOAWAY and no event (docs/http2.md §5). */
+      nghttp2_session_terminate_session(h->srv, NGHTTP2_NO_ERROR);
+      flush(h);
+    }
+  }
+  ce_conn_abort(c);
+}
+
+void ce_h2conn_drain(ce_conn_t *c) {
+  h2_t *h = c->h2;
+  if (h == NULL || h->draining)
+    return;
+  h->draining = true;
+  nghttp2_submit_goaway(h->srv, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(h->srv),
+                        NGHTTP2_NO_ERROR, NULL, 0);
+  if (h->streams == NULL) {
+    flush(h);
+    ce_conn_close_after_flush(c);
+    return;
+  }
+  flush(h);
+}
+
+void ce_h2conn_abort(ce_conn_t *c, const char *reason) {
+  h2_t *h = c->h2;
+  if (h == NULL)
+    return;
+  for (h2s_t *s = h->streams; s != NULL; s = s->next)
+    stream_finish_event(s, reason);
+}

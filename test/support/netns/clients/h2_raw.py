@@ -1,0 +1,189 @@
+"""A scripted HTTP/2 client (python3-h2) for the sidecar's h2 tests.
+
+argv[1]: JSON {"host": SNI and first :authority, "mode": ..., "query": ...}
+modes:
+  coalesce     stream 1 for host, stream 3 for "other" (:authority of
+               another name) and stream 5 for host again, one connection
+  rapid_reset  HEADERS + RST_STREAM pairs until the server sends GOAWAY
+  trailers     one POST stream (gRPC-style: te: trailers, a body, request
+               trailers) to "path"; the response's headers and trailers
+  paths        one connection, one GET stream per entry of "paths", all
+               sent at once
+  continuation_flood / settings_flood / ping_flood
+               raw frames: one HEADERS without END_HEADERS and then
+               CONTINUATION frames / SETTINGS frames / PING frames, "count"
+               of them, until the server sends GOAWAY
+  slow_reader  a 16 MiB window, one GET for "path", then "seconds" without
+               reading a byte; then reads the whole response
+"port" (default 443) is the port dialled; :authority names it when not 443.
+Prints one JSON line: statuses per stream, the GOAWAY seen, ALPN.
+Trust comes from SSL_CERT_FILE like every client in the testbed.
+"""
+import json
+import os
+import socket
+import ssl
+import sys
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+
+spec = json.loads(sys.argv[1])
+host = spec["host"]
+ctx = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE"))
+ctx.set_alpn_protocols(["h2"])
+port = int(spec.get("port", 443))
+authority = host if port == 443 else "%s:%d" % (host, port)
+sock = socket.create_connection((host, port), timeout=15)
+tls = ctx.wrap_socket(sock, server_hostname=host)
+out = {"alpn": tls.selected_alpn_protocol(), "streams": {}, "goaway": None, "resets_sent": 0}
+conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+conn.initiate_connection()
+tls.sendall(conn.data_to_send())
+
+
+def headers(authority, path):
+    return [(":method", "GET"), (":scheme", "https"), (":authority", authority), (":path", path)]
+
+
+def pump(until):
+    while not until():
+        data = tls.recv(65536)
+        if not data:
+            out["closed"] = True
+            return
+        for ev in conn.receive_data(data):
+            if isinstance(ev, h2.events.InformationalResponseReceived):
+                st = out["streams"].setdefault(str(ev.stream_id), {"body": ""})
+                hd = {k.decode(): v.decode() for k, v in ev.headers}
+                st.setdefault("interim", []).append([int(hd[":status"]), hd.get("link")])
+            elif isinstance(ev, h2.events.ResponseReceived):
+                st = out["streams"].setdefault(str(ev.stream_id), {"body": ""})
+                st["status"] = int(dict(ev.headers)[b":status"])
+                st["headers"] = {k.decode(): v.decode() for k, v in ev.headers}
+            elif isinstance(ev, h2.events.TrailersReceived):
+                st = out["streams"].setdefault(str(ev.stream_id), {"body": ""})
+                st["trailers"] = {k.decode(): v.decode() for k, v in ev.headers}
+            elif isinstance(ev, h2.events.DataReceived):
+                st = out["streams"].setdefault(str(ev.stream_id), {"body": ""})
+                st["size"] = st.get("size", 0) + len(ev.data)
+                if len(st["body"]) < 4096:
+                    st["body"] += ev.data.decode("utf-8", "replace")
+                conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+            elif isinstance(ev, h2.events.StreamEnded):
+                out["streams"].setdefault(str(ev.stream_id), {"body": ""})["ended"] = True
+            elif isinstance(ev, h2.events.StreamReset):
+                out["streams"].setdefault(str(ev.stream_id), {"body": ""})["reset"] = int(ev.error_code)
+            elif isinstance(ev, h2.events.ConnectionTerminated):
+                out["goaway"] = int(ev.error_code)
+        tls.sendall(conn.data_to_send())
+
+
+q = spec.get("query", "")
+
+
+def raw_frame(length, ftype, flags, stream, payload=b""):
+    return length.to_bytes(3, "big") + bytes([ftype, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def flood(frames):
+    """Sends raw frames until the server answers GOAWAY (or closes)."""
+    try:
+        for i in range(0, len(frames), 50):
+            tls.sendall(b"".join(frames[i : i + 50]))
+    except OSError:
+        pass
+    out["frames_sent"] = len(frames)
+    try:
+        pump(lambda: out["goaway"] is not None)
+    except Exception as e:
+        out["error"] = repr(e)
+
+
+try:
+    if spec["mode"] == "trailers":
+        hd = headers(authority, spec["path"] + "?" + q)
+        hd[0] = (":method", "POST")
+        hd += [("content-type", "application/grpc"), ("te", "trailers")]
+        conn.send_headers(1, hd)
+        conn.send_data(1, b"x" * int(spec.get("size", 1000)))
+        conn.send_headers(1, [("x-req-trailer", "yes")], end_stream=True)
+        tls.sendall(conn.data_to_send())
+        pump(lambda: out["streams"].get("1", {}).get("ended") or "reset" in out["streams"].get("1", {}) or out["goaway"] is not None)
+    elif spec["mode"] == "paths":
+        sids = []
+        for i, p in enumerate(spec["paths"]):
+            sid = 1 + 2 * i
+            sids.append(sid)
+            sep = "&" if "?" in p else "?"
+            conn.send_headers(sid, headers(authority, p + sep + q), end_stream=True)
+        tls.sendall(conn.data_to_send())
+        pump(
+            lambda: all(out["streams"].get(str(s), {}).get("ended") or "reset" in out["streams"].get(str(s), {}) for s in sids)
+            or out["goaway"] is not None
+        )
+    elif spec["mode"] == "continuation_flood":
+        # :method GET, :scheme https, :path / (static table), then literals.
+        block = b"\x82\x87\x84"
+        frames = [raw_frame(len(block), 1, 0, 1, block)]
+        lit = b"\x00\x03x-a\x03aaa"
+        frames += [raw_frame(len(lit), 9, 0, 1, lit) for _ in range(int(spec.get("count", 1000)))]
+        flood(frames)
+    elif spec["mode"] == "settings_flood":
+        flood([raw_frame(0, 4, 0, 0) for _ in range(int(spec.get("count", 1000)))])
+    elif spec["mode"] == "ping_flood":
+        flood([raw_frame(8, 6, 0, 0, i.to_bytes(8, "big")) for i in range(int(spec.get("count", 1000)))])
+    elif spec["mode"] == "slow_reader":
+        conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16 * 1024 * 1024})
+        conn.increment_flow_control_window(16 * 1024 * 1024)
+        conn.send_headers(1, headers(authority, spec["path"] + "?" + q), end_stream=True)
+        tls.sendall(conn.data_to_send())
+        print(json.dumps({"waiting": True}), flush=True)
+        import time
+
+        time.sleep(float(spec.get("seconds", 3)))
+        pump(lambda: out["streams"].get("1", {}).get("ended") or out["goaway"] is not None)
+        out["streams"]["1"]["body"] = ""
+    elif spec["mode"] == "coalesce":
+        for sid, auth in ((1, host), (3, spec["other"]), (5, host)):
+            conn.send_headers(sid, headers(auth, "/?" + q), end_stream=True)
+        tls.sendall(conn.data_to_send())
+        pump(lambda: all(out["streams"].get(str(s), {}).get("ended") for s in (1, 3, 5)) or out["goaway"] is not None)
+    elif spec["mode"] == "rapid_reset":
+        sid = 1
+        tls.settimeout(5)
+        while out["goaway"] is None and sid < 2 * 5000:
+            conn.send_headers(sid, headers(host, "/slow?ms=2000&" + q), end_stream=True)
+            conn.reset_stream(sid)
+            out["resets_sent"] += 1
+            sid += 2
+            try:
+                tls.sendall(conn.data_to_send())
+            except OSError:
+                break
+            if sid % 64 == 1:
+                tls.setblocking(False)
+                try:
+                    data = tls.recv(65536)
+                    if not data:
+                        break
+                    for ev in conn.receive_data(data):
+                        if isinstance(ev, h2.events.ConnectionTerminated):
+                            out["goaway"] = int(ev.error_code)
+                except (ssl.SSLWantReadError, BlockingIOError):
+                    pass
+                except Exception:
+                    break
+                finally:
+                    tls.setblocking(True)
+                    tls.settimeout(5)
+        if out["goaway"] is None:
+            try:
+                pump(lambda: out["goaway"] is not None)
+            except Exception as e:
+                out["error"] = repr(e)
+except Exception as e:
+    out["error"] = repr(e)
+print(json.dumps(out))

@@ -1,0 +1,110 @@
+"""An HTTP/2-only origin (python3-h2) for the sidecar's h2 tests.
+
+Listens in the inet namespace on PORT (TLS with the testbed's server
+certificate, ALPN "h2" only: a client that cannot speak h2 fails the
+handshake), IPv4 and IPv6. Answers by path:
+
+  /trailers  reads the request body and its trailers; answers 200 with
+             content-type application/grpc, the body
+             "got <n> bytes; trailers <name>=<value>,...\\n", and the
+             response trailers grpc-status: 0, grpc-message: ok
+  /early     a 103 Early Hints (link: </style.css>; rel=preload), then
+             200 "after hints\\n"
+  anything   200 "h2 origin <path>\\n"
+
+Run: /usr/bin/python3 h2_origin.py PORT CERT KEY
+"""
+import socket
+import ssl
+import sys
+import threading
+import time
+
+import h2.config
+import h2.connection
+import h2.events
+
+
+def serve(tls):
+    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=False))
+    conn.initiate_connection()
+    tls.sendall(conn.data_to_send())
+    streams = {}
+    while True:
+        data = tls.recv(65536)
+        if not data:
+            return
+        for ev in conn.receive_data(data):
+            if isinstance(ev, h2.events.RequestReceived):
+                hd = {k.decode(): v.decode() for k, v in ev.headers}
+                streams[ev.stream_id] = {"path": hd.get(":path", "/"), "size": 0, "trailers": []}
+            elif isinstance(ev, h2.events.DataReceived):
+                streams[ev.stream_id]["size"] += len(ev.data)
+                conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+            elif isinstance(ev, h2.events.TrailersReceived):
+                streams[ev.stream_id]["trailers"] = [(k.decode(), v.decode()) for k, v in ev.headers]
+            elif isinstance(ev, h2.events.StreamEnded):
+                st = streams.pop(ev.stream_id)
+                if st["path"].startswith("/trailers"):
+                    tr = ",".join("%s=%s" % kv for kv in st["trailers"])
+                    body = ("got %d bytes; trailers %s\n" % (st["size"], tr)).encode()
+                    conn.send_headers(ev.stream_id, [(":status", "200"), ("content-type", "application/grpc")])
+                    conn.send_data(ev.stream_id, body)
+                    conn.send_headers(ev.stream_id, [("grpc-status", "0"), ("grpc-message", "ok")], end_stream=True)
+                elif st["path"].startswith("/early"):
+                    conn.send_headers(ev.stream_id, [(":status", "103"), ("link", "</style.css>; rel=preload")])
+                    body = b"after hints\n"
+                    conn.send_headers(ev.stream_id, [(":status", "200"), ("content-length", str(len(body)))])
+                    conn.send_data(ev.stream_id, body, end_stream=True)
+                else:
+                    body = ("h2 origin %s\n" % st["path"]).encode()
+                    conn.send_headers(ev.stream_id, [(":status", "200"), ("content-length", str(len(body)))])
+                    conn.send_data(ev.stream_id, body, end_stream=True)
+            elif isinstance(ev, h2.events.ConnectionTerminated):
+                tls.sendall(conn.data_to_send())
+                return
+        tls.sendall(conn.data_to_send())
+
+
+def handle(sock, ctx):
+    try:
+        tls = ctx.wrap_socket(sock, server_side=True)
+        serve(tls)
+    except Exception as e:  # one connection's failure is not the server's
+        sys.stderr.write("h2_origin: %r\n" % (e,))
+    finally:
+        try:
+            sock.close()
+        except OSError:
+            pass
+
+
+def listen(family, addr, port, ctx):
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.bind((addr, port))
+    s.listen(128)
+
+    def loop():
+        while True:
+            c, _ = s.accept()
+            threading.Thread(target=handle, args=(c, ctx), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def main():
+    port, cert, key = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    ctx.set_alpn_protocols(["h2"])
+    for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        listen(family, addr, port, ctx)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()
