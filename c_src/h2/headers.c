@@ -60,6 +60,12 @@ int ce_h2h_write_request(ce_h1_writer_t *w, const ce_h2h_field_t *f, size_t n, b
     return CE_EINVAL;
   if (name_is(method->value, method->value_len, "CONNECT"))
     return CE_EINVAL;
+  /* Origin-form only (or "*" for OPTIONS): an absolute-form or authority
+   * target would let the upstream route by another name than Host. */
+  bool star = path->value_len == 1 && path->value[0] == '*' && method->value_len == 7 &&
+              memcmp(method->value, "OPTIONS", 7) == 0;
+  if (path->value[0] != '/' && !star)
+    return CE_EINVAL;
   int rc = ce_h1_write_request_line(w, method->value, method->value_len, path->value, path->value_len);
   if (rc == CE_OK)
     rc = ce_h1_write_field(w, "Host", 4, auth->value, auth->value_len);

@@ -684,6 +684,23 @@ static void stream_request(h2s_t *s) {
            "condukt: CONNECT is not supported: this connection already goes where it was dialled\n");
     return;
   }
+  /* RFC 9113 §8.3.1: the target is origin-form, or "*" for OPTIONS.
+   * nghttp2 checks the leading "/" only for the schemes http and https:
+   * an absolute-form :path (or an authority) under another :scheme
+   * would name the upstream a host the policy never saw (an HTTP/1.1
+   * upstream routes by the request line). Refused before evaluation. */
+  size_t scl = 0;
+  const char *scheme = hset_get(&s->rq, ":scheme", &scl);
+  bool star = method != NULL && ml == 7 && memcmp(method, "OPTIONS", 7) == 0 && path != NULL && pl == 1 &&
+              path[0] == '*';
+  if (scheme == NULL || scl != 5 || memcmp(scheme, "https", 5) != 0 || path == NULL || pl == 0 ||
+      (path[0] != '/' && !star)) {
+    snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
+    stream_event(s, "request_opened", NULL);
+    refuse(s, 400, "bad_request: target_not_origin_form",
+           "condukt: malformed request: :scheme must be https and :path an origin-form target\n");
+    return;
+  }
   if (auth == NULL || al == 0) {
     snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
     stream_event(s, "request_opened", NULL);

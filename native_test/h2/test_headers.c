@@ -76,6 +76,21 @@ Test(h2_headers, incomplete_or_unforwardable_requests_are_refused) {
   cr_assert_eq(write_req(bad_path, 3, false, out, sizeof(out)), CE_EINVAL);
 }
 
+Test(h2_headers, only_origin_form_targets_or_options_star_are_written) {
+  char out[256];
+  ce_h2h_field_t absolute[] = {F(":method", "GET"), F(":path", "http://evil.example/x"), F(":authority", "h")};
+  cr_assert_eq(write_req(absolute, 3, false, out, sizeof(out)), CE_EINVAL);
+  ce_h2h_field_t authority[] = {F(":method", "GET"), F(":path", "evil.example:443"), F(":authority", "h")};
+  cr_assert_eq(write_req(authority, 3, false, out, sizeof(out)), CE_EINVAL);
+  ce_h2h_field_t star_get[] = {F(":method", "GET"), F(":path", "*"), F(":authority", "h")};
+  cr_assert_eq(write_req(star_get, 3, false, out, sizeof(out)), CE_EINVAL);
+  ce_h2h_field_t star_lower[] = {F(":method", "options"), F(":path", "*"), F(":authority", "h")};
+  cr_assert_eq(write_req(star_lower, 3, false, out, sizeof(out)), CE_EINVAL);
+  ce_h2h_field_t star[] = {F(":method", "OPTIONS"), F(":path", "*"), F(":authority", "h")};
+  cr_assert_eq(write_req(star, 3, false, out, sizeof(out)), CE_OK);
+  cr_assert_str_eq(out, "OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n");
+}
+
 Test(h2_headers, a_full_buffer_is_too_big_at_every_size) {
   ce_h2h_field_t f[] = {F(":method", "GET"), F(":path", "/"), F(":authority", "h"), F("cookie", "a=1"),
                         F("cookie", "b=2"), F("x", "y")};

@@ -516,6 +516,40 @@ defmodule Condukt.Netns.SidecarH2Test do
     end
   end
 
+  describe "request targets" do
+    # A :path that is not origin-form (or a :scheme that is not https) would
+    # reach the upstream as an absolute-form request line or a :path it
+    # routes by, naming another host than the policy saw: 400 on the stream,
+    # before any evaluation, on both the translated and the h2 upstream.
+    for {port, label} <- [{@h1_only, "HTTP/1.1"}, {@h2_only, "h2"}] do
+      test "absolute-form :path or another :scheme is refused with 400 (#{label} upstream)", %{tb: tb, sc: sc} do
+        q = tag()
+        auth = "allowed.test:#{unquote(port)}"
+        f = fn scheme, path -> [[":method", "GET"], [":scheme", scheme], [":authority", auth], [":path", path]] end
+
+        streams = [
+          f.("foo", "http://evil.example/x?#{q}"),
+          f.("foo", "evil.example:443"),
+          f.("foo", "/n1?#{q}"),
+          f.("http", "/n1?#{q}"),
+          f.("https", "/n1?#{q}")
+        ]
+
+        out = h2_raw(tb, sc, %{host: "allowed.test", port: unquote(port), mode: "custom", streams: streams, query: q})
+        assert out["goaway"] == nil, inspect(out)
+
+        for sid <- ["1", "3", "5", "7"] do
+          st = out["streams"][sid]
+          # nghttp2 may refuse some shapes itself (RST_STREAM); never forwarded.
+          assert st["status"] == 400 or Map.has_key?(st, "reset"), inspect(out)
+          refute (st["body"] || "") =~ ~r/scripted|h2 origin/
+        end
+
+        assert %{"status" => 200, "ended" => true} = out["streams"]["9"]
+      end
+    end
+  end
+
   describe "floods" do
     for {mode, reason} <- [
           continuation_flood: "h2_continuation_flood",

@@ -15,6 +15,8 @@ modes:
                of them, until the server sends GOAWAY
   slow_reader  a 16 MiB window, one GET for "path", then "seconds" without
                reading a byte; then reads the whole response
+  custom       one stream per entry of "streams", each a list of [name, value]
+               header fields sent as given (no client-side validation)
 "port" (default 443) is the port dialled; :authority names it when not 443.
 Prints one JSON line: statuses per stream, the GOAWAY seen, ALPN.
 Trust comes from SSL_CERT_FILE like every client in the testbed.
@@ -39,7 +41,9 @@ authority = host if port == 443 else "%s:%d" % (host, port)
 sock = socket.create_connection((host, port), timeout=15)
 tls = ctx.wrap_socket(sock, server_hostname=host)
 out = {"alpn": tls.selected_alpn_protocol(), "streams": {}, "goaway": None, "resets_sent": 0}
-conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+conn = h2.connection.H2Connection(
+    config=h2.config.H2Configuration(client_side=True, validate_outbound_headers=spec["mode"] != "custom")
+)
 conn.initiate_connection()
 tls.sendall(conn.data_to_send())
 
@@ -119,6 +123,17 @@ try:
             sids.append(sid)
             sep = "&" if "?" in p else "?"
             conn.send_headers(sid, headers(authority, p + sep + q), end_stream=True)
+        tls.sendall(conn.data_to_send())
+        pump(
+            lambda: all(out["streams"].get(str(s), {}).get("ended") or "reset" in out["streams"].get(str(s), {}) for s in sids)
+            or out["goaway"] is not None
+        )
+    elif spec["mode"] == "custom":
+        sids = []
+        for i, fields in enumerate(spec["streams"]):
+            sid = 1 + 2 * i
+            sids.append(sid)
+            conn.send_headers(sid, [(n, v) for n, v in fields], end_stream=True)
         tls.sendall(conn.data_to_send())
         pump(
             lambda: all(out["streams"].get(str(s), {}).get("ended") or "reset" in out["streams"].get(str(s), {}) for s in sids)
