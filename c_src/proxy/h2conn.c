@@ -1210,6 +1210,13 @@ static bool h1_read_response(h2s_t *s) {
         h1_broke(s, "upstream_reset: connection closed inside the response body");
         return true;
       }
+      /* RFC 8446 §6.1, RFC 9112 §9.8: over TLS only a close_notify ends a
+       * close-delimited body; any other end (a TCP FIN alone, a TLS or
+       * read error) is a truncation, as on the HTTP/1.1 path. */
+      if (u->tls == NULL || !u->close_notify) {
+        h1_broke(s, "upstream_tls: truncated: the server closed without close_notify");
+        return true;
+      }
       s->down.eof = true;
       s->h1_keep = false;
       break;

@@ -252,6 +252,21 @@ defmodule Condukt.Netns.SidecarH2Test do
       assert %{"status" => 200, "ended" => true, "body" => "1000\n"} = out["streams"]["1"]
     end
 
+    test "a close-delimited response cut without close_notify fails the stream; with close_notify it ends",
+         %{tb: tb, sc: sc} do
+      q = tag()
+      paths = ["/close?notify=0", "/close?notify=1"]
+      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h1_only, mode: "paths", paths: paths, query: q})
+      # The head went out before the truncation: the stream is reset, never ended.
+      assert %{"status" => 200, "reset" => 2} = cut = out["streams"]["1"]
+      refute cut["ended"]
+      assert %{"status" => 200, "ended" => true, "body" => "close-delimited body\n"} = out["streams"]["3"]
+
+      failed = List.last(events_for("notify=0&#{q}"))
+      assert failed["event"] == "request_failed" and failed["reason"] =~ "truncated", inspect(failed)
+      assert List.last(events_for("notify=1&#{q}"))["event"] == "request_closed"
+    end
+
     test "h2 workspace, HTTP/1.1 upstream: chunked trailers become a trailing HEADERS frame", %{tb: tb, sc: sc} do
       q = tag()
 
