@@ -98,6 +98,8 @@ static void end_request(ce_conn_t *c) {
 
 /* request_failed once per request; the record ends with it. */
 static void report_failed(ce_conn_t *c, const char *reason) {
+  if (c->abort_reason[0] == '\0')
+    snprintf(c->abort_reason, sizeof(c->abort_reason), "%s", reason);
   begin_connection_record(c);
   if (c->failed_reported)
     return;
@@ -193,6 +195,9 @@ static void upstream_reset(ce_conn_t *c) {
 static void conn_abort(ce_conn_t *c) {
   if (c->dead)
     return;
+  /* Every open h2 stream gets its closing event (docs/http2.md §5). */
+  if (c->state == ST_H2)
+    ce_h2conn_abort(c, c->abort_reason[0] != '\0' ? c->abort_reason : "connection_aborted");
   c->dead = true;
   trace(c, "abort");
   if (c->ask_id != 0) {

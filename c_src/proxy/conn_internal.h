@@ -121,6 +121,7 @@ struct ce_conn {
   int32_t decide_rule;
   bool decide_cache;
   bool failed_reported;
+  char abort_reason[160];  /* the first failure reported: the h2 streams' closing event on abort */
 
   /* HTTP/2 (docs/http2.md). */
   bool offers_h2;          /* the ClientHello offered h2 */

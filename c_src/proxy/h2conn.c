@@ -1817,7 +1817,10 @@ int ce_h2conn_start(ce_conn_t *c) {
 void ce_h2conn_free(struct ce_h2conn *h) {
   if (h == NULL)
     return;
-  /* Deleting the sessions runs no stream callbacks: free the records. */
+  /* Deleting the sessions runs no stream callbacks: a stream still
+   * without its closing event gets one, then the records go. */
+  for (h2s_t *s = h->streams; s != NULL; s = s->next)
+    stream_finish_event(s, "connection_closed");
   while (h->streams != NULL)
     stream_free(h, h->streams);
   for (size_t i = 1; i < CE_H2_H1_POOL; i++) {
@@ -1862,6 +1865,9 @@ static void conn_fail(h2_t *h, uint32_t code, const char *reason) {
     h->failed = true;
     ce_conn_report_failed(c, reason);
     CE_TRACE_W("proxy", 'c', c->id, "h2: %s", reason);
+    /* The session ends here: no stream of it completes. */
+    for (h2s_t *s = h->streams; s != NULL; s = s->next)
+      stream_finish_event(s, reason);
   }
   nghttp2_session_terminate_session(h->srv, code);
 }

@@ -580,6 +580,20 @@ defmodule Condukt.Netns.SidecarH2Test do
     end
   end
 
+  describe "teardown" do
+    test "a connection that fails (a guard limit) ends every open stream with request_failed", %{tb: tb, sc: sc} do
+      q = tag()
+
+      out =
+        h2_raw(tb, sc, %{host: "allowed.test", port: @h1_only, mode: "ping_flood", path: "/slow", count: 1000, query: q})
+
+      assert out["goaway"] == 11, inspect(out)
+      last = List.last(events_for(q))
+      assert last["event"] == "request_failed" and last["stream_id"] == 1, inspect(last)
+      assert last["reason"] =~ "flood", inspect(last)
+    end
+  end
+
   describe "memory" do
     test "a slow reader of a 20 MiB response: the proxy's RSS stays bounded, then all bytes arrive",
          %{tb: tb, sc: sc} do

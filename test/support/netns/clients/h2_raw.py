@@ -12,7 +12,8 @@ modes:
   continuation_flood / settings_flood / ping_flood
                raw frames: one HEADERS without END_HEADERS and then
                CONTINUATION frames / SETTINGS frames / PING frames, "count"
-               of them, until the server sends GOAWAY
+               of them, until the server sends GOAWAY; settings_flood and
+               ping_flood first open a GET stream for "path" when given
   slow_reader  a 16 MiB window, one GET for "path", then "seconds" without
                reading a byte; then reads the whole response
   custom       one stream per entry of "streams", each a list of [name, value]
@@ -93,7 +94,15 @@ def raw_frame(length, ftype, flags, stream, payload=b""):
 
 
 def flood(frames):
-    """Sends raw frames until the server answers GOAWAY (or closes)."""
+    """Sends raw frames until the server answers GOAWAY (or closes).
+    With "path" in the spec, a GET stream for it goes first (and has
+    0.3 s to reach the upstream): a stream open when the connection fails."""
+    if "path" in spec:
+        conn.send_headers(1, headers(authority, spec["path"] + "?" + q), end_stream=True)
+        tls.sendall(conn.data_to_send())
+        import time
+
+        time.sleep(0.3)
     try:
         for i in range(0, len(frames), 50):
             tls.sendall(b"".join(frames[i : i + 50]))
