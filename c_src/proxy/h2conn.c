@@ -276,6 +276,25 @@ static size_t sbuf_take(sbuf_t *b, uint8_t *out, size_t cap) {
   return n;
 }
 
+/* Bytes s still holds were counted against the flow-control windows when
+ * they arrived: when they will never be forwarded (the stream turned
+ * local or closes), the windows get them back, or a few dropped uploads
+ * would close the connection's window for good. nghttp2 credits the
+ * connection even when the stream is gone. */
+static void stream_release_windows(h2_t *h, h2s_t *s) {
+  if (s->up.len > 0) {
+    nghttp2_session_consume(h->srv, s->cid, s->up.len);
+    s->up.len = 0;
+  }
+  if (s->down.len > 0 && h->up != NULL) {
+    if (s->uid > 0)
+      nghttp2_session_consume(h->up, s->uid, s->down.len);
+    else
+      nghttp2_session_consume_connection(h->up, s->down.len);
+    s->down.len = 0;
+  }
+}
+
 static h2s_t *stream_new(h2_t *h, int32_t cid) {
   h2s_t *s = calloc(1, sizeof(*s));
   if (s == NULL)
@@ -298,6 +317,7 @@ static void stream_free(h2_t *h, h2s_t *s) {
   if (s->next != NULL)
     s->next->prev = s->prev;
   h->nstreams--;
+  stream_release_windows(h, s);
   if (s->have_req)
     ce_reqinfo_clear(&s->req);
   if (s->ask_id != 0)
@@ -352,6 +372,7 @@ static ssize_t local_read(nghttp2_session *session, int32_t stream_id, uint8_t *
 static void local_answer(h2s_t *s, int status, const char *text) {
   h2_t *h = s->h;
   s->local = true;
+  stream_release_windows(h, s);
   free(s->local_body);
   s->local_body = strdup(text);
   if (s->local_body == NULL) {

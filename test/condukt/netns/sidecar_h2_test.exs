@@ -565,6 +565,24 @@ defmodule Condukt.Netns.SidecarH2Test do
     end
   end
 
+  describe "flow control" do
+    test "uploads held while a decision is pending and then denied give their window back", %{tb: tb, sc: sc} do
+      # 24 x 64 KiB buffered then dropped would exceed the 1 MiB connection
+      # window if the bytes were never given back: the last ones would hang.
+      q = tag()
+      paths = List.duplicate("/secret", 24) ++ ["/"]
+      out = h2_raw(tb, sc, %{host: "decide.test", mode: "uploads", paths: paths, size: 65_535, query: q})
+      refute out["error"], inspect(out)
+
+      for i <- 0..23 do
+        assert %{"status" => 403} = out["streams"]["#{2 * i + 1}"], inspect(out)
+      end
+
+      assert %{"status" => s} = out["streams"]["49"]
+      assert s != 403
+    end
+  end
+
   describe "floods" do
     for {mode, reason} <- [
           continuation_flood: "h2_continuation_flood",

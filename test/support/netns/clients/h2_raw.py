@@ -16,6 +16,9 @@ modes:
                ping_flood first open a GET stream for "path" when given
   slow_reader  a 16 MiB window, one GET for "path", then "seconds" without
                reading a byte; then reads the whole response
+  uploads      one POST stream after the other, one per entry of "paths",
+               each with a "size"-byte body sent as the windows allow; a
+               stream that gets no answer within 5 s ends the run
   custom       one stream per entry of "streams", each a list of [name, value]
                header fields sent as given (no client-side validation)
 "port" (default 443) is the port dialled; :authority names it when not 443.
@@ -137,6 +140,26 @@ try:
             lambda: all(out["streams"].get(str(s), {}).get("ended") or "reset" in out["streams"].get(str(s), {}) for s in sids)
             or out["goaway"] is not None
         )
+    elif spec["mode"] == "uploads":
+        tls.settimeout(5)
+        size = int(spec.get("size", 65535))
+        for i, p in enumerate(spec["paths"]):
+            sid = 1 + 2 * i
+            hd = headers(authority, p + "?" + q)
+            hd[0] = (":method", "POST")
+            conn.send_headers(sid, hd + [("content-length", str(size))])
+            left = size
+            done = lambda: out["streams"].get(str(sid), {}).get("ended") or "reset" in out["streams"].get(str(sid), {})
+            while left > 0 and not done():
+                w = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size, left)
+                if w > 0:
+                    left -= w
+                    conn.send_data(sid, b"u" * w, end_stream=left == 0)
+                    tls.sendall(conn.data_to_send())
+                else:
+                    n = [0]
+                    pump(lambda: n.__setitem__(0, n[0] + 1) or n[0] > 1)
+            pump(done)
     elif spec["mode"] == "custom":
         sids = []
         for i, fields in enumerate(spec["streams"]):
