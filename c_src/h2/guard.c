@@ -112,6 +112,12 @@ ce_h2g_verdict_t ce_h2_guard_feed(ce_h2_guard_t *g, const uint8_t *data, size_t 
   return g->verdict;
 }
 
+ce_h2g_verdict_t ce_h2_guard_note_reset(ce_h2_guard_t *g, uint64_t now_ms) {
+  if (g->verdict == CE_H2G_OK && ce_h2g_window_add(&g->rst, now_ms, 1) > CE_H2G_MAX_RST)
+    g->verdict = CE_H2G_RAPID_RESET;
+  return g->verdict;
+}
+
 const char *ce_h2_guard_reason(ce_h2g_verdict_t v) {
   switch (v) {
   case CE_H2G_OK: return "ok";

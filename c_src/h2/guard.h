@@ -61,6 +61,11 @@ void ce_h2_guard_init(ce_h2_guard_t *g);
  * limit crossed (sticky: later calls return it again). */
 ce_h2g_verdict_t ce_h2_guard_feed(ce_h2_guard_t *g, const uint8_t *data, size_t len, uint64_t now_ms);
 
+/* The proxy itself reset one of the client's streams at now_ms (a stream
+ * error the client provoked: MadeYouReset). Counted with the client's own
+ * RST_STREAM frames; returns the (sticky) verdict. */
+ce_h2g_verdict_t ce_h2_guard_note_reset(ce_h2_guard_t *g, uint64_t now_ms);
+
 /* The event reason of a verdict: "h2_rapid_reset", ... */
 const char *ce_h2_guard_reason(ce_h2g_verdict_t v);
 

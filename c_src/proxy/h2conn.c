@@ -846,8 +846,22 @@ static int srv_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, 
   return 0;
 }
 
+static void conn_fail(h2_t *h, uint32_t code, const char *reason);
+
 static int srv_frame_send(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
+  h2_t *h = user_data;
   h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
+  /* A stream the proxy resets (a stream error the client provoked, or a
+   * refusal of its trailers) cost an evaluation and events like one the
+   * client reset: counted in the same window (MadeYouReset). Not the
+   * proxy's own failures (INTERNAL_ERROR) nor an upstream's reset passed on. */
+  if (frame->hd.type == NGHTTP2_RST_STREAM && frame->rst_stream.error_code != NGHTTP2_NO_ERROR &&
+      frame->rst_stream.error_code != NGHTTP2_INTERNAL_ERROR && !h->failed &&
+      (s == NULL || strncmp(s->fail, "upstream_", 9) != 0)) {
+    ce_h2g_verdict_t v = ce_h2_guard_note_reset(&h->guard, now_ms());
+    if (v != CE_H2G_OK)
+      conn_fail(h, NGHTTP2_ENHANCE_YOUR_CALM, ce_h2_guard_reason(v));
+  }
   if (s != NULL && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
       (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0)
     s->resp_end_sent = true;
@@ -1677,8 +1691,12 @@ static void h1_pump(h2_t *h) {
       s->slot = ready;
       s->h1_resp_head = false;
       if (!h1_start(s)) {
-        if (ready->cur == s)
-          slot_drop(ready);
+        /* Nothing of s was written: the connection stays good for the
+         * next stream (a reset would cost a fresh TLS connection). */
+        if (ready->cur == s) {
+          ready->cur = NULL;
+          s->slot = NULL;
+        }
         continue;
       }
       slot_serve(ready);

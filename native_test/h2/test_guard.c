@@ -87,6 +87,29 @@ Test(h2_guard, rapid_reset_is_caught_within_the_window_only) {
   }
 }
 
+Test(h2_guard, resets_the_proxy_sends_count_with_the_clients_own) {
+  static uint8_t buf[64 * 1024];
+  ce_h2_guard_t g;
+  ce_h2_guard_init(&g);
+  /* Half the allowance from the client's RST_STREAM frames... */
+  size_t n = with_preface(buf);
+  for (uint32_t i = 0; i < CE_H2G_MAX_RST / 2; i++)
+    n = frame(buf, n, 4, 3, 0, 2 * i + 1);
+  cr_assert_eq(feed_all(&g, buf, n, 1000), CE_H2G_OK);
+  /* ...the other half from the proxy's own resets: still within. */
+  for (uint32_t i = 0; i < CE_H2G_MAX_RST - CE_H2G_MAX_RST / 2; i++)
+    cr_assert_eq(ce_h2_guard_note_reset(&g, 2000), CE_H2G_OK, "reset %u", i);
+  /* One more, of either kind: rapid reset, and it sticks for the feed. */
+  cr_assert_eq(ce_h2_guard_note_reset(&g, 3000), CE_H2G_RAPID_RESET);
+  size_t m = frame(buf, 0, 8, 6, 0, 0); /* a PING */
+  cr_assert_eq(feed_all(&g, buf, m, 60000), CE_H2G_RAPID_RESET);
+
+  /* Spread over more than the window: fine. */
+  ce_h2_guard_init(&g);
+  for (uint32_t i = 0; i < 3 * CE_H2G_MAX_RST; i++)
+    cr_assert_eq(ce_h2_guard_note_reset(&g, (uint64_t)i * 100u), CE_H2G_OK, "reset %u", i);
+}
+
 Test(h2_guard, continuation_flood_is_caught) {
   static uint8_t buf[4096];
   size_t n = with_preface(buf);

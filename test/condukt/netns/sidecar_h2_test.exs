@@ -177,6 +177,13 @@ defmodule Condukt.Netns.SidecarH2Test do
     assert ev["sni"] == "allowed.test"
   end
 
+  test "resets the proxy sends (MadeYouReset-style: oversized trailers) count as rapid reset", %{tb: tb, sc: sc} do
+    q = tag()
+    out = h2_raw(tb, sc, %{host: "allowed.test", mode: "made_you_reset", count: 400, query: q})
+    assert out["goaway"] == 11, inspect(Map.delete(out, "streams"))
+    assert out["resets_sent"] < 400
+  end
+
   test "node's http2 client: two concurrent streams on one session", %{tb: tb, sc: sc} do
     q = tag()
 

@@ -19,6 +19,10 @@ modes:
   uploads      one POST stream after the other, one per entry of "paths",
                each with a "size"-byte body sent as the windows allow; a
                stream that gets no answer within 5 s ends the run
+  made_you_reset
+               up to "count" streams, 20 at a time, each a POST whose
+               trailers have 200 fields (more than the proxy keeps: it
+               answers RST_STREAM), until the server sends GOAWAY
   custom       one stream per entry of "streams", each a list of [name, value]
                header fields sent as given (no client-side validation)
 "port" (default 443) is the port dialled; :authority names it when not 443.
@@ -160,6 +164,25 @@ try:
                     n = [0]
                     pump(lambda: n.__setitem__(0, n[0] + 1) or n[0] > 1)
             pump(done)
+    elif spec["mode"] == "made_you_reset":
+        tls.settimeout(5)
+        try:
+            sid = 1
+            while out["resets_sent"] < int(spec.get("count", 400)) and out["goaway"] is None:
+                batch = []
+                for _ in range(20):
+                    hd = headers(authority, "/?" + q)
+                    hd[0] = (":method", "POST")
+                    conn.send_headers(sid, hd)
+                    conn.send_headers(sid, [("x-t%d" % k, "v") for k in range(200)], end_stream=True)
+                    tls.sendall(conn.data_to_send())
+                    batch.append(sid)
+                    out["resets_sent"] += 1
+                    sid += 2
+                pump(lambda: all("reset" in out["streams"].get(str(s), {}) for s in batch) or out["goaway"] is not None)
+        except Exception as e:
+            out["error"] = repr(e)
+        out["streams"] = {k: v for k, v in out["streams"].items() if "reset" not in v}
     elif spec["mode"] == "custom":
         sids = []
         for i, fields in enumerate(spec["streams"]):
