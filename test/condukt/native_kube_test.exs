@@ -182,6 +182,38 @@ defmodule Condukt.NativeKubeTest do
                Native.kube_request(n, k, %{method: :get, path: "/api/v1/nodes"})
     end
 
+    test "each handle trusts its own CA only (a later handle changes nothing)", %{n: n, cluster: c} do
+      {:ok, %{cert_pem: other_ca}} = Native.ca_new(n, common_name: "not the cluster's CA")
+      ca = File.read!(Cluster.ca(c))
+      path = "/api/v1/namespaces/#{c.namespace}/pods"
+
+      {:ok, %{kube: a}} = Native.kube_open(n, %{source: :explicit, server: c.server, ca_pem: other_ca, token: c.token})
+      {:ok, %{kube: b}} = Native.kube_open(n, %{source: :explicit, server: c.server, ca_pem: ca, token: c.token})
+
+      assert {:ok, %{status: 200}} = Native.kube_request(n, b, %{method: :get, path: path})
+      assert {:error, %Native.Error{code: :tls}} = Native.kube_request(n, a, %{method: :get, path: path})
+
+      # And the other way round: the right CA first, the wrong one after.
+      {:ok, %{kube: d}} = Native.kube_open(n, %{source: :explicit, server: c.server, ca_pem: other_ca, token: c.token})
+      assert {:error, %Native.Error{code: :tls}} = Native.kube_request(n, d, %{method: :get, path: path})
+      assert {:ok, %{status: 200}} = Native.kube_request(n, b, %{method: :get, path: path})
+    end
+
+    test "a client certificate stays with its handle", %{n: n, cluster: c} do
+      admin = Path.join(c.dir, "admin.kubeconfig")
+      assert {:ok, %{kube: a, auth: :client_cert}} = Native.kube_open(n, %{source: :kubeconfig, paths: [admin]})
+      {sa, _} = open!(n, c)
+
+      assert {:ok, %{status: 403}} = Native.kube_request(n, sa, %{method: :get, path: "/api/v1/nodes"})
+      assert {:ok, %{status: 200}} = Native.kube_request(n, a, %{method: :get, path: "/api/v1/nodes"})
+      assert {:ok, %{status: 403}} = Native.kube_request(n, sa, %{method: :get, path: "/api/v1/nodes"})
+
+      # A handle with no credential at all is anonymous, not the administrator.
+      {:ok, %{kube: anon}} = Native.kube_open(n, %{source: :explicit, server: c.server, ca_pem: File.read!(Cluster.ca(c))})
+      assert {:ok, %{status: status}} = Native.kube_request(n, anon, %{method: :get, path: "/api/v1/nodes"})
+      assert status in [401, 403]
+    end
+
     test "exec plugin authentication, cached, and re-run once after a 401", %{n: n, cluster: c} do
       dir = Path.join(c.dir, "plugin-#{System.unique_integer([:positive])}")
       File.mkdir_p!(dir)
