@@ -26,6 +26,7 @@
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,7 +163,7 @@ struct plugin {
   uv_timer_t timer;
   int handles;
   int pending;          /* exit and two EOFs */
-  bool timed_out, spawned;
+  bool timed_out, spawned, exited;
   int64_t exit_status;
   int term_signal;
   buf_t o, e;
@@ -1383,8 +1384,18 @@ static void on_plugin_closed(uv_handle_t *h) {
   }
 }
 
+/* SIGKILL to the plugin's process group (it runs in a session of its
+ * own): what it left running goes too. */
+static void plugin_kill(plugin_t *pl) {
+  if (pl->spawned && pl->proc.pid > 0)
+    kill(-pl->proc.pid, SIGKILL);
+}
+
+/* Closes the pipes and the timer; the process handle only once the
+ * plugin was reaped (on_plugin_exit closes it otherwise: closing it
+ * earlier would leave a zombie). */
 static void plugin_close(plugin_t *pl) {
-  if (pl->spawned && !uv_is_closing((uv_handle_t *)&pl->proc))
+  if (pl->spawned && pl->exited && !uv_is_closing((uv_handle_t *)&pl->proc))
     uv_close((uv_handle_t *)&pl->proc, on_plugin_closed);
   uv_handle_t *hs[] = {(uv_handle_t *)&pl->out, (uv_handle_t *)&pl->err,
                        (uv_handle_t *)&pl->timer};
@@ -1458,6 +1469,8 @@ static void plugin_done(plugin_t *pl) {
   waiting_release(k, rc, err);
 }
 
+static void on_plugin_timeout(uv_timer_t *t);
+
 static void plugin_step(plugin_t *pl) {
   if (--pl->pending == 0 && pl->k != NULL)
     plugin_done(pl);
@@ -1465,9 +1478,18 @@ static void plugin_step(plugin_t *pl) {
 
 static void on_plugin_exit(uv_process_t *proc, int64_t status, int sig) {
   plugin_t *pl = proc->data;
+  pl->exited = true;
+  if (pl->k == NULL) {
+    /* Abandoned (its handle was closed): reaped now, the handle goes. */
+    uv_close((uv_handle_t *)&pl->proc, on_plugin_closed);
+    return;
+  }
   pl->exit_status = status;
   pl->term_signal = sig;
-  uv_timer_stop(&pl->timer);
+  /* Something it started may still hold its stdout or stderr: the EOFs
+   * get a short grace, then what came is what there is. */
+  if (pl->pending > 1)
+    uv_timer_start(&pl->timer, on_plugin_timeout, CE_KUBE_PLUGIN_GRACE_MS, 0);
   plugin_step(pl);
 }
 
@@ -1499,8 +1521,21 @@ static void on_plugin_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
 
 static void on_plugin_timeout(uv_timer_t *t) {
   plugin_t *pl = t->data;
-  pl->timed_out = true;
-  uv_process_kill(&pl->proc, SIGKILL);
+  if (pl->k == NULL)
+    return;
+  if (!pl->exited) {
+    /* Over its time: the whole group is killed; the exit follows. */
+    pl->timed_out = true;
+    plugin_kill(pl);
+    return;
+  }
+  /* Exited, and the grace for the EOFs is over: what is left of the
+   * group goes, the pipes are closed by plugin_done(). */
+  plugin_kill(pl);
+  uv_read_stop((uv_stream_t *)&pl->out);
+  uv_read_stop((uv_stream_t *)&pl->err);
+  pl->pending = 1;
+  plugin_step(pl);
 }
 
 /* KUBERNETES_EXEC_INFO, as client-go writes it. */
@@ -1586,6 +1621,9 @@ static void plugin_start(ce_kube_t *k) {
   po.env = env;
   po.stdio = stdio;
   po.stdio_count = 3;
+  /* A session and process group of its own: a timeout or a closed
+   * handle kills the group. */
+  po.flags = UV_PROCESS_DETACHED;
   int rc = uv_spawn(k->c->loop, &pl->proc, &po);
   /* The process handle is initialised even when the spawn failed, and
    * must be closed either way. */
@@ -1596,6 +1634,7 @@ static void plugin_start(ce_kube_t *k) {
     OPENSSL_clear_free(info_kv, strlen(info_kv));
   if (rc != 0) {
     char s[SHOWN_MAX];
+    pl->exited = true; /* nothing to reap */
     efmt(err, sizeof(err), CE_EPERM, "exec plugin \"%s\" cannot run: %s",
          shown(s, k->cfg.exec.argv[0]), uv_strerror(rc));
     pl->k = NULL;
@@ -1719,8 +1758,8 @@ static void kube_free(ce_kube_t *k) {
     plugin_t *pl = k->plugin;
     k->plugin = NULL;
     pl->k = NULL;
-    if (pl->spawned && !uv_is_closing((uv_handle_t *)&pl->proc))
-      uv_process_kill(&pl->proc, SIGKILL);
+    if (!pl->exited)
+      plugin_kill(pl);
     plugin_close(pl);
   }
   waiting_release(k, CE_ECLOSED, "kube: the handle was closed");

@@ -43,6 +43,8 @@
 /* An exec credential plugin: its output and its time. */
 #define CE_KUBE_PLUGIN_OUTPUT_MAX (1024u * 1024u)
 #define CE_KUBE_PLUGIN_TIMEOUT_MS 60000u
+/* After the plugin exited, the time its pipes get to reach EOF. */
+#define CE_KUBE_PLUGIN_GRACE_MS 1000u
 #define CE_KUBE_MSG_MAX 480
 
 typedef struct ce_kube_client ce_kube_client_t;

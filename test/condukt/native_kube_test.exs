@@ -275,6 +275,84 @@ defmodule Condukt.NativeKubeTest do
       assert {:ok, %{status: 200}} = Native.kube_request(n, k2, %{method: :get, path: path})
     end
 
+    defp plugin_kubeconfig!(c, dir, script) do
+      File.mkdir_p!(dir)
+      plugin = Path.join(dir, "plugin.sh")
+      File.write!(plugin, script)
+      File.chmod!(plugin, 0o755)
+      ca = c |> Cluster.ca() |> File.read!() |> Base.encode64()
+      kubeconfig = Path.join(dir, "kubeconfig")
+
+      File.write!(kubeconfig, """
+      clusters:
+      - name: c
+        cluster: {server: "#{c.server}", certificate-authority-data: #{ca}}
+      users:
+      - name: u
+        user:
+          exec: {apiVersion: client.authentication.k8s.io/v1, command: #{plugin}}
+      contexts:
+      - name: x
+        context: {cluster: c, user: u}
+      current-context: x
+      """)
+
+      kubeconfig
+    end
+
+    defp read_pid!(file) do
+      :ok = Cluster.wait_until(fn -> match?({:ok, <<_, _::binary>>}, File.read(file)) end, 10_000)
+      file |> File.read!() |> String.trim()
+    end
+
+    # Gone, or a zombie someone else must reap (not ours: we are not its parent).
+    defp gone_or_zombie?(pid) do
+      case File.read("/proc/#{pid}/stat") do
+        {:error, _} -> true
+        {:ok, stat} -> stat |> String.split(") ") |> List.last() |> String.starts_with?("Z")
+      end
+    end
+
+    test "a plugin that leaves a child holding its stdout: the credential is used, the child killed",
+         %{n: n, cluster: c} do
+      dir = Path.join(c.dir, "plugin-bg-#{System.unique_integer([:positive])}")
+      pidfile = Path.join(dir, "child")
+
+      kubeconfig =
+        plugin_kubeconfig!(c, dir, """
+        #!/bin/sh
+        printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"%s"}}' '#{c.token}'
+        /bin/sleep 1000 &
+        echo $! > #{pidfile}
+        exit 0
+        """)
+
+      {:ok, %{kube: k}} = Native.kube_open(n, %{source: :kubeconfig, paths: [kubeconfig]})
+      path = "/api/v1/namespaces/#{c.namespace}/pods"
+      assert {:ok, %{status: 200}} = Native.kube_request(n, k, %{method: :get, path: path, timeout: 15_000})
+      child = read_pid!(pidfile)
+      assert :ok = Cluster.wait_until(fn -> gone_or_zombie?(child) end, 10_000)
+      # The handle is not wedged: the cached credential serves the next one.
+      assert {:ok, %{status: 200}} = Native.kube_request(n, k, %{method: :get, path: path, timeout: 15_000})
+    end
+
+    test "closing a handle while its plugin runs kills and reaps the plugin", %{n: n, cluster: c} do
+      dir = Path.join(c.dir, "plugin-slow-#{System.unique_integer([:positive])}")
+      pidfile = Path.join(dir, "pid")
+      kubeconfig = plugin_kubeconfig!(c, dir, "#!/bin/sh
+echo $$ > #{pidfile}
+exec /bin/sleep 1000
+")
+      {:ok, %{kube: k}} = Native.kube_open(n, %{source: :kubeconfig, paths: [kubeconfig]})
+      req = Task.async(fn -> Native.kube_request(n, k, %{method: :get, path: "/api", timeout: 30_000}) end)
+      pid = read_pid!(pidfile)
+      assert File.exists?("/proc/#{pid}")
+      assert :ok = Native.kube_close(n, k)
+      assert {:error, %Native.Error{code: :closed}} = Task.await(req, 10_000)
+      # Reaped by the port (its parent): no zombie left behind.
+      assert :ok = Cluster.wait_until(fn -> not File.exists?("/proc/#{pid}") end, 10_000)
+    end
+
     test "a token file is re-read when it changes", %{n: n, cluster: c} do
       file = Path.join(c.dir, "tok-#{System.unique_integer([:positive])}")
       File.write!(file, c.token <> "\n")
