@@ -26,8 +26,10 @@
 
 #include "kube/config.h"
 
-/* A response body past this is CE_ETOOBIG. */
-#define CE_KUBE_BODY_MAX (16u * 1024u * 1024u)
+/* A response body past this is CE_ETOOBIG (the port's packet limit is
+ * 16 MiB, the reply's own terms come on top; a body decoded from JSON
+ * may still make a reply over it: toobig too). */
+#define CE_KUBE_BODY_MAX (15u * 1024u * 1024u)
 #define CE_KUBE_REQUEST_TIMEOUT_DEFAULT 30000u
 #define CE_KUBE_EXEC_TIMEOUT_DEFAULT 60000u
 #define CE_KUBE_TIMEOUT_MAX 3600000u

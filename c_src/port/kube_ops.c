@@ -129,6 +129,21 @@ static int enc_opt_text(ei_x_buff *x, const char *s) {
   return s != NULL ? ce_etf_encode_text(x, s) : ei_x_encode_atom(x, "nil");
 }
 
+/* A reply over the port's packet limit would be dropped by
+ * ce__port_send() and the caller left waiting: it is toobig instead. */
+static void send_reply(ce_port_t *p, uint64_t id, ei_x_buff *x, const char *op) {
+  if ((size_t)x->index > CE_PORT_MAX_PACKET) {
+    long n = x->index;
+    ei_x_free(x);
+    ce__port_reply_error(p, id, CE_ETOOBIG,
+                         "%s: the reply would be %ld bytes, over the port's %u-byte packet "
+                         "limit",
+                         op, n, CE_PORT_MAX_PACKET);
+    return;
+  }
+  ce__port_send(p, x);
+}
+
 /* ---- kube_open ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -434,6 +449,20 @@ static bool is_json_type(const char *ct) {
   return n > 5 && strncmp(ct + n - 5, "+json", 5) == 0 && strncmp(ct, "application/", 12) == 0;
 }
 
+/* ei grows a buffer a few hundred bytes at a time, copying it each time
+ * (quadratic for a big body): the term gets its room at once. JSON as
+ * terms is at most about 2.5 times its text ("1e1," is 4 bytes, a float
+ * 9), and the body at most CE_KUBE_BODY_MAX. */
+static void x_reserve(ei_x_buff *x, size_t n) {
+  if (n <= (size_t)x->buffsz)
+    return;
+  char *b = realloc(x->buff, n);
+  if (b != NULL) {
+    x->buff = b;
+    x->buffsz = (int)n;
+  }
+}
+
 static void on_request_done(void *arg, const ce_kube_http_res_t *r) {
   pending_t *pe = arg;
   ce_port_t *p = pe->p;
@@ -450,6 +479,7 @@ static void on_request_done(void *arg, const ce_kube_http_res_t *r) {
     return;
   }
   if (is_json_type(r->content_type) && r->body_len > 0) {
+    x_reserve(&body, 3 * r->body_len + 1024);
     json_t *j = json_loadb(r->body, r->body_len, JSON_DECODE_ANY, NULL);
     char err[128];
     if (j != NULL && ce_json_to_term(j, &body, err, sizeof(err)) == CE_OK)
@@ -477,7 +507,7 @@ static void on_request_done(void *arg, const ce_kube_http_res_t *r) {
     return;
   }
   ei_x_free(&body);
-  ce__port_send(p, &x);
+  send_reply(p, id, &x, "kube_request");
 }
 
 static bool path_ok(const char *s, size_t n) {
@@ -668,7 +698,7 @@ static void on_exec_done(void *arg, const ce_kube_exec_res_t *r) {
     return;
   }
   ei_x_free(&st);
-  ce__port_send(p, &x);
+  send_reply(p, id, &x, "kube_exec");
 }
 
 void ce__op_kube_exec(ce_port_t *p, const char *buf, int i, uint64_t id) {

@@ -353,6 +353,60 @@ exec /bin/sleep 1000
       assert :ok = Cluster.wait_until(fn -> not File.exists?("/proc/#{pid}") end, 10_000)
     end
 
+    test "a reply over the port's packet limit is toobig, not lost", %{n: n, cluster: c} do
+      admin = Path.join(c.dir, "admin.kubeconfig")
+      {:ok, %{kube: k}} = Native.kube_open(n, %{source: :kubeconfig, paths: [admin]})
+      # Free-form objects (a CRD that keeps unknown fields) holding floats:
+      # "0.5," is 4 bytes of JSON and 9 as a term.
+      crd = %{
+        "apiVersion" => "apiextensions.k8s.io/v1",
+        "kind" => "CustomResourceDefinition",
+        "metadata" => %{"name" => "blobs.condukt.test"},
+        "spec" => %{
+          "group" => "condukt.test",
+          "scope" => "Namespaced",
+          "names" => %{"plural" => "blobs", "singular" => "blob", "kind" => "Blob", "listKind" => "BlobList"},
+          "versions" => [
+            %{
+              "name" => "v1",
+              "served" => true,
+              "storage" => true,
+              "schema" => %{"openAPIV3Schema" => %{"type" => "object", "x-kubernetes-preserve-unknown-fields" => true}}
+            }
+          ]
+        }
+      }
+
+      crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+      assert {:ok, %{status: 201}} = Native.kube_request(n, k, %{method: :post, path: crds, body: crd})
+
+      try do
+        base = "/apis/condukt.test/v1/namespaces/#{c.namespace}/blobs"
+
+        :ok =
+          Cluster.wait_until(fn -> match?({:ok, %{status: 200}}, Native.kube_request(n, k, %{method: :get, path: base})) end)
+
+        # 8 objects of 250000 floats: about 8 MB of JSON (under the 15 MiB
+        # body limit), about 18 MB as terms (over the 16 MiB packet limit).
+        floats = List.duplicate(0.5, 250_000)
+
+        for i <- 1..8 do
+          blob = %{"apiVersion" => "condukt.test/v1", "kind" => "Blob", "metadata" => %{"name" => "b#{i}"}, "x" => floats}
+          assert {:ok, %{status: 201}} = Native.kube_request(n, k, %{method: :post, path: base, body: blob})
+        end
+
+        assert {:error, %Native.Error{code: :toobig, message: msg}} =
+                 Native.kube_request(n, k, %{method: :get, path: base, timeout: 30_000})
+
+        assert msg =~ "packet limit"
+        # The handle and the port carry on.
+        assert {:ok, %{status: 200, body: %{"x" => [0.5 | _]}}} =
+                 Native.kube_request(n, k, %{method: :get, path: base <> "/b1"})
+      after
+        Native.kube_request(n, k, %{method: :delete, path: crds <> "/blobs.condukt.test"})
+      end
+    end
+
     test "a token file is re-read when it changes", %{n: n, cluster: c} do
       file = Path.join(c.dir, "tok-#{System.unique_integer([:positive])}")
       File.write!(file, c.token <> "\n")
