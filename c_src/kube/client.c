@@ -87,6 +87,9 @@ typedef struct chunk {
   unsigned char data[]; /* LWS_PRE, channel byte, payload */
 } chunk_t;
 
+/* The bytes a queued chunk of len payload bytes holds. */
+#define CHUNK_COST(len) (sizeof(chunk_t) + LWS_PRE + 1 + (len))
+
 typedef struct fwd fwd_t;
 typedef struct plugin plugin_t;
 
@@ -154,6 +157,7 @@ struct fwd {
   uint16_t port;
   ce_kube_fwd_err_cb cb;
   void *arg;
+  unsigned tunnels;     /* conns with fwd pointing here */
 };
 
 struct plugin {
@@ -518,6 +522,8 @@ static void conn_maybe_free(conn_t *cn) {
   if (cn->handles > 0)
     return;
   conn_unlink(cn);
+  if (cn->fwd != NULL)
+    cn->fwd->tunnels--;
   SSL_CTX_free(cn->ctx);
   if (cn->bearer != NULL)
     OPENSSL_clear_free(cn->bearer, strlen(cn->bearer));
@@ -931,6 +937,13 @@ static void on_local_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
       lws_callback_on_writable(cn->wsi);
     return;
   }
+  /* What is queued is counted as allocated: a small read gets a chunk of
+   * its size (1-byte segments would otherwise hold 64 KiB each). */
+  if ((size_t)n < CE_KUBE_STDIN_FRAME / 2) {
+    chunk_t *small = realloc(ch, CHUNK_COST((size_t)n));
+    if (small != NULL)
+      ch = small;
+  }
   ch->next = NULL;
   ch->len = (size_t)n;
   ch->data[LWS_PRE] = CE_KUBE_PF_DATA;
@@ -939,7 +952,7 @@ static void on_local_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   else
     cn->q_head = ch;
   cn->q_tail = ch;
-  cn->q_bytes += (size_t)n;
+  cn->q_bytes += CHUNK_COST((size_t)n);
   if (cn->q_bytes > CE_KUBE_FWD_QUEUE_MAX) {
     uv_read_stop(s);
     cn->local_reading = false;
@@ -1038,7 +1051,7 @@ static int tunnel_write(conn_t *cn, struct lws *wsi) {
   cn->q_head = ch->next;
   if (cn->q_head == NULL)
     cn->q_tail = NULL;
-  cn->q_bytes -= ch->len;
+  cn->q_bytes -= CHUNK_COST(ch->len);
   int w = lws_write(wsi, ch->data + LWS_PRE, ch->len + 1, LWS_WRITE_BINARY);
   free(ch);
   if (w < 0)
@@ -1929,14 +1942,41 @@ int ce_kube_exec(ce_kube_t *k, const ce_kube_exec_req_t *req, ce_kube_exec_cb cb
   return CE_OK;
 }
 
+static void on_refused_closed(uv_handle_t *h) { free(h); }
+
+/* A connection over the listener's tunnel limit: accepted and closed. */
+static void fwd_refuse(fwd_t *f, uv_stream_t *server) {
+  uv_stream_t *s = malloc(f->is_unix ? sizeof(uv_pipe_t) : sizeof(uv_tcp_t));
+  if (s == NULL)
+    return;
+  int rc = f->is_unix ? uv_pipe_init(f->c->loop, (uv_pipe_t *)s, 0)
+                      : uv_tcp_init(f->c->loop, (uv_tcp_t *)s);
+  if (rc != 0) {
+    free(s);
+    return;
+  }
+  uv_accept(server, s);
+  uv_close((uv_handle_t *)s, on_refused_closed);
+  char msg[128];
+  snprintf(msg, sizeof(msg),
+           "port-forward: a connection was refused: the listener already has %u tunnels",
+           CE_KUBE_FWD_TUNNELS_MAX);
+  f->cb(f->arg, f->id, msg);
+}
+
 static void on_fwd_connection(uv_stream_t *server, int status) {
   fwd_t *f = server->data;
   if (status < 0 || f->closing || f->k == NULL)
     return;
+  if (f->tunnels >= CE_KUBE_FWD_TUNNELS_MAX) {
+    fwd_refuse(f, server);
+    return;
+  }
   conn_t *cn = conn_new(f->k, K_TUNNEL);
   if (cn == NULL)
     return;
   cn->fwd = f;
+  f->tunnels++;
   int rc = f->is_unix ? uv_pipe_init(f->c->loop, &cn->local.pipe, 0)
                       : uv_tcp_init(f->c->loop, &cn->local.tcp);
   if (rc != 0) {

@@ -42,6 +42,8 @@
 #define CE_KUBE_STATUS_MAX (64u * 1024u)
 /* Bytes queued towards one side of a tunnel before the other is paused. */
 #define CE_KUBE_FWD_QUEUE_MAX (1024u * 1024u)
+/* Tunnels (accepted connections) of one forward listener at a time. */
+#define CE_KUBE_FWD_TUNNELS_MAX 16u
 /* An exec credential plugin: its output and its time. */
 #define CE_KUBE_PLUGIN_OUTPUT_MAX (1024u * 1024u)
 #define CE_KUBE_PLUGIN_TIMEOUT_MS 60000u

@@ -724,6 +724,55 @@ exec /bin/sleep 1000
       end
     end
 
+    test "a listener holds at most 16 tunnels; the next connection is refused and reported",
+         %{n: n, cluster: c, node: node} do
+      {k, _} = open!(n, c)
+      # Accepts 17 connections (16, then one more after one closed) and holds them.
+      script = """
+      import socket, time
+      s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      s.bind(('127.0.0.1', #{@port})); s.listen(64); s.settimeout(30)
+      held = [s.accept()[0] for _ in range(17)]
+      time.sleep(1)
+      """
+
+      server =
+        Task.async(fn ->
+          Cmd.run(["/usr/sbin/ip", "netns", "exec", node.netns, "/usr/bin/python3", "-c", script], timeout: 60_000)
+        end)
+
+      Process.sleep(500)
+
+      {:ok, {f, %{address: addr}}} =
+        Native.kube_forward(n, k, %{namespace: c.namespace, pod: "nk", port: @port, listen: {:tcp, "127.0.0.1", 0}})
+
+      socks =
+        for _ <- 1..16 do
+          s = connect(addr)
+          :ok = :gen_tcp.send(s, "x")
+          s
+        end
+
+      Process.sleep(1000)
+      extra = connect(addr)
+      assert {:error, :closed} = :gen_tcp.recv(extra, 0, 5_000)
+      assert_receive {:condukt_kube_forward, ^n, ^f, {:error, msg}}, 5_000
+      assert msg =~ "16 tunnels"
+
+      # One closes: a place is free again.
+      [first | rest] = socks
+      :gen_tcp.close(first)
+      Process.sleep(1500)
+      again = connect(addr)
+      :ok = :gen_tcp.send(again, "x")
+      assert {:error, :timeout} = :gen_tcp.recv(again, 0, 1_500)
+      refute_received {:condukt_kube_forward, ^n, ^f, _}
+
+      Enum.each([again | rest], &:gen_tcp.close/1)
+      assert {_, 0} = Task.await(server, 60_000)
+      assert :ok = Native.kube_forward_close(n, f)
+    end
+
     test "a non-loopback listener is refused", %{n: n, cluster: c} do
       {k, _} = open!(n, c)
 
