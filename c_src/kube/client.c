@@ -1255,9 +1255,11 @@ static int load_token_file(ce_kube_t *k, char *err, size_t errlen) {
     return efmt(err, errlen, rc, "the token file: %s", why);
   while (n > 0 && (data[n - 1] == '\n' || data[n - 1] == '\r' || data[n - 1] == ' '))
     data[--n] = '\0';
-  if (n == 0 || memchr(data, '\0', n) != NULL || strpbrk(data, "\r\n") != NULL) {
+  if (!ce_kube_token_ok(data, n)) {
     OPENSSL_clear_free(data, n + 1);
-    return efmt(err, errlen, CE_EINVAL, "the token file \"%s\" holds no one-line token",
+    return efmt(err, errlen, CE_EINVAL,
+                "the token file \"%s\" holds no token (one line of printable ASCII without "
+                "spaces)",
                 shown(s, k->cfg.token_file));
   }
   if (k->token != NULL)

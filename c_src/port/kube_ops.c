@@ -96,17 +96,37 @@ static bool read_bool(const char *buf, int *i, bool *out) {
 
 static bool read_u64(const char *buf, int *i, uint64_t *v) { return ce_etf_u64(buf, i, v); }
 
-/* A Kubernetes object name: 1..253 of [a-z0-9.-]. */
-static bool k8s_name(const char *s) {
+static bool alnum_lower(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
+
+/* A DNS-1123 label of s[0..n): 1..63 of [a-z0-9-], alphanumeric at both
+ * ends. */
+static bool dns_label(const char *s, size_t n) {
+  if (n == 0 || n > 63 || !alnum_lower(s[0]) || !alnum_lower(s[n - 1]))
+    return false;
+  for (size_t k = 0; k < n; k++)
+    if (!alnum_lower(s[k]) && s[k] != '-')
+      return false;
+  return true;
+}
+
+/* Namespaces and containers are DNS-1123 labels; pods DNS-1123
+ * subdomains (labels joined by '.', at most 253): never "." or "..", so
+ * a name cannot climb the URL path. */
+static bool k8s_name(const char *s, bool subdomain) {
   size_t n = strlen(s);
+  if (!subdomain)
+    return dns_label(s, n);
   if (n == 0 || n > NAME_MAX_)
     return false;
-  for (size_t k = 0; k < n; k++) {
-    char c = s[k];
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.'))
+  for (const char *p = s;;) {
+    const char *dot = strchr(p, '.');
+    size_t l = dot != NULL ? (size_t)(dot - p) : strlen(p);
+    if (!dns_label(p, l))
       return false;
+    if (dot == NULL)
+      return true;
+    p = dot + 1;
   }
-  return true;
 }
 
 static bool read_kube(ce_port_t *p, const char *buf, int *i, uint64_t id, const char *op,
@@ -342,6 +362,10 @@ static int explicit_config(open_opts_t *o, ce_kube_config_t *c, char *err, size_
   }
   if (o->insecure && o->ca_pem != NULL) {
     snprintf(err, errlen, "insecure and ca_pem are both set; keep one");
+    return CE_EINVAL;
+  }
+  if (o->token != NULL && !ce_kube_token_ok(o->token, strlen(o->token))) {
+    snprintf(err, errlen, "token must be printable ASCII without spaces or line breaks");
     return CE_EINVAL;
   }
   c->insecure = o->insecure;
@@ -735,10 +759,10 @@ void ce__op_kube_exec(ce_port_t *p, const char *buf, int i, uint64_t id) {
         BADARG("kube_exec: %s must be a binary of 1 to %u bytes", name, NAME_MAX_);
         goto done;
       }
-      if (!k8s_name(*slot)) {
+      if (!k8s_name(*slot, slot == &pod)) {
         char sh[SHOWN_MAX];
-        INVAL("kube_exec: %s \"%s\" is not a Kubernetes name", name,
-              shown(sh, *slot, strlen(*slot)));
+        INVAL("kube_exec: %s \"%s\" is not a Kubernetes name (a DNS-1123 %s)", name,
+              shown(sh, *slot, strlen(*slot)), slot == &pod ? "subdomain" : "label");
         goto done;
       }
     } else if (strcmp(name, "command") == 0) {
@@ -878,10 +902,10 @@ void ce__op_kube_forward(ce_port_t *p, const char *buf, int i, uint64_t id) {
         BADARG("kube_forward: %s must be a binary of 1 to %u bytes", name, NAME_MAX_);
         goto done;
       }
-      if (!k8s_name(*slot)) {
+      if (!k8s_name(*slot, slot == &pod)) {
         char sh[SHOWN_MAX];
-        INVAL("kube_forward: %s \"%s\" is not a Kubernetes name", name,
-              shown(sh, *slot, strlen(*slot)));
+        INVAL("kube_forward: %s \"%s\" is not a Kubernetes name (a DNS-1123 %s)", name,
+              shown(sh, *slot, strlen(*slot)), slot == &pod ? "subdomain" : "label");
         goto done;
       }
     } else if (strcmp(name, "port") == 0) {
