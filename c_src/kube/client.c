@@ -365,8 +365,26 @@ static bool is_ip(const char *s) {
   return inet_pton(AF_INET, s, b) == 1 || inet_pton(AF_INET6, s, b) == 1;
 }
 
-/* The server certificate check (preverify from OpenSSL, the name here). */
+bool ce_kube_cert_names(X509 *cert, const char *name) {
+  if (is_ip(name))
+    return X509_check_ip_asc(cert, name, 0) == 1;
+  /* As Go's crypto/tls: subjectAltName only (never the subject's CN), a
+   * wildcard only as a whole left-most label. */
+  return X509_check_host(cert, name, strlen(name),
+                         X509_CHECK_FLAG_NEVER_CHECK_SUBJECT |
+                             X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS,
+                         NULL) == 1;
+}
+
+/* The server certificate check (preverify from OpenSSL, the name here).
+ * 0 accepts, 1 refuses (libwebsockets' convention). */
 static int tls_verify(conn_t *cn, X509_STORE_CTX *xs, int preverify) {
+  if (cn->k->cfg.insecure) {
+    /* insecure-skip-tls-verify, as kubectl: neither the chain nor the
+     * name is checked. */
+    X509_STORE_CTX_set_error(xs, X509_V_OK);
+    return 0;
+  }
   if (!preverify) {
     int e = X509_STORE_CTX_get_error(xs);
     snprintf(cn->tls_err, sizeof(cn->tls_err), "the server certificate is not trusted: %s",
@@ -378,9 +396,7 @@ static int tls_verify(conn_t *cn, X509_STORE_CTX *xs, int preverify) {
   const ce_kube_config_t *cfg = &cn->k->cfg;
   const char *name = cfg->tls_server_name != NULL ? cfg->tls_server_name : cfg->host;
   X509 *cert = X509_STORE_CTX_get_current_cert(xs);
-  int ok = is_ip(name) ? X509_check_ip_asc(cert, name, 0)
-                       : X509_check_host(cert, name, strlen(name), 0, NULL);
-  if (ok != 1) {
+  if (cert == NULL || !ce_kube_cert_names(cert, name)) {
     char s[SHOWN_MAX];
     snprintf(cn->tls_err, sizeof(cn->tls_err),
              "the server certificate does not name \"%s\"", shown(s, name));
@@ -1194,7 +1210,10 @@ static void conn_connect(conn_t *cn) {
   ci.host = cn->hosthdr;
   ci.origin = cn->hosthdr;
   ci.alpn = "http/1.1";
-  ci.ssl_connection = LCCSCF_USE_SSL | LCCSCF_SKIP_SERVER_CERT_HOSTNAME_CHECK;
+  /* A redirect is never followed (the bearer token would go along): a
+   * 3xx is the answer. */
+  ci.ssl_connection = LCCSCF_USE_SSL | LCCSCF_SKIP_SERVER_CERT_HOSTNAME_CHECK |
+                      LCCSCF_HTTP_NO_FOLLOW_REDIRECT;
   if (k->cfg.insecure)
     ci.ssl_connection |= LCCSCF_ALLOW_SELFSIGNED | LCCSCF_ALLOW_EXPIRED | LCCSCF_ALLOW_INSECURE;
   if (cn->kind == K_HTTP) {

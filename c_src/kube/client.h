@@ -19,6 +19,7 @@
 #define CE_KUBE_CLIENT_H
 
 #include <jansson.h>
+#include <openssl/x509.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -136,6 +137,11 @@ typedef void (*ce_kube_fwd_err_cb)(void *arg, uint64_t fchan, const char *msg);
 int ce_kube_forward(ce_kube_t *k, const ce_kube_fwd_req_t *req, ce_kube_fwd_err_cb cb,
                     void *arg, uint64_t *fchan, uint16_t *bound_port, char *err,
                     size_t errlen);
+/* Whether a server certificate names name (an IP literal against its IP
+ * addresses; a DNS name against its DNS subjectAltNames only, a wildcard
+ * only as a whole left-most label). */
+bool ce_kube_cert_names(X509 *cert, const char *name);
+
 /* Closes a listener and its tunnels; false when there was none. */
 bool ce_kube_forward_close(ce_kube_client_t *c, uint64_t fchan);
 

@@ -407,6 +407,87 @@ exec /bin/sleep 1000
       end
     end
 
+    test "a redirect is not followed: the 3xx is the answer, the token stays home", %{n: n, cluster: c} do
+      dir = Path.join(c.dir, "redirect-#{System.unique_integer([:positive])}")
+      File.mkdir_p!(dir)
+      landed = Path.join(dir, "landed")
+      {:ok, l} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
+      {:ok, port} = :inet.port(l)
+      :gen_tcp.close(l)
+
+      # Serves /r with a 302 to /landed on itself; /landed records its headers.
+      script = """
+      import http.server, ssl
+      class H(http.server.BaseHTTPRequestHandler):
+          def do_GET(self):
+              if self.path == '/landed':
+                  open('#{landed}', 'w').write(str(self.headers))
+                  self.send_response(200); self.send_header('Content-Length', '0'); self.end_headers()
+              else:
+                  self.send_response(302)
+                  self.send_header('Location', 'https://127.0.0.1:#{port}/landed')
+                  self.send_header('Content-Length', '0'); self.end_headers()
+      s = http.server.HTTPServer(('127.0.0.1', #{port}), H)
+      ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+      ctx.load_cert_chain('#{c.dir}/pki/apiserver.crt', '#{c.dir}/pki/apiserver.key')
+      s.socket = ctx.wrap_socket(s.socket, server_side=True)
+      s.timeout = 5
+      s.handle_request(); s.handle_request()
+      """
+
+      server = Task.async(fn -> Cmd.run(["/usr/bin/python3", "-c", script], timeout: 30_000) end)
+      Process.sleep(700)
+
+      {:ok, %{kube: k}} =
+        Native.kube_open(n, %{
+          source: :explicit,
+          server: "https://127.0.0.1:#{port}",
+          ca_pem: File.read!(Cluster.ca(c)),
+          token: "secret-token"
+        })
+
+      assert {:ok, %{status: 302}} = Native.kube_request(n, k, %{method: :get, path: "/r"})
+      Task.await(server, 30_000)
+      refute File.exists?(landed)
+    end
+
+    test "tls-server-name is the name checked; insecure checks nothing", %{n: n, cluster: c} do
+      dir = Path.join(c.dir, "tsn-#{System.unique_integer([:positive])}")
+      File.mkdir_p!(dir)
+      ca = c |> Cluster.ca() |> File.read!() |> Base.encode64()
+      path = "/api/v1/namespaces/#{c.namespace}/pods"
+
+      kubeconfig = fn name, cluster ->
+        file = Path.join(dir, name)
+
+        File.write!(file, """
+        clusters:
+        - name: c
+          cluster: {server: "#{c.server}", #{cluster}}
+        users:
+        - name: u
+          user: {token: #{c.token}}
+        contexts:
+        - name: x
+          context: {cluster: c, user: u}
+        current-context: x
+        """)
+
+        {:ok, %{kube: k}} = Native.kube_open(n, %{source: :kubeconfig, paths: [file]})
+        k
+      end
+
+      good = kubeconfig.("good", "certificate-authority-data: #{ca}, tls-server-name: kubernetes")
+      assert {:ok, %{status: 200}} = Native.kube_request(n, good, %{method: :get, path: path})
+
+      wrong = kubeconfig.("wrong", "certificate-authority-data: #{ca}, tls-server-name: wrong.example")
+      assert {:error, %Native.Error{code: :tls, message: msg}} = Native.kube_request(n, wrong, %{method: :get, path: path})
+      assert msg =~ "does not name \"wrong.example\""
+
+      insecure = kubeconfig.("insecure", "insecure-skip-tls-verify: true, tls-server-name: wrong.example")
+      assert {:ok, %{status: 200}} = Native.kube_request(n, insecure, %{method: :get, path: path})
+    end
+
     test "a token file is re-read when it changes", %{n: n, cluster: c} do
       file = Path.join(c.dir, "tok-#{System.unique_integer([:positive])}")
       File.write!(file, c.token <> "\n")
