@@ -10,10 +10,12 @@
  * Handles and forward listeners are numbered by the client from 1, never
  * reused.
  *
- * Completion callbacks run exactly once, from the loop, never from inside
- * the call that started the operation; their arguments live only for the
- * call. Closing a handle, or destroying the client, completes its
- * operations with CE_ECLOSED.
+ * Completion callbacks run exactly once, usually from the loop; an
+ * operation that fails before anything is sent (a token file that cannot
+ * be read, an exec plugin that cannot be started) completes from inside
+ * the call that started it, which then returns CE_OK. Their arguments
+ * live only for the call. Closing a handle, or destroying the client,
+ * completes its operations with CE_ECLOSED.
  */
 #ifndef CE_KUBE_CLIENT_H
 #define CE_KUBE_CLIENT_H
