@@ -209,7 +209,9 @@ defmodule Condukt.NativeKubeTest do
       assert {:ok, %{status: 403}} = Native.kube_request(n, sa, %{method: :get, path: "/api/v1/nodes"})
 
       # A handle with no credential at all is anonymous, not the administrator.
-      {:ok, %{kube: anon}} = Native.kube_open(n, %{source: :explicit, server: c.server, ca_pem: File.read!(Cluster.ca(c))})
+      {:ok, %{kube: anon}} =
+        Native.kube_open(n, %{source: :explicit, server: c.server, ca_pem: File.read!(Cluster.ca(c))})
+
       assert {:ok, %{status: status}} = Native.kube_request(n, anon, %{method: :get, path: "/api/v1/nodes"})
       assert status in [401, 403]
     end
@@ -384,14 +386,22 @@ exec /bin/sleep 1000
         base = "/apis/condukt.test/v1/namespaces/#{c.namespace}/blobs"
 
         :ok =
-          Cluster.wait_until(fn -> match?({:ok, %{status: 200}}, Native.kube_request(n, k, %{method: :get, path: base})) end)
+          Cluster.wait_until(fn ->
+            match?({:ok, %{status: 200}}, Native.kube_request(n, k, %{method: :get, path: base}))
+          end)
 
         # 8 objects of 250000 floats: about 8 MB of JSON (under the 15 MiB
         # body limit), about 18 MB as terms (over the 16 MiB packet limit).
         floats = List.duplicate(0.5, 250_000)
 
         for i <- 1..8 do
-          blob = %{"apiVersion" => "condukt.test/v1", "kind" => "Blob", "metadata" => %{"name" => "b#{i}"}, "x" => floats}
+          blob = %{
+            "apiVersion" => "condukt.test/v1",
+            "kind" => "Blob",
+            "metadata" => %{"name" => "b#{i}"},
+            "x" => floats
+          }
+
           assert {:ok, %{status: 201}} = Native.kube_request(n, k, %{method: :post, path: base, body: blob})
         end
 
@@ -481,7 +491,10 @@ exec /bin/sleep 1000
       assert {:ok, %{status: 200}} = Native.kube_request(n, good, %{method: :get, path: path})
 
       wrong = kubeconfig.("wrong", "certificate-authority-data: #{ca}, tls-server-name: wrong.example")
-      assert {:error, %Native.Error{code: :tls, message: msg}} = Native.kube_request(n, wrong, %{method: :get, path: path})
+
+      assert {:error, %Native.Error{code: :tls, message: msg}} =
+               Native.kube_request(n, wrong, %{method: :get, path: path})
+
       assert msg =~ "does not name \"wrong.example\""
 
       insecure = kubeconfig.("insecure", "insecure-skip-tls-verify: true, tls-server-name: wrong.example")
