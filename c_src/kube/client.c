@@ -26,6 +26,7 @@
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +87,9 @@ typedef struct chunk {
   unsigned char data[]; /* LWS_PRE, channel byte, payload */
 } chunk_t;
 
+/* The bytes a queued chunk of len payload bytes holds. */
+#define CHUNK_COST(len) (sizeof(chunk_t) + LWS_PRE + 1 + (len))
+
 typedef struct fwd fwd_t;
 typedef struct plugin plugin_t;
 
@@ -95,6 +99,7 @@ typedef struct conn {
   struct conn *next;    /* k->conns */
   struct conn *wnext;   /* k->waiting */
   struct lws *wsi;
+  SSL_CTX *ctx;         /* a reference to the TLS context of the wsi's vhost */
   bool in_connect, lws_gone, finished, waiting, retried, got_401, silent;
   int handles;
   uv_timer_t timer;
@@ -152,6 +157,7 @@ struct fwd {
   uint16_t port;
   ce_kube_fwd_err_cb cb;
   void *arg;
+  unsigned tunnels;     /* conns with fwd pointing here */
 };
 
 struct plugin {
@@ -161,20 +167,27 @@ struct plugin {
   uv_timer_t timer;
   int handles;
   int pending;          /* exit and two EOFs */
-  bool timed_out, spawned;
+  bool timed_out, spawned, exited;
   int64_t exit_status;
   int term_signal;
   buf_t o, e;
   bool too_big;
 };
 
+/* A vhost and the TLS context it was given (ours to free once the vhost
+ * is gone; each connection holds a reference too). */
+typedef struct {
+  struct lws_vhost *vh;
+  SSL_CTX *ctx;
+} vhost_t;
+
 struct ce_kube {
   ce_kube_client_t *c;
   ce_kube_t *next;
   uint64_t id;
   ce_kube_config_t cfg;
-  struct lws_vhost *vh;
-  struct lws_vhost **old_vh;
+  vhost_t vh;
+  vhost_t *old_vh;
   size_t n_old_vh;
   unsigned gen;
   /* Credentials. */
@@ -196,14 +209,11 @@ struct ce_kube_client {
   fwd_t *fwds;
   uint64_t next_kube, next_fchan;
   bool destroying;
+  /* TLS contexts of vhosts that lws_context_destroy() ends: freed after
+   * it, in ce_kube_client_free(). */
+  SSL_CTX **held;
+  size_t n_held;
 };
-
-/* The handle whose vhost is being made: its TLS callback runs inside
- * lws_create_vhost(). */
-static ce_kube_t *g_tls_for;
-static const char *g_tls_cert, *g_tls_key;
-static size_t g_tls_cert_len, g_tls_key_len;
-static char g_tls_err[1024];
 
 /* CONDUKT_PORT_DEBUG=1 traces libwebsockets' callbacks to stderr. */
 static bool trace_on(void) {
@@ -245,49 +255,71 @@ static void ssl_reason(char *dst, size_t cap) {
   ERR_clear_error();
 }
 
-/* Loads the trust store and client certificate of g_tls_for into ctx. */
-static int tls_setup(SSL_CTX *ctx) {
-  ce_kube_t *k = g_tls_for;
+/* The SNI name of a context (tls-server-name), freed with the context. */
+static int g_sni_idx = -1;
+
+static void sni_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl,
+                     void *argp) {
+  free(ptr);
+}
+
+/* At the start of each handshake (before the ClientHello is built):
+ * libwebsockets set the SNI from the Host header; tls-server-name wins. */
+static void sni_info_cb(const SSL *ssl, int where, int ret) {
+  if ((where & SSL_CB_HANDSHAKE_START) == 0 || g_sni_idx < 0)
+    return;
+  const char *name = SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), g_sni_idx);
+  if (name != NULL)
+    SSL_set_tlsext_host_name((SSL *)ssl, name);
+}
+
+/* A client TLS context of its own for k: only k's CA is trusted (the
+ * system's roots when k names none), k's client certificate (cert/key,
+ * or none), TLS 1.2 at least. */
+static SSL_CTX *tls_context(const ce_kube_t *k, const char *cert, size_t cert_len,
+                            const char *key, size_t key_len, char *err, size_t errlen) {
   char why[200];
-  if (k == NULL) {
-    snprintf(g_tls_err, sizeof(g_tls_err), "internal: a TLS context for no handle");
-    return 1;
+  SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+  if (ctx == NULL) {
+    ssl_reason(why, sizeof(why));
+    snprintf(err, errlen, "cannot make a TLS context (%s)", why);
+    return NULL;
   }
   SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION);
+  SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
   if (k->cfg.ca_pem != NULL) {
-    X509_STORE *st = X509_STORE_new();
+    X509_STORE *st = SSL_CTX_get_cert_store(ctx);
     BIO *bio = BIO_new_mem_buf(k->cfg.ca_pem, (int)k->cfg.ca_len);
     STACK_OF(X509_INFO) *infos = bio != NULL ? PEM_X509_INFO_read_bio(bio, NULL, NULL, NULL)
                                              : NULL;
     int added = 0;
-    for (int i = 0; infos != NULL && i < sk_X509_INFO_num(infos); i++) {
+    for (int i = 0; st != NULL && infos != NULL && i < sk_X509_INFO_num(infos); i++) {
       X509_INFO *in = sk_X509_INFO_value(infos, i);
       if (in->x509 != NULL && X509_STORE_add_cert(st, in->x509) == 1)
         added++;
     }
     sk_X509_INFO_pop_free(infos, X509_INFO_free);
     BIO_free(bio);
-    if (st == NULL || added == 0) {
-      X509_STORE_free(st);
-      ERR_clear_error();
-      snprintf(g_tls_err, sizeof(g_tls_err),
-               "the certificate authority holds no PEM certificate");
-      return 1;
+    ERR_clear_error();
+    if (added == 0) {
+      snprintf(err, errlen, "the certificate authority holds no PEM certificate");
+      goto fail;
     }
-    SSL_CTX_set_cert_store(ctx, st);
-  } else if (!k->cfg.insecure) {
-    SSL_CTX_set_default_verify_paths(ctx);
+  } else if (!k->cfg.insecure && SSL_CTX_set_default_verify_paths(ctx) != 1) {
+    ssl_reason(why, sizeof(why));
+    snprintf(err, errlen, "cannot load the system's certificate authorities (%s)", why);
+    goto fail;
   }
-  if (g_tls_cert != NULL) {
-    BIO *bio = BIO_new_mem_buf(g_tls_cert, (int)g_tls_cert_len);
+  if (cert != NULL) {
+    BIO *bio = BIO_new_mem_buf(cert, (int)cert_len);
     X509 *leaf = bio != NULL ? PEM_read_bio_X509(bio, NULL, NULL, NULL) : NULL;
     if (leaf == NULL || SSL_CTX_use_certificate(ctx, leaf) != 1) {
       ssl_reason(why, sizeof(why));
-      snprintf(g_tls_err, sizeof(g_tls_err), "the client certificate is not usable PEM (%s)",
-               why);
+      snprintf(err, errlen, "the client certificate is not usable PEM (%s)", why);
       X509_free(leaf);
       BIO_free(bio);
-      return 1;
+      goto fail;
     }
     X509_free(leaf);
     X509 *more;
@@ -296,21 +328,36 @@ static int tls_setup(SSL_CTX *ctx) {
         X509_free(more);
     ERR_clear_error();
     BIO_free(bio);
-    bio = BIO_new_mem_buf(g_tls_key, (int)g_tls_key_len);
+    bio = BIO_new_mem_buf(key, (int)key_len);
     EVP_PKEY *pk = bio != NULL ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : NULL;
     BIO_free(bio);
     if (pk == NULL || SSL_CTX_use_PrivateKey(ctx, pk) != 1 ||
         SSL_CTX_check_private_key(ctx) != 1) {
       ssl_reason(why, sizeof(why));
-      snprintf(g_tls_err, sizeof(g_tls_err),
+      snprintf(err, errlen,
                "the client key is not usable PEM or does not match the certificate (%s)",
                why);
       EVP_PKEY_free(pk);
-      return 1;
+      goto fail;
     }
     EVP_PKEY_free(pk);
   }
-  return 0;
+  if (k->cfg.tls_server_name != NULL) {
+    if (g_sni_idx < 0)
+      g_sni_idx = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, sni_free);
+    char *sni = strdup(k->cfg.tls_server_name);
+    if (g_sni_idx < 0 || sni == NULL || SSL_CTX_set_ex_data(ctx, g_sni_idx, sni) != 1) {
+      free(sni);
+      snprintf(err, errlen, "out of memory for the TLS context");
+      goto fail;
+    }
+    SSL_CTX_set_info_callback(ctx, sni_info_cb);
+  }
+  return ctx;
+fail:
+  /* The whole context goes: nothing half-installed is ever used. */
+  SSL_CTX_free(ctx);
+  return NULL;
 }
 
 static bool is_ip(const char *s) {
@@ -318,8 +365,26 @@ static bool is_ip(const char *s) {
   return inet_pton(AF_INET, s, b) == 1 || inet_pton(AF_INET6, s, b) == 1;
 }
 
-/* The server certificate check (preverify from OpenSSL, the name here). */
+bool ce_kube_cert_names(X509 *cert, const char *name) {
+  if (is_ip(name))
+    return X509_check_ip_asc(cert, name, 0) == 1;
+  /* As Go's crypto/tls: subjectAltName only (never the subject's CN), a
+   * wildcard only as a whole left-most label. */
+  return X509_check_host(cert, name, strlen(name),
+                         X509_CHECK_FLAG_NEVER_CHECK_SUBJECT |
+                             X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS,
+                         NULL) == 1;
+}
+
+/* The server certificate check (preverify from OpenSSL, the name here).
+ * 0 accepts, 1 refuses (libwebsockets' convention). */
 static int tls_verify(conn_t *cn, X509_STORE_CTX *xs, int preverify) {
+  if (cn->k->cfg.insecure) {
+    /* insecure-skip-tls-verify, as kubectl: neither the chain nor the
+     * name is checked. */
+    X509_STORE_CTX_set_error(xs, X509_V_OK);
+    return 0;
+  }
   if (!preverify) {
     int e = X509_STORE_CTX_get_error(xs);
     snprintf(cn->tls_err, sizeof(cn->tls_err), "the server certificate is not trusted: %s",
@@ -331,9 +396,7 @@ static int tls_verify(conn_t *cn, X509_STORE_CTX *xs, int preverify) {
   const ce_kube_config_t *cfg = &cn->k->cfg;
   const char *name = cfg->tls_server_name != NULL ? cfg->tls_server_name : cfg->host;
   X509 *cert = X509_STORE_CTX_get_current_cert(xs);
-  int ok = is_ip(name) ? X509_check_ip_asc(cert, name, 0)
-                       : X509_check_host(cert, name, strlen(name), 0, NULL);
-  if (ok != 1) {
+  if (cert == NULL || !ce_kube_cert_names(cert, name)) {
     char s[SHOWN_MAX];
     snprintf(cn->tls_err, sizeof(cn->tls_err),
              "the server certificate does not name \"%s\"", shown(s, name));
@@ -386,39 +449,61 @@ static int ensure_context(ce_kube_client_t *c, char *err, size_t errlen) {
   return CE_OK;
 }
 
-/* A vhost for k with the given client certificate (or none). */
-static struct lws_vhost *make_vhost(ce_kube_t *k, const char *cert, size_t cert_len,
-                                    const char *key, size_t key_len, char *err, size_t errlen) {
+/* A vhost for k with its own TLS context holding the given client
+ * certificate (or none). libwebsockets would otherwise share one client
+ * SSL_CTX between vhosts whose creation info looks the same. */
+static int make_vhost(ce_kube_t *k, const char *cert, size_t cert_len, const char *key,
+                      size_t key_len, vhost_t *out, char *err, size_t errlen) {
   char name[64];
   snprintf(name, sizeof(name), "kube-%llu-%u", (unsigned long long)k->id, k->gen++);
+  SSL_CTX *ctx = tls_context(k, cert, cert_len, key, key_len, err, errlen);
+  if (ctx == NULL)
+    return CE_ETLS;
   struct lws_context_creation_info vi;
   memset(&vi, 0, sizeof(vi));
   vi.port = CONTEXT_PORT_NO_LISTEN;
   vi.protocols = PROTOCOLS;
   vi.vhost_name = name;
   vi.options = LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
+  if (k->cfg.ca_pem != NULL)
+    vi.options |= LWS_SERVER_OPTION_DISABLE_OS_CA_CERTS;
+  vi.provided_client_ssl_ctx = ctx;
   vi.user = k;
   /* Each operation's own timer decides; libwebsockets' stage timeouts
    * only back it up. */
   vi.timeout_secs = CE_KUBE_TIMEOUT_MAX / 1000;
   vi.connect_timeout_secs = CE_KUBE_TIMEOUT_MAX / 1000;
-  g_tls_for = k;
-  g_tls_cert = cert;
-  g_tls_cert_len = cert_len;
-  g_tls_key = key;
-  g_tls_key_len = key_len;
-  g_tls_err[0] = '\0';
   struct lws_vhost *vh = lws_create_vhost(k->c->lws, &vi);
-  g_tls_for = NULL;
-  g_tls_cert = g_tls_key = NULL;
-  if (vh != NULL && g_tls_err[0] != '\0') {
-    lws_vhost_destroy(vh);
-    vh = NULL;
+  if (vh == NULL) {
+    SSL_CTX_free(ctx);
+    return efmt(err, errlen, CE_ETLS, "libwebsockets could not make a vhost");
   }
-  if (vh == NULL)
-    efmt(err, errlen, CE_ETLS, "%s",
-         g_tls_err[0] != '\0' ? g_tls_err : "libwebsockets could not make a TLS context");
-  return vh;
+  out->vh = vh;
+  out->ctx = ctx;
+  return CE_OK;
+}
+
+/* The vhost is no longer used by k: destroyed now, its TLS context freed
+ * (connections still on it hold their own references). While the client
+ * is being destroyed, lws_context_destroy() ends the vhost and the
+ * context waits for ce_kube_client_free(). */
+static void vhost_drop(ce_kube_client_t *c, vhost_t *v) {
+  if (v->vh == NULL)
+    return;
+  if (!c->destroying) {
+    lws_vhost_destroy(v->vh);
+    SSL_CTX_free(v->ctx);
+  } else {
+    SSL_CTX **h = realloc(c->held, (c->n_held + 1) * sizeof(*h));
+    if (h != NULL) {
+      c->held = h;
+      c->held[c->n_held++] = v->ctx;
+    }
+    /* Out of memory: the context is left (a leak, never a use after
+     * free). */
+  }
+  v->vh = NULL;
+  v->ctx = NULL;
 }
 
 /* ---- conns --------------------------------------------------------------------------- */
@@ -453,6 +538,9 @@ static void conn_maybe_free(conn_t *cn) {
   if (cn->handles > 0)
     return;
   conn_unlink(cn);
+  if (cn->fwd != NULL)
+    cn->fwd->tunnels--;
+  SSL_CTX_free(cn->ctx);
   if (cn->bearer != NULL)
     OPENSSL_clear_free(cn->bearer, strlen(cn->bearer));
   free(cn->url);
@@ -571,6 +659,7 @@ static void conn_connect_error(conn_t *cn, const char *why) {
 }
 
 static void conn_retry_after_401(conn_t *cn);
+static void conn_fail_early(conn_t *cn, int code, const char *msg);
 
 /* ---- HTTP ------------------------------------------------------------------------------ */
 
@@ -864,6 +953,13 @@ static void on_local_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
       lws_callback_on_writable(cn->wsi);
     return;
   }
+  /* What is queued is counted as allocated: a small read gets a chunk of
+   * its size (1-byte segments would otherwise hold 64 KiB each). */
+  if ((size_t)n < CE_KUBE_STDIN_FRAME / 2) {
+    chunk_t *small = realloc(ch, CHUNK_COST((size_t)n));
+    if (small != NULL)
+      ch = small;
+  }
   ch->next = NULL;
   ch->len = (size_t)n;
   ch->data[LWS_PRE] = CE_KUBE_PF_DATA;
@@ -872,7 +968,7 @@ static void on_local_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   else
     cn->q_head = ch;
   cn->q_tail = ch;
-  cn->q_bytes += (size_t)n;
+  cn->q_bytes += CHUNK_COST((size_t)n);
   if (cn->q_bytes > CE_KUBE_FWD_QUEUE_MAX) {
     uv_read_stop(s);
     cn->local_reading = false;
@@ -971,7 +1067,7 @@ static int tunnel_write(conn_t *cn, struct lws *wsi) {
   cn->q_head = ch->next;
   if (cn->q_head == NULL)
     cn->q_tail = NULL;
-  cn->q_bytes -= ch->len;
+  cn->q_bytes -= CHUNK_COST(ch->len);
   int w = lws_write(wsi, ch->data + LWS_PRE, ch->len + 1, LWS_WRITE_BINARY);
   free(ch);
   if (w < 0)
@@ -1019,11 +1115,15 @@ static int kube_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user
   if (trace_on())
     fprintf(stderr, "condukt-egress port: kube: wsi %p reason %d len %zu conn %p\n",
             (void *)wsi, (int)reason, len, wsi != NULL ? lws_get_opaque_user_data(wsi) : NULL);
-  if (reason == LWS_CALLBACK_OPENSSL_LOAD_EXTRA_CLIENT_VERIFY_CERTS)
-    return tls_setup((SSL_CTX *)user);
   conn_t *cn = wsi != NULL ? lws_get_opaque_user_data(wsi) : NULL;
-  if (cn == NULL)
+  if (cn == NULL) {
+    /* No operation to check the certificate for: refused. */
+    if (reason == LWS_CALLBACK_OPENSSL_PERFORM_SERVER_CERT_VERIFICATION) {
+      X509_STORE_CTX_set_error((X509_STORE_CTX *)user, X509_V_ERR_APPLICATION_VERIFICATION);
+      return 1;
+    }
     return 0;
+  }
   /* Not ci.pwsi: libwebsockets clears that pointer at the upgrade. */
   cn->wsi = wsi;
   if (cn->k == NULL) {
@@ -1103,14 +1203,17 @@ static void conn_connect(conn_t *cn) {
   struct lws_client_connect_info ci;
   memset(&ci, 0, sizeof(ci));
   ci.context = k->c->lws;
-  ci.vhost = k->vh;
+  ci.vhost = k->vh.vh;
   ci.address = k->cfg.host;
   ci.port = (int)k->cfg.port;
   ci.path = cn->url;
   ci.host = cn->hosthdr;
   ci.origin = cn->hosthdr;
   ci.alpn = "http/1.1";
-  ci.ssl_connection = LCCSCF_USE_SSL | LCCSCF_SKIP_SERVER_CERT_HOSTNAME_CHECK;
+  /* A redirect is never followed (the bearer token would go along): a
+   * 3xx is the answer. */
+  ci.ssl_connection = LCCSCF_USE_SSL | LCCSCF_SKIP_SERVER_CERT_HOSTNAME_CHECK |
+                      LCCSCF_HTTP_NO_FOLLOW_REDIRECT;
   if (k->cfg.insecure)
     ci.ssl_connection |= LCCSCF_ALLOW_SELFSIGNED | LCCSCF_ALLOW_EXPIRED | LCCSCF_ALLOW_INSECURE;
   if (cn->kind == K_HTTP) {
@@ -1122,6 +1225,14 @@ static void conn_connect(conn_t *cn) {
     ci.local_protocol_name = "kube-ws";
   }
   ci.opaque_user_data = cn;
+  /* The wsi's SSL is made from the vhost's context later: the context
+   * stays until the conn is freed, even if the handle goes first. */
+  if (cn->ctx == NULL && SSL_CTX_up_ref(k->vh.ctx) == 1)
+    cn->ctx = k->vh.ctx;
+  if (cn->ctx == NULL) {
+    conn_fail_early(cn, CE_ENOMEM, "out of memory");
+    return;
+  }
   cn->in_connect = true;
   struct lws *w = lws_client_connect_via_info(&ci);
   cn->in_connect = false;
@@ -1163,9 +1274,11 @@ static int load_token_file(ce_kube_t *k, char *err, size_t errlen) {
     return efmt(err, errlen, rc, "the token file: %s", why);
   while (n > 0 && (data[n - 1] == '\n' || data[n - 1] == '\r' || data[n - 1] == ' '))
     data[--n] = '\0';
-  if (n == 0 || memchr(data, '\0', n) != NULL || strpbrk(data, "\r\n") != NULL) {
+  if (!ce_kube_token_ok(data, n)) {
     OPENSSL_clear_free(data, n + 1);
-    return efmt(err, errlen, CE_EINVAL, "the token file \"%s\" holds no one-line token",
+    return efmt(err, errlen, CE_EINVAL,
+                "the token file \"%s\" holds no token (one line of printable ASCII without "
+                "spaces)",
                 shown(s, k->cfg.token_file));
   }
   if (k->token != NULL)
@@ -1305,8 +1418,18 @@ static void on_plugin_closed(uv_handle_t *h) {
   }
 }
 
+/* SIGKILL to the plugin's process group (it runs in a session of its
+ * own): what it left running goes too. */
+static void plugin_kill(plugin_t *pl) {
+  if (pl->spawned && pl->proc.pid > 0)
+    kill(-pl->proc.pid, SIGKILL);
+}
+
+/* Closes the pipes and the timer; the process handle only once the
+ * plugin was reaped (on_plugin_exit closes it otherwise: closing it
+ * earlier would leave a zombie). */
 static void plugin_close(plugin_t *pl) {
-  if (pl->spawned && !uv_is_closing((uv_handle_t *)&pl->proc))
+  if (pl->spawned && pl->exited && !uv_is_closing((uv_handle_t *)&pl->proc))
     uv_close((uv_handle_t *)&pl->proc, on_plugin_closed);
   uv_handle_t *hs[] = {(uv_handle_t *)&pl->out, (uv_handle_t *)&pl->err,
                        (uv_handle_t *)&pl->timer};
@@ -1322,19 +1445,18 @@ static int cred_install(ce_kube_t *k, ce_kube_cred_t *cred, char *err, size_t er
                 strcmp(k->cred.cert_pem, cred->cert_pem) == 0 &&
                 strcmp(k->cred.key_pem, cred->key_pem) == 0;
     if (!same) {
-      struct lws_vhost *vh = make_vhost(k, cred->cert_pem, cred->cert_len, cred->key_pem,
-                                        cred->key_len, err, errlen);
-      if (vh == NULL)
-        return CE_ETLS;
-      struct lws_vhost **old = realloc(k->old_vh, (k->n_old_vh + 1) * sizeof(*old));
-      if (old == NULL) {
-        lws_vhost_destroy(vh);
+      vhost_t *old = realloc(k->old_vh, (k->n_old_vh + 1) * sizeof(*old));
+      if (old == NULL)
         return efmt(err, errlen, CE_ENOMEM, "out of memory");
-      }
-      /* Connections may still run on the old vhost: it goes at close. */
       k->old_vh = old;
+      vhost_t v;
+      int rc = make_vhost(k, cred->cert_pem, cred->cert_len, cred->key_pem, cred->key_len, &v,
+                          err, errlen);
+      if (rc != CE_OK)
+        return rc;
+      /* Connections may still run on the old vhost: it goes at close. */
       k->old_vh[k->n_old_vh++] = k->vh;
-      k->vh = vh;
+      k->vh = v;
     }
   }
   if (k->cred_valid)
@@ -1381,6 +1503,8 @@ static void plugin_done(plugin_t *pl) {
   waiting_release(k, rc, err);
 }
 
+static void on_plugin_timeout(uv_timer_t *t);
+
 static void plugin_step(plugin_t *pl) {
   if (--pl->pending == 0 && pl->k != NULL)
     plugin_done(pl);
@@ -1388,9 +1512,18 @@ static void plugin_step(plugin_t *pl) {
 
 static void on_plugin_exit(uv_process_t *proc, int64_t status, int sig) {
   plugin_t *pl = proc->data;
+  pl->exited = true;
+  if (pl->k == NULL) {
+    /* Abandoned (its handle was closed): reaped now, the handle goes. */
+    uv_close((uv_handle_t *)&pl->proc, on_plugin_closed);
+    return;
+  }
   pl->exit_status = status;
   pl->term_signal = sig;
-  uv_timer_stop(&pl->timer);
+  /* Something it started may still hold its stdout or stderr: the EOFs
+   * get a short grace, then what came is what there is. */
+  if (pl->pending > 1)
+    uv_timer_start(&pl->timer, on_plugin_timeout, CE_KUBE_PLUGIN_GRACE_MS, 0);
   plugin_step(pl);
 }
 
@@ -1422,8 +1555,21 @@ static void on_plugin_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
 
 static void on_plugin_timeout(uv_timer_t *t) {
   plugin_t *pl = t->data;
-  pl->timed_out = true;
-  uv_process_kill(&pl->proc, SIGKILL);
+  if (pl->k == NULL)
+    return;
+  if (!pl->exited) {
+    /* Over its time: the whole group is killed; the exit follows. */
+    pl->timed_out = true;
+    plugin_kill(pl);
+    return;
+  }
+  /* Exited, and the grace for the EOFs is over: what is left of the
+   * group goes, the pipes are closed by plugin_done(). */
+  plugin_kill(pl);
+  uv_read_stop((uv_stream_t *)&pl->out);
+  uv_read_stop((uv_stream_t *)&pl->err);
+  pl->pending = 1;
+  plugin_step(pl);
 }
 
 /* KUBERNETES_EXEC_INFO, as client-go writes it. */
@@ -1509,6 +1655,9 @@ static void plugin_start(ce_kube_t *k) {
   po.env = env;
   po.stdio = stdio;
   po.stdio_count = 3;
+  /* A session and process group of its own: a timeout or a closed
+   * handle kills the group. */
+  po.flags = UV_PROCESS_DETACHED;
   int rc = uv_spawn(k->c->loop, &pl->proc, &po);
   /* The process handle is initialised even when the spawn failed, and
    * must be closed either way. */
@@ -1519,6 +1668,7 @@ static void plugin_start(ce_kube_t *k) {
     OPENSSL_clear_free(info_kv, strlen(info_kv));
   if (rc != 0) {
     char s[SHOWN_MAX];
+    pl->exited = true; /* nothing to reap */
     efmt(err, sizeof(err), CE_EPERM, "exec plugin \"%s\" cannot run: %s",
          shown(s, k->cfg.exec.argv[0]), uv_strerror(rc));
     pl->k = NULL;
@@ -1563,9 +1713,9 @@ int ce_kube_open(ce_kube_client_t *c, ce_kube_config_t *cfg, ce_kube_t **out, ch
   k->cfg = *cfg;
   memset(cfg, 0, sizeof(*cfg));
   char why[300];
-  k->vh = make_vhost(k, k->cfg.cert_pem, k->cfg.cert_len, k->cfg.key_pem, k->cfg.key_len, why,
-                     sizeof(why));
-  if (k->vh == NULL) {
+  rc = make_vhost(k, k->cfg.cert_pem, k->cfg.cert_len, k->cfg.key_pem, k->cfg.key_len, &k->vh,
+                  why, sizeof(why));
+  if (rc != CE_OK) {
     ce_kube_config_free(&k->cfg);
     free(k);
     return efmt(err, errlen, CE_ETLS, "kube_open: %s", why);
@@ -1642,8 +1792,8 @@ static void kube_free(ce_kube_t *k) {
     plugin_t *pl = k->plugin;
     k->plugin = NULL;
     pl->k = NULL;
-    if (pl->spawned && !uv_is_closing((uv_handle_t *)&pl->proc))
-      uv_process_kill(&pl->proc, SIGKILL);
+    if (!pl->exited)
+      plugin_kill(pl);
     plugin_close(pl);
   }
   waiting_release(k, CE_ECLOSED, "kube: the handle was closed");
@@ -1662,11 +1812,9 @@ static void kube_free(ce_kube_t *k) {
   }
   k->conns = NULL;
   for (size_t i = 0; i < k->n_old_vh; i++)
-    if (k->old_vh[i] != NULL && !c->destroying)
-      lws_vhost_destroy(k->old_vh[i]);
+    vhost_drop(c, &k->old_vh[i]);
   free(k->old_vh);
-  if (k->vh != NULL && !c->destroying)
-    lws_vhost_destroy(k->vh);
+  vhost_drop(c, &k->vh);
   if (k->token != NULL)
     OPENSSL_clear_free(k->token, strlen(k->token));
   if (k->cred_valid)
@@ -1708,6 +1856,9 @@ void ce_kube_client_free(ce_kube_client_t *c) {
     return;
   if (c->lws != NULL)
     lws_context_destroy(c->lws);
+  for (size_t i = 0; i < c->n_held; i++)
+    SSL_CTX_free(c->held[i]);
+  free(c->held);
   free(c);
 }
 
@@ -1812,14 +1963,41 @@ int ce_kube_exec(ce_kube_t *k, const ce_kube_exec_req_t *req, ce_kube_exec_cb cb
   return CE_OK;
 }
 
+static void on_refused_closed(uv_handle_t *h) { free(h); }
+
+/* A connection over the listener's tunnel limit: accepted and closed. */
+static void fwd_refuse(fwd_t *f, uv_stream_t *server) {
+  uv_stream_t *s = malloc(f->is_unix ? sizeof(uv_pipe_t) : sizeof(uv_tcp_t));
+  if (s == NULL)
+    return;
+  int rc = f->is_unix ? uv_pipe_init(f->c->loop, (uv_pipe_t *)s, 0)
+                      : uv_tcp_init(f->c->loop, (uv_tcp_t *)s);
+  if (rc != 0) {
+    free(s);
+    return;
+  }
+  uv_accept(server, s);
+  uv_close((uv_handle_t *)s, on_refused_closed);
+  char msg[128];
+  snprintf(msg, sizeof(msg),
+           "port-forward: a connection was refused: the listener already has %u tunnels",
+           CE_KUBE_FWD_TUNNELS_MAX);
+  f->cb(f->arg, f->id, msg);
+}
+
 static void on_fwd_connection(uv_stream_t *server, int status) {
   fwd_t *f = server->data;
   if (status < 0 || f->closing || f->k == NULL)
     return;
+  if (f->tunnels >= CE_KUBE_FWD_TUNNELS_MAX) {
+    fwd_refuse(f, server);
+    return;
+  }
   conn_t *cn = conn_new(f->k, K_TUNNEL);
   if (cn == NULL)
     return;
   cn->fwd = f;
+  f->tunnels++;
   int rc = f->is_unix ? uv_pipe_init(f->c->loop, &cn->local.pipe, 0)
                       : uv_tcp_init(f->c->loop, &cn->local.tcp);
   if (rc != 0) {

@@ -10,15 +10,18 @@
  * Handles and forward listeners are numbered by the client from 1, never
  * reused.
  *
- * Completion callbacks run exactly once, from the loop, never from inside
- * the call that started the operation; their arguments live only for the
- * call. Closing a handle, or destroying the client, completes its
- * operations with CE_ECLOSED.
+ * Completion callbacks run exactly once, usually from the loop; an
+ * operation that fails before anything is sent (a token file that cannot
+ * be read, an exec plugin that cannot be started) completes from inside
+ * the call that started it, which then returns CE_OK. Their arguments
+ * live only for the call. Closing a handle, or destroying the client,
+ * completes its operations with CE_ECLOSED.
  */
 #ifndef CE_KUBE_CLIENT_H
 #define CE_KUBE_CLIENT_H
 
 #include <jansson.h>
+#include <openssl/x509.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -26,8 +29,10 @@
 
 #include "kube/config.h"
 
-/* A response body past this is CE_ETOOBIG. */
-#define CE_KUBE_BODY_MAX (16u * 1024u * 1024u)
+/* A response body past this is CE_ETOOBIG (the port's packet limit is
+ * 16 MiB, the reply's own terms come on top; a body decoded from JSON
+ * may still make a reply over it: toobig too). */
+#define CE_KUBE_BODY_MAX (15u * 1024u * 1024u)
 #define CE_KUBE_REQUEST_TIMEOUT_DEFAULT 30000u
 #define CE_KUBE_EXEC_TIMEOUT_DEFAULT 60000u
 #define CE_KUBE_TIMEOUT_MAX 3600000u
@@ -40,9 +45,13 @@
 #define CE_KUBE_STATUS_MAX (64u * 1024u)
 /* Bytes queued towards one side of a tunnel before the other is paused. */
 #define CE_KUBE_FWD_QUEUE_MAX (1024u * 1024u)
+/* Tunnels (accepted connections) of one forward listener at a time. */
+#define CE_KUBE_FWD_TUNNELS_MAX 16u
 /* An exec credential plugin: its output and its time. */
 #define CE_KUBE_PLUGIN_OUTPUT_MAX (1024u * 1024u)
 #define CE_KUBE_PLUGIN_TIMEOUT_MS 60000u
+/* After the plugin exited, the time its pipes get to reach EOF. */
+#define CE_KUBE_PLUGIN_GRACE_MS 1000u
 #define CE_KUBE_MSG_MAX 480
 
 typedef struct ce_kube_client ce_kube_client_t;
@@ -130,6 +139,11 @@ typedef void (*ce_kube_fwd_err_cb)(void *arg, uint64_t fchan, const char *msg);
 int ce_kube_forward(ce_kube_t *k, const ce_kube_fwd_req_t *req, ce_kube_fwd_err_cb cb,
                     void *arg, uint64_t *fchan, uint16_t *bound_port, char *err,
                     size_t errlen);
+/* Whether a server certificate names name (an IP literal against its IP
+ * addresses; a DNS name against its DNS subjectAltNames only, a wildcard
+ * only as a whole left-most label). */
+bool ce_kube_cert_names(X509 *cert, const char *name);
+
 /* Closes a listener and its tunnels; false when there was none. */
 bool ce_kube_forward_close(ce_kube_client_t *c, uint64_t fchan);
 

@@ -134,7 +134,9 @@ int ce_kube_read_file(const char *path, size_t max, char **data, size_t *len, ch
   char s[SHOWN_MAX];
   *data = NULL;
   *len = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* Non-blocking: a FIFO (or a device) must not hold the loop in open();
+   * only a regular file is read, blocking again. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     int e = errno;
     return fail(err, errlen, e == ENOENT ? CE_ENOENT : CE_EIO, "cannot open \"%s\": %s",
@@ -144,6 +146,12 @@ int ce_kube_read_file(const char *path, size_t max, char **data, size_t *len, ch
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
     return fail(err, errlen, CE_EIO, "\"%s\" is not a regular file", shown(s, path));
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    int e = errno;
+    close(fd);
+    return fail(err, errlen, CE_EIO, "cannot read \"%s\": %s", shown(s, path), strerror(e));
   }
   if ((uint64_t)st.st_size > max) {
     close(fd);
@@ -189,6 +197,15 @@ int ce_kube_read_file(const char *path, size_t max, char **data, size_t *len, ch
   *data = buf;
   *len = have;
   return CE_OK;
+}
+
+bool ce_kube_token_ok(const char *s, size_t n) {
+  if (n == 0)
+    return false;
+  for (size_t k = 0; k < n; k++)
+    if ((unsigned char)s[k] < 0x21 || (unsigned char)s[k] > 0x7e)
+      return false;
+  return true;
 }
 
 static int b64val(unsigned char c) {
@@ -507,6 +524,8 @@ static int collect(loader_t *l, size_t fi, yaml_node_t *root, const char *list,
     yaml_node_t *nm = map_get(d, item, "name");
     if (nm == NULL || nm->type != YAML_SCALAR_NODE || nm->data.scalar.length == 0)
       return bad(&a, CE_EINVAL, "name", "must be a non-empty string");
+    if (memchr(nm->data.scalar.value, '\0', nm->data.scalar.length) != NULL)
+      return bad(&a, CE_EINVAL, "name", "contains a NUL byte");
     yaml_node_t *body = map_get(d, item, body_key);
     if (body != NULL && !is_null(body) && body->type != YAML_MAPPING_NODE)
       return bad(&a, CE_EINVAL, body_key, "must be a mapping");
@@ -521,6 +540,36 @@ static int collect(loader_t *l, size_t fi, yaml_node_t *root, const char *list,
     into->v = v;
     v[into->n++] = (entry_t){.name = name, .file = fi, .index = idx,
                              .body = is_null(body) ? NULL : body};
+  }
+  return CE_OK;
+}
+
+/* A key twice in one mapping is refused (YAML says keys are unique; a
+ * reader taking the first and another taking the last would disagree). */
+static int no_duplicate_keys(at_t *a) {
+  yaml_document_t *d = &a->f->doc;
+  for (yaml_node_t *n = d->nodes.start; n < d->nodes.top; n++) {
+    if (n->type != YAML_MAPPING_NODE)
+      continue;
+    for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top;
+         p++) {
+      yaml_node_t *k = yaml_document_get_node(d, p->key);
+      if (k == NULL || k->type != YAML_SCALAR_NODE)
+        continue;
+      for (yaml_node_pair_t *q = n->data.mapping.pairs.start; q < p; q++) {
+        yaml_node_t *k2 = yaml_document_get_node(d, q->key);
+        if (k2 != NULL && k2->type == YAML_SCALAR_NODE &&
+            k2->data.scalar.length == k->data.scalar.length &&
+            memcmp(k2->data.scalar.value, k->data.scalar.value, k->data.scalar.length) == 0) {
+          char s[SHOWN_MAX];
+          ce_text_sanitize(s, sizeof(s), (const char *)k->data.scalar.value,
+                           k->data.scalar.length, 1);
+          snprintf(a->path, sizeof(a->path), "line %lu",
+                   (unsigned long)k->start_mark.line + 1);
+          return bad(a, CE_EINVAL, NULL, "the key \"%s\" appears twice in one mapping", s);
+        }
+      }
+    }
   }
   return CE_OK;
 }
@@ -553,6 +602,8 @@ static int load_doc(loader_t *l, size_t fi, const char *yaml, size_t len) {
   }
   yaml_parser_delete(&parser);
   if (rc != CE_OK)
+    return rc;
+  if ((rc = no_duplicate_keys(&a)) != CE_OK)
     return rc;
   yaml_node_t *root = yaml_document_get_root_node(&f->doc);
   if (root == NULL || is_null(root))
@@ -605,6 +656,11 @@ static int read_cluster(loader_t *l, const entry_t *e, ce_kube_config_t *c) {
   if (c->insecure && c->ca_pem != NULL)
     return bad(&a, CE_EINVAL, "insecure-skip-tls-verify",
                "and a certificate authority are both set; keep one");
+  /* Going direct when a proxy was asked for could reach another network
+   * or bypass an audit point: refused. */
+  if (!is_null(map_get(&a.f->doc, e->body, "proxy-url")))
+    return bad(&a, CE_EINVAL, "proxy-url",
+               "is not supported (the port would connect directly)");
   return CE_OK;
 }
 
@@ -765,6 +821,9 @@ static int read_user(loader_t *l, const entry_t *e, ce_kube_config_t *c) {
   } else if (c->token != NULL) {
     if (c->token[0] == '\0')
       return bad(&a, CE_EINVAL, "token", "is empty");
+    if (!ce_kube_token_ok(c->token, strlen(c->token)))
+      return bad(&a, CE_EINVAL, "token",
+                 "must be printable ASCII without spaces or line breaks");
     c->auth = CE_KUBE_AUTH_TOKEN;
   } else if (c->token_file != NULL) {
     c->auth = CE_KUBE_AUTH_TOKEN_FILE;

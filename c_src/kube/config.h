@@ -104,6 +104,9 @@ int ce_kube_read_file(const char *path, size_t max, char **data, size_t *len, ch
  * ignored). Returns CE_OK, CE_EINVAL or CE_ENOMEM. */
 int ce_kube_base64_decode(const char *s, size_t n, char **out, size_t *outlen);
 
+/* A bearer token goes into a header: 1 or more bytes of 0x21..0x7e. */
+bool ce_kube_token_ok(const char *s, size_t n);
+
 const char *ce_kube_auth_name(ce_kube_auth_t a);
 
 void ce_kube_config_free(ce_kube_config_t *c);

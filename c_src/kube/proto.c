@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "kube/config.h"
 
 bool ce_kube_frame_split(const uint8_t *msg, size_t len, unsigned *chan,
                          const uint8_t **data, size_t *dlen) {
@@ -199,8 +200,9 @@ int ce_kube_cred_parse(const char *json, size_t len, const char *api_version,
   if (tok != NULL) {
     const char *t = json_string_value(tok);
     size_t tl = json_string_length(tok);
-    if (tl == 0 || tl > 65536 || memchr(t, '\0', tl) != NULL || strpbrk(t, "\r\n") != NULL) {
-      rc = cfail(err, errlen, "status.token must be 1 to 65536 bytes on one line");
+    if (tl > 65536 || !ce_kube_token_ok(t, tl)) {
+      rc = cfail(err, errlen,
+                 "status.token must be 1 to 65536 bytes of printable ASCII without spaces");
       goto done;
     }
     out->token = strdup(t);

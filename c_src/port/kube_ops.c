@@ -96,17 +96,37 @@ static bool read_bool(const char *buf, int *i, bool *out) {
 
 static bool read_u64(const char *buf, int *i, uint64_t *v) { return ce_etf_u64(buf, i, v); }
 
-/* A Kubernetes object name: 1..253 of [a-z0-9.-]. */
-static bool k8s_name(const char *s) {
+static bool alnum_lower(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
+
+/* A DNS-1123 label of s[0..n): 1..63 of [a-z0-9-], alphanumeric at both
+ * ends. */
+static bool dns_label(const char *s, size_t n) {
+  if (n == 0 || n > 63 || !alnum_lower(s[0]) || !alnum_lower(s[n - 1]))
+    return false;
+  for (size_t k = 0; k < n; k++)
+    if (!alnum_lower(s[k]) && s[k] != '-')
+      return false;
+  return true;
+}
+
+/* Namespaces and containers are DNS-1123 labels; pods DNS-1123
+ * subdomains (labels joined by '.', at most 253): never "." or "..", so
+ * a name cannot climb the URL path. */
+static bool k8s_name(const char *s, bool subdomain) {
   size_t n = strlen(s);
+  if (!subdomain)
+    return dns_label(s, n);
   if (n == 0 || n > NAME_MAX_)
     return false;
-  for (size_t k = 0; k < n; k++) {
-    char c = s[k];
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.'))
+  for (const char *p = s;;) {
+    const char *dot = strchr(p, '.');
+    size_t l = dot != NULL ? (size_t)(dot - p) : strlen(p);
+    if (!dns_label(p, l))
       return false;
+    if (dot == NULL)
+      return true;
+    p = dot + 1;
   }
-  return true;
 }
 
 static bool read_kube(ce_port_t *p, const char *buf, int *i, uint64_t id, const char *op,
@@ -127,6 +147,21 @@ static bool read_kube(ce_port_t *p, const char *buf, int *i, uint64_t id, const 
 
 static int enc_opt_text(ei_x_buff *x, const char *s) {
   return s != NULL ? ce_etf_encode_text(x, s) : ei_x_encode_atom(x, "nil");
+}
+
+/* A reply over the port's packet limit would be dropped by
+ * ce__port_send() and the caller left waiting: it is toobig instead. */
+static void send_reply(ce_port_t *p, uint64_t id, ei_x_buff *x, const char *op) {
+  if ((size_t)x->index > CE_PORT_MAX_PACKET) {
+    long n = x->index;
+    ei_x_free(x);
+    ce__port_reply_error(p, id, CE_ETOOBIG,
+                         "%s: the reply would be %ld bytes, over the port's %u-byte packet "
+                         "limit",
+                         op, n, CE_PORT_MAX_PACKET);
+    return;
+  }
+  ce__port_send(p, x);
 }
 
 /* ---- kube_open ------------------------------------------------------------------------ */
@@ -329,6 +364,10 @@ static int explicit_config(open_opts_t *o, ce_kube_config_t *c, char *err, size_
     snprintf(err, errlen, "insecure and ca_pem are both set; keep one");
     return CE_EINVAL;
   }
+  if (o->token != NULL && !ce_kube_token_ok(o->token, strlen(o->token))) {
+    snprintf(err, errlen, "token must be printable ASCII without spaces or line breaks");
+    return CE_EINVAL;
+  }
   c->insecure = o->insecure;
   c->ca_pem = o->ca_pem, c->ca_len = o->ca_len, o->ca_pem = NULL;
   c->cert_pem = o->cert_pem, c->cert_len = o->cert_len, o->cert_pem = NULL;
@@ -434,6 +473,20 @@ static bool is_json_type(const char *ct) {
   return n > 5 && strncmp(ct + n - 5, "+json", 5) == 0 && strncmp(ct, "application/", 12) == 0;
 }
 
+/* ei grows a buffer a few hundred bytes at a time, copying it each time
+ * (quadratic for a big body): the term gets its room at once. JSON as
+ * terms is at most about 2.5 times its text ("1e1," is 4 bytes, a float
+ * 9), and the body at most CE_KUBE_BODY_MAX. */
+static void x_reserve(ei_x_buff *x, size_t n) {
+  if (n <= (size_t)x->buffsz)
+    return;
+  char *b = realloc(x->buff, n);
+  if (b != NULL) {
+    x->buff = b;
+    x->buffsz = (int)n;
+  }
+}
+
 static void on_request_done(void *arg, const ce_kube_http_res_t *r) {
   pending_t *pe = arg;
   ce_port_t *p = pe->p;
@@ -450,6 +503,7 @@ static void on_request_done(void *arg, const ce_kube_http_res_t *r) {
     return;
   }
   if (is_json_type(r->content_type) && r->body_len > 0) {
+    x_reserve(&body, 3 * r->body_len + 1024);
     json_t *j = json_loadb(r->body, r->body_len, JSON_DECODE_ANY, NULL);
     char err[128];
     if (j != NULL && ce_json_to_term(j, &body, err, sizeof(err)) == CE_OK)
@@ -477,7 +531,7 @@ static void on_request_done(void *arg, const ce_kube_http_res_t *r) {
     return;
   }
   ei_x_free(&body);
-  ce__port_send(p, &x);
+  send_reply(p, id, &x, "kube_request");
 }
 
 static bool path_ok(const char *s, size_t n) {
@@ -668,7 +722,7 @@ static void on_exec_done(void *arg, const ce_kube_exec_res_t *r) {
     return;
   }
   ei_x_free(&st);
-  ce__port_send(p, &x);
+  send_reply(p, id, &x, "kube_exec");
 }
 
 void ce__op_kube_exec(ce_port_t *p, const char *buf, int i, uint64_t id) {
@@ -705,10 +759,10 @@ void ce__op_kube_exec(ce_port_t *p, const char *buf, int i, uint64_t id) {
         BADARG("kube_exec: %s must be a binary of 1 to %u bytes", name, NAME_MAX_);
         goto done;
       }
-      if (!k8s_name(*slot)) {
+      if (!k8s_name(*slot, slot == &pod)) {
         char sh[SHOWN_MAX];
-        INVAL("kube_exec: %s \"%s\" is not a Kubernetes name", name,
-              shown(sh, *slot, strlen(*slot)));
+        INVAL("kube_exec: %s \"%s\" is not a Kubernetes name (a DNS-1123 %s)", name,
+              shown(sh, *slot, strlen(*slot)), slot == &pod ? "subdomain" : "label");
         goto done;
       }
     } else if (strcmp(name, "command") == 0) {
@@ -848,10 +902,10 @@ void ce__op_kube_forward(ce_port_t *p, const char *buf, int i, uint64_t id) {
         BADARG("kube_forward: %s must be a binary of 1 to %u bytes", name, NAME_MAX_);
         goto done;
       }
-      if (!k8s_name(*slot)) {
+      if (!k8s_name(*slot, slot == &pod)) {
         char sh[SHOWN_MAX];
-        INVAL("kube_forward: %s \"%s\" is not a Kubernetes name", name,
-              shown(sh, *slot, strlen(*slot)));
+        INVAL("kube_forward: %s \"%s\" is not a Kubernetes name (a DNS-1123 %s)", name,
+              shown(sh, *slot, strlen(*slot)), slot == &pod ? "subdomain" : "label");
         goto done;
       }
     } else if (strcmp(name, "port") == 0) {

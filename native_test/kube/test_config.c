@@ -192,6 +192,23 @@ static const bad_t BAD[] = {
     {HEAD "users: [{name: u, user: {token: a, tokenFile: /t}}]\n", CE_EINVAL,
      "sets more than one of"},
     {HEAD "users: [{name: u, user: {token: ''}}]\n", CE_EINVAL, "users[0].user.token: is empty"},
+    /* A token goes into a header: no CR, LF, space or control byte. */
+    {HEAD "users: [{name: u, user: {token: \"x\\r\\nImpersonate-User: system:admin\"}}]\n",
+     CE_EINVAL, "users[0].user.token: must be printable ASCII"},
+    {HEAD "users: [{name: u, user: {token: \"a b\"}}]\n", CE_EINVAL,
+     "users[0].user.token: must be printable ASCII"},
+    {HEAD "users: [{name: u, user: {token: \"a\\tb\"}}]\n", CE_EINVAL,
+     "users[0].user.token: must be printable ASCII"},
+    /* Duplicate keys, NUL in names, proxy-url. */
+    {HEAD "users: [{name: u, user: {token: a, token: b}}]\n", CE_EINVAL,
+     "the key \"token\" appears twice"},
+    {"current-context: x\ncurrent-context: y\n", CE_EINVAL,
+     "line 2: the key \"current-context\" appears twice"},
+    {"clusters: [{name: \"c\\0x\", cluster: {server: 'https://h'}}]\n", CE_EINVAL,
+     "clusters[0].name: contains a NUL byte"},
+    {"clusters: [{name: c, cluster: {server: 'https://h', proxy-url: 'http://p:3128'}}]\n"
+     "contexts: [{name: x, context: {cluster: c}}]\ncurrent-context: x\n",
+     CE_EINVAL, "clusters[0].cluster.proxy-url: is not supported"},
     {HEAD "users: [{name: u, user: {token: [a]}}]\n", CE_EINVAL,
      "users[0].user.token: must be a string"},
     {HEAD "users: [{name: u, user: {client-certificate-data: aGk=}}]\n", CE_EINVAL,
@@ -363,6 +380,12 @@ Test(kube_config_files, errors_of_files) {
   fclose(f);
   const char *big[] = {p2};
   cr_assert_eq(ce_kube_config_load(big, 1, NULL, &c, err, sizeof(err)), CE_ETOOBIG);
+  /* A FIFO is refused without blocking in open() (nobody writes to it). */
+  snprintf(p2, sizeof(p2), "%s/fifo", dir);
+  cr_assert_eq(mkfifo(p2, 0600), 0);
+  const char *fifo[] = {p2};
+  cr_assert_eq(ce_kube_config_load(fifo, 1, NULL, &c, err, sizeof(err)), CE_EIO);
+  cr_assert(strstr(err, "not a regular file") != NULL, "%s", err);
   /* A syntax error names the file and the line. */
   mkfile("broken", "clusters:\n  - [\n");
   snprintf(p1, sizeof(p1), "%s/broken", dir);

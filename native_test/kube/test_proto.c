@@ -132,10 +132,19 @@ Test(kube_proto, exec_credentials) {
       {"{\"kind\":\"ExecCredential\",\"apiVersion\":\"" V1 "\",\"status\":{\"token\":1}}",
        "must be strings"},
       {"{\"kind\":\"ExecCredential\",\"apiVersion\":\"" V1 "\",\"status\":{\"token\":\"\"}}",
-       "on one line"},
+       "printable ASCII"},
       {"{\"kind\":\"ExecCredential\",\"apiVersion\":\"" V1
        "\",\"status\":{\"token\":\"a\\nb\"}}",
-       "on one line"},
+       "printable ASCII"},
+      {"{\"kind\":\"ExecCredential\",\"apiVersion\":\"" V1
+       "\",\"status\":{\"token\":\"a\\r\\nImpersonate-User: system:admin\"}}",
+       "printable ASCII"},
+      {"{\"kind\":\"ExecCredential\",\"apiVersion\":\"" V1
+       "\",\"status\":{\"token\":\"a b\"}}",
+       "printable ASCII"},
+      {"{\"kind\":\"ExecCredential\",\"apiVersion\":\"" V1
+       "\",\"status\":{\"token\":\"caf\u00e9\"}}",
+       "printable ASCII"},
       {"{\"kind\":\"ExecCredential\",\"apiVersion\":\"" V1
        "\",\"status\":{\"clientCertificateData\":\"C\"}}",
        "go together"},

@@ -103,6 +103,13 @@ Test(port_kube, open_refusals) {
   has("{call, 13, {kube_open, #{source => explicit, server => <<\"https://h\">>, "
       "client_cert_pem => <<\"c\">>}}}",
       "inval", "go together");
+  /* A token goes into a header: CR/LF (header injection), spaces refused. */
+  has("{call, 16, {kube_open, #{source => explicit, server => <<\"https://h\">>, token => "
+      "<<\"x\\r\\nImpersonate-User: system:admin\">>}}}",
+      "inval", "token must be printable ASCII");
+  has("{call, 17, {kube_open, #{source => explicit, server => <<\"https://h\">>, token => "
+      "<<\"a b\">>}}}",
+      "inval", "token must be printable ASCII");
   has("{call, 14, {kube_open, #{source => explicit, server => <<\"https://h\">>, insecure => "
       "yes}}}",
       "badarg", "insecure must be true or false");
@@ -228,6 +235,37 @@ Test(port_kube, exec_refusals) {
   has("{call, 3, {kube_exec, 1, #{namespace => <<\"A_B\">>, pod => <<\"p\">>, container => "
       "<<\"c\">>, command => [<<\"true\">>]}}}",
       "inval", "is not a Kubernetes name");
+  /* Names that would climb the path, or are no DNS-1123 names. */
+  static const char *const BADNAMES[] = {
+      "namespace => <<\"..\">>, pod => <<\"p\">>, container => <<\"c\">>",
+      "namespace => <<\".\">>, pod => <<\"p\">>, container => <<\"c\">>",
+      "namespace => <<\"a.b\">>, pod => <<\"p\">>, container => <<\"c\">>",
+      "namespace => <<\"-a\">>, pod => <<\"p\">>, container => <<\"c\">>",
+      "namespace => <<\"a\">>, pod => <<\"..\">>, container => <<\"c\">>",
+      "namespace => <<\"a\">>, pod => <<\"p.\">>, container => <<\"c\">>",
+      "namespace => <<\"a\">>, pod => <<\".p\">>, container => <<\"c\">>",
+      "namespace => <<\"a\">>, pod => <<\"p..q\">>, container => <<\"c\">>",
+      "namespace => <<\"a\">>, pod => <<\"p-\">>, container => <<\"c\">>",
+      "namespace => <<\"a\">>, pod => <<\"p\">>, container => <<\"c.d\">>",
+      "namespace => <<\"a\">>, pod => <<\"p\">>, container => <<\"c-\">>",
+  };
+  for (size_t k = 0; k < sizeof(BADNAMES) / sizeof(BADNAMES[0]); k++) {
+    char req[256];
+    snprintf(req, sizeof(req),
+             "{call, %zu, {kube_exec, 1, #{%s, command => [<<\"true\">>]}}}", 100 + k,
+             BADNAMES[k]);
+    has(req, "inval", "is not a Kubernetes name");
+    snprintf(req, sizeof(req),
+             "{call, %zu, {kube_forward, 1, #{%.*s, port => 80, listen => {tcp, "
+             "<<\"127.0.0.1\">>, 0}}}}",
+             200 + k, (int)(strstr(BADNAMES[k], ", container") - BADNAMES[k]), BADNAMES[k]);
+    if (strstr(BADNAMES[k], "container => <<\"c\">>") != NULL)
+      has(req, "inval", "is not a Kubernetes name");
+  }
+  /* A subdomain pod name with dots is fine (the call goes on: unavail). */
+  has("{call, 20, {kube_exec, 1, #{namespace => <<\"a-1\">>, pod => <<\"p.q-r.s\">>, "
+      "container => <<\"c\">>, command => [<<\"x\">>]}}}",
+      "{reply,20,{error,{unavail,", NULL);
   has("{call, 4, {kube_exec, 1, #{namespace => <<\"a\">>, pod => <<\"p\">>, container => "
       "<<\"c\">>, command => []}}}",
       "badarg", "command must be a list of 1 to");

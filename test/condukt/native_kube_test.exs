@@ -182,6 +182,40 @@ defmodule Condukt.NativeKubeTest do
                Native.kube_request(n, k, %{method: :get, path: "/api/v1/nodes"})
     end
 
+    test "each handle trusts its own CA only (a later handle changes nothing)", %{n: n, cluster: c} do
+      {:ok, %{cert_pem: other_ca}} = Native.ca_new(n, common_name: "not the cluster's CA")
+      ca = File.read!(Cluster.ca(c))
+      path = "/api/v1/namespaces/#{c.namespace}/pods"
+
+      {:ok, %{kube: a}} = Native.kube_open(n, %{source: :explicit, server: c.server, ca_pem: other_ca, token: c.token})
+      {:ok, %{kube: b}} = Native.kube_open(n, %{source: :explicit, server: c.server, ca_pem: ca, token: c.token})
+
+      assert {:ok, %{status: 200}} = Native.kube_request(n, b, %{method: :get, path: path})
+      assert {:error, %Native.Error{code: :tls}} = Native.kube_request(n, a, %{method: :get, path: path})
+
+      # And the other way round: the right CA first, the wrong one after.
+      {:ok, %{kube: d}} = Native.kube_open(n, %{source: :explicit, server: c.server, ca_pem: other_ca, token: c.token})
+      assert {:error, %Native.Error{code: :tls}} = Native.kube_request(n, d, %{method: :get, path: path})
+      assert {:ok, %{status: 200}} = Native.kube_request(n, b, %{method: :get, path: path})
+    end
+
+    test "a client certificate stays with its handle", %{n: n, cluster: c} do
+      admin = Path.join(c.dir, "admin.kubeconfig")
+      assert {:ok, %{kube: a, auth: :client_cert}} = Native.kube_open(n, %{source: :kubeconfig, paths: [admin]})
+      {sa, _} = open!(n, c)
+
+      assert {:ok, %{status: 403}} = Native.kube_request(n, sa, %{method: :get, path: "/api/v1/nodes"})
+      assert {:ok, %{status: 200}} = Native.kube_request(n, a, %{method: :get, path: "/api/v1/nodes"})
+      assert {:ok, %{status: 403}} = Native.kube_request(n, sa, %{method: :get, path: "/api/v1/nodes"})
+
+      # A handle with no credential at all is anonymous, not the administrator.
+      {:ok, %{kube: anon}} =
+        Native.kube_open(n, %{source: :explicit, server: c.server, ca_pem: File.read!(Cluster.ca(c))})
+
+      assert {:ok, %{status: status}} = Native.kube_request(n, anon, %{method: :get, path: "/api/v1/nodes"})
+      assert status in [401, 403]
+    end
+
     test "exec plugin authentication, cached, and re-run once after a 401", %{n: n, cluster: c} do
       dir = Path.join(c.dir, "plugin-#{System.unique_integer([:positive])}")
       File.mkdir_p!(dir)
@@ -241,6 +275,230 @@ defmodule Condukt.NativeKubeTest do
       File.write!(token_file, c.token)
       # The next request runs the plugin again (the cached one was refused).
       assert {:ok, %{status: 200}} = Native.kube_request(n, k2, %{method: :get, path: path})
+    end
+
+    defp plugin_kubeconfig!(c, dir, script) do
+      File.mkdir_p!(dir)
+      plugin = Path.join(dir, "plugin.sh")
+      File.write!(plugin, script)
+      File.chmod!(plugin, 0o755)
+      ca = c |> Cluster.ca() |> File.read!() |> Base.encode64()
+      kubeconfig = Path.join(dir, "kubeconfig")
+
+      File.write!(kubeconfig, """
+      clusters:
+      - name: c
+        cluster: {server: "#{c.server}", certificate-authority-data: #{ca}}
+      users:
+      - name: u
+        user:
+          exec: {apiVersion: client.authentication.k8s.io/v1, command: #{plugin}}
+      contexts:
+      - name: x
+        context: {cluster: c, user: u}
+      current-context: x
+      """)
+
+      kubeconfig
+    end
+
+    defp read_pid!(file) do
+      :ok = Cluster.wait_until(fn -> match?({:ok, <<_, _::binary>>}, File.read(file)) end, 10_000)
+      file |> File.read!() |> String.trim()
+    end
+
+    # Gone, or a zombie someone else must reap (not ours: we are not its parent).
+    defp gone_or_zombie?(pid) do
+      case File.read("/proc/#{pid}/stat") do
+        {:error, _} -> true
+        {:ok, stat} -> stat |> String.split(") ") |> List.last() |> String.starts_with?("Z")
+      end
+    end
+
+    test "a plugin that leaves a child holding its stdout: the credential is used, the child killed",
+         %{n: n, cluster: c} do
+      dir = Path.join(c.dir, "plugin-bg-#{System.unique_integer([:positive])}")
+      pidfile = Path.join(dir, "child")
+
+      kubeconfig =
+        plugin_kubeconfig!(c, dir, """
+        #!/bin/sh
+        printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"%s"}}' '#{c.token}'
+        /bin/sleep 1000 &
+        echo $! > #{pidfile}
+        exit 0
+        """)
+
+      {:ok, %{kube: k}} = Native.kube_open(n, %{source: :kubeconfig, paths: [kubeconfig]})
+      path = "/api/v1/namespaces/#{c.namespace}/pods"
+      assert {:ok, %{status: 200}} = Native.kube_request(n, k, %{method: :get, path: path, timeout: 15_000})
+      child = read_pid!(pidfile)
+      assert :ok = Cluster.wait_until(fn -> gone_or_zombie?(child) end, 10_000)
+      # The handle is not wedged: the cached credential serves the next one.
+      assert {:ok, %{status: 200}} = Native.kube_request(n, k, %{method: :get, path: path, timeout: 15_000})
+    end
+
+    test "closing a handle while its plugin runs kills and reaps the plugin", %{n: n, cluster: c} do
+      dir = Path.join(c.dir, "plugin-slow-#{System.unique_integer([:positive])}")
+      pidfile = Path.join(dir, "pid")
+      kubeconfig = plugin_kubeconfig!(c, dir, "#!/bin/sh
+echo $$ > #{pidfile}
+exec /bin/sleep 1000
+")
+      {:ok, %{kube: k}} = Native.kube_open(n, %{source: :kubeconfig, paths: [kubeconfig]})
+      req = Task.async(fn -> Native.kube_request(n, k, %{method: :get, path: "/api", timeout: 30_000}) end)
+      pid = read_pid!(pidfile)
+      assert File.exists?("/proc/#{pid}")
+      assert :ok = Native.kube_close(n, k)
+      assert {:error, %Native.Error{code: :closed}} = Task.await(req, 10_000)
+      # Reaped by the port (its parent): no zombie left behind.
+      assert :ok = Cluster.wait_until(fn -> not File.exists?("/proc/#{pid}") end, 10_000)
+    end
+
+    test "a reply over the port's packet limit is toobig, not lost", %{n: n, cluster: c} do
+      admin = Path.join(c.dir, "admin.kubeconfig")
+      {:ok, %{kube: k}} = Native.kube_open(n, %{source: :kubeconfig, paths: [admin]})
+      # Free-form objects (a CRD that keeps unknown fields) holding floats:
+      # "0.5," is 4 bytes of JSON and 9 as a term.
+      crd = %{
+        "apiVersion" => "apiextensions.k8s.io/v1",
+        "kind" => "CustomResourceDefinition",
+        "metadata" => %{"name" => "blobs.condukt.test"},
+        "spec" => %{
+          "group" => "condukt.test",
+          "scope" => "Namespaced",
+          "names" => %{"plural" => "blobs", "singular" => "blob", "kind" => "Blob", "listKind" => "BlobList"},
+          "versions" => [
+            %{
+              "name" => "v1",
+              "served" => true,
+              "storage" => true,
+              "schema" => %{"openAPIV3Schema" => %{"type" => "object", "x-kubernetes-preserve-unknown-fields" => true}}
+            }
+          ]
+        }
+      }
+
+      crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+      assert {:ok, %{status: 201}} = Native.kube_request(n, k, %{method: :post, path: crds, body: crd})
+
+      try do
+        base = "/apis/condukt.test/v1/namespaces/#{c.namespace}/blobs"
+
+        :ok =
+          Cluster.wait_until(fn ->
+            match?({:ok, %{status: 200}}, Native.kube_request(n, k, %{method: :get, path: base}))
+          end)
+
+        # 8 objects of 250000 floats: about 8 MB of JSON (under the 15 MiB
+        # body limit), about 18 MB as terms (over the 16 MiB packet limit).
+        floats = List.duplicate(0.5, 250_000)
+
+        for i <- 1..8 do
+          blob = %{
+            "apiVersion" => "condukt.test/v1",
+            "kind" => "Blob",
+            "metadata" => %{"name" => "b#{i}"},
+            "x" => floats
+          }
+
+          assert {:ok, %{status: 201}} = Native.kube_request(n, k, %{method: :post, path: base, body: blob})
+        end
+
+        assert {:error, %Native.Error{code: :toobig, message: msg}} =
+                 Native.kube_request(n, k, %{method: :get, path: base, timeout: 30_000})
+
+        assert msg =~ "packet limit"
+        # The handle and the port carry on.
+        assert {:ok, %{status: 200, body: %{"x" => [0.5 | _]}}} =
+                 Native.kube_request(n, k, %{method: :get, path: base <> "/b1"})
+      after
+        Native.kube_request(n, k, %{method: :delete, path: crds <> "/blobs.condukt.test"})
+      end
+    end
+
+    test "a redirect is not followed: the 3xx is the answer, the token stays home", %{n: n, cluster: c} do
+      dir = Path.join(c.dir, "redirect-#{System.unique_integer([:positive])}")
+      File.mkdir_p!(dir)
+      landed = Path.join(dir, "landed")
+      {:ok, l} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
+      {:ok, port} = :inet.port(l)
+      :gen_tcp.close(l)
+
+      # Serves /r with a 302 to /landed on itself; /landed records its headers.
+      script = """
+      import http.server, ssl
+      class H(http.server.BaseHTTPRequestHandler):
+          def do_GET(self):
+              if self.path == '/landed':
+                  open('#{landed}', 'w').write(str(self.headers))
+                  self.send_response(200); self.send_header('Content-Length', '0'); self.end_headers()
+              else:
+                  self.send_response(302)
+                  self.send_header('Location', 'https://127.0.0.1:#{port}/landed')
+                  self.send_header('Content-Length', '0'); self.end_headers()
+      s = http.server.HTTPServer(('127.0.0.1', #{port}), H)
+      ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+      ctx.load_cert_chain('#{c.dir}/pki/apiserver.crt', '#{c.dir}/pki/apiserver.key')
+      s.socket = ctx.wrap_socket(s.socket, server_side=True)
+      s.timeout = 5
+      s.handle_request(); s.handle_request()
+      """
+
+      server = Task.async(fn -> Cmd.run(["/usr/bin/python3", "-c", script], timeout: 30_000) end)
+      Process.sleep(700)
+
+      {:ok, %{kube: k}} =
+        Native.kube_open(n, %{
+          source: :explicit,
+          server: "https://127.0.0.1:#{port}",
+          ca_pem: File.read!(Cluster.ca(c)),
+          token: "secret-token"
+        })
+
+      assert {:ok, %{status: 302}} = Native.kube_request(n, k, %{method: :get, path: "/r"})
+      Task.await(server, 30_000)
+      refute File.exists?(landed)
+    end
+
+    test "tls-server-name is the name checked; insecure checks nothing", %{n: n, cluster: c} do
+      dir = Path.join(c.dir, "tsn-#{System.unique_integer([:positive])}")
+      File.mkdir_p!(dir)
+      ca = c |> Cluster.ca() |> File.read!() |> Base.encode64()
+      path = "/api/v1/namespaces/#{c.namespace}/pods"
+
+      kubeconfig = fn name, cluster ->
+        file = Path.join(dir, name)
+
+        File.write!(file, """
+        clusters:
+        - name: c
+          cluster: {server: "#{c.server}", #{cluster}}
+        users:
+        - name: u
+          user: {token: #{c.token}}
+        contexts:
+        - name: x
+          context: {cluster: c, user: u}
+        current-context: x
+        """)
+
+        {:ok, %{kube: k}} = Native.kube_open(n, %{source: :kubeconfig, paths: [file]})
+        k
+      end
+
+      good = kubeconfig.("good", "certificate-authority-data: #{ca}, tls-server-name: kubernetes")
+      assert {:ok, %{status: 200}} = Native.kube_request(n, good, %{method: :get, path: path})
+
+      wrong = kubeconfig.("wrong", "certificate-authority-data: #{ca}, tls-server-name: wrong.example")
+
+      assert {:error, %Native.Error{code: :tls, message: msg}} =
+               Native.kube_request(n, wrong, %{method: :get, path: path})
+
+      assert msg =~ "does not name \"wrong.example\""
+
+      insecure = kubeconfig.("insecure", "insecure-skip-tls-verify: true, tls-server-name: wrong.example")
+      assert {:ok, %{status: 200}} = Native.kube_request(n, insecure, %{method: :get, path: path})
     end
 
     test "a token file is re-read when it changes", %{n: n, cluster: c} do
@@ -558,6 +816,55 @@ defmodule Condukt.NativeKubeTest do
         assert_receive {:condukt_kube_forward, ^n, ^f, {:error, msg}}, 10_000
         assert msg =~ "HTTP 404"
       end
+    end
+
+    test "a listener holds at most 16 tunnels; the next connection is refused and reported",
+         %{n: n, cluster: c, node: node} do
+      {k, _} = open!(n, c)
+      # Accepts 17 connections (16, then one more after one closed) and holds them.
+      script = """
+      import socket, time
+      s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      s.bind(('127.0.0.1', #{@port})); s.listen(64); s.settimeout(30)
+      held = [s.accept()[0] for _ in range(17)]
+      time.sleep(1)
+      """
+
+      server =
+        Task.async(fn ->
+          Cmd.run(["/usr/sbin/ip", "netns", "exec", node.netns, "/usr/bin/python3", "-c", script], timeout: 60_000)
+        end)
+
+      Process.sleep(500)
+
+      {:ok, {f, %{address: addr}}} =
+        Native.kube_forward(n, k, %{namespace: c.namespace, pod: "nk", port: @port, listen: {:tcp, "127.0.0.1", 0}})
+
+      socks =
+        for _ <- 1..16 do
+          s = connect(addr)
+          :ok = :gen_tcp.send(s, "x")
+          s
+        end
+
+      Process.sleep(1000)
+      extra = connect(addr)
+      assert {:error, :closed} = :gen_tcp.recv(extra, 0, 5_000)
+      assert_receive {:condukt_kube_forward, ^n, ^f, {:error, msg}}, 5_000
+      assert msg =~ "16 tunnels"
+
+      # One closes: a place is free again.
+      [first | rest] = socks
+      :gen_tcp.close(first)
+      Process.sleep(1500)
+      again = connect(addr)
+      :ok = :gen_tcp.send(again, "x")
+      assert {:error, :timeout} = :gen_tcp.recv(again, 0, 1_500)
+      refute_received {:condukt_kube_forward, ^n, ^f, _}
+
+      Enum.each([again | rest], &:gen_tcp.close/1)
+      assert {_, 0} = Task.await(server, 60_000)
+      assert :ok = Native.kube_forward_close(n, f)
     end
 
     test "a non-loopback listener is refused", %{n: n, cluster: c} do
