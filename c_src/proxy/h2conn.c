@@ -848,6 +848,19 @@ static int srv_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, 
 
 static void conn_fail(h2_t *h, uint32_t code, const char *reason);
 
+/* RFC 9113 §8.1: the response is complete and the rest of the request can
+ * go nowhere (answered locally, the upstream's stream closed, or the
+ * HTTP/1.1 response ended first): RST_STREAM(NO_ERROR) tells a workspace
+ * still sending to stop, and the stream ends. */
+static void stream_end_early(h2s_t *s) {
+  h2_t *h = s->h;
+  if (!s->resp_end_sent || h->failed || nghttp2_session_get_stream_remote_close(h->srv, s->cid) != 0)
+    return;
+  if (!s->local && !s->h1_abandon && !(h->up != NULL && s->uid == 0))
+    return;
+  nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_NO_ERROR);
+}
+
 static int srv_frame_send(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
   h2_t *h = user_data;
   h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
@@ -863,8 +876,10 @@ static int srv_frame_send(nghttp2_session *session, const nghttp2_frame *frame, 
       conn_fail(h, NGHTTP2_ENHANCE_YOUR_CALM, ce_h2_guard_reason(v));
   }
   if (s != NULL && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
-      (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0)
+      (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0) {
     s->resp_end_sent = true;
+    stream_end_early(s);
+  }
   return 0;
 }
 
@@ -999,8 +1014,10 @@ static int up_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
     return 0;
   nghttp2_session_set_stream_user_data(session, stream_id, NULL);
   s->uid = 0;
-  if (error_code == NGHTTP2_NO_ERROR && s->down.eof)
+  if (error_code == NGHTTP2_NO_ERROR && s->down.eof) {
+    stream_end_early(s);
     return 0;
+  }
   char reason[120];
   snprintf(reason, sizeof(reason), "upstream_reset: RST_STREAM %s", nghttp2_http2_strerror(error_code));
   if (!s->rs_head_done && !s->local) {
@@ -1907,6 +1924,9 @@ static void conn_fail(h2_t *h, uint32_t code, const char *reason) {
     /* The session ends here: no stream of it completes. */
     for (h2s_t *s = h->streams; s != NULL; s = s->next)
       stream_finish_event(s, reason);
+    /* A workspace that never reads its GOAWAY (docs/http2.md §5) does not
+     * hold the connection: it ends by a fixed deadline. */
+    ce_conn_hard_deadline(c);
   }
   nghttp2_session_terminate_session(h->srv, code);
 }
