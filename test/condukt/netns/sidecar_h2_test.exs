@@ -631,6 +631,37 @@ defmodule Condukt.Netns.SidecarH2Test do
     end
   end
 
+  describe "event shapes" do
+    test "translation: a name that resolves to a private address is request_denied, never request_allowed",
+         %{tb: tb, sc: sc} do
+      q = tag()
+      out = h2_raw(tb, sc, %{host: "metadata.test", mode: "paths", paths: ["/"], query: q})
+      assert %{"status" => 403} = out["streams"]["1"], inspect(out)
+      events = events_for(q)
+      refute Enum.any?(events, &(&1["event"] == "request_allowed")), inspect(events)
+      assert %{"event" => "request_denied", "reason" => "upstream_private_address: 169.254.169.254"} = List.last(events)
+    end
+
+    test "a stream nghttp2 refuses as malformed gets request_opened and request_denied", %{tb: tb, sc: sc} do
+      # No :path (RFC 9113 §8.3.1): nghttp2 resets the stream itself.
+      fields = [[":method", "GET"], [":scheme", "https"], [":authority", "allowed.test"]]
+      out = h2_raw(tb, sc, %{host: "allowed.test", mode: "custom", streams: [fields]})
+      assert out["streams"]["1"]["reset"] == 1, inspect(out)
+      assert_receive {:egress_event, %{"event" => "request_opened", "stream_id" => 1, "host" => "allowed.test"}}, 5_000
+      assert_receive {:egress_event, %{"event" => "request_denied", "stream_id" => 1} = ev}, 5_000
+      assert ev["reason"] =~ "bad_request: malformed stream"
+    end
+
+    test "a stream the h2 upstream refuses (REFUSED_STREAM) is refused to the workspace the same way",
+         %{tb: tb, sc: sc} do
+      q = tag()
+      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h2_only, mode: "paths", paths: ["/refuse"], query: q})
+      assert out["streams"]["1"]["reset"] == 7, inspect(out)
+      last = List.last(events_for(q))
+      assert last["event"] == "request_failed" and last["reason"] == "upstream_reset: RST_STREAM REFUSED_STREAM"
+    end
+  end
+
   describe "failed connections" do
     test "a workspace that never reads the GOAWAY after a guard limit is cut by a fixed deadline",
          %{tb: tb, sc: sc} do
