@@ -670,8 +670,7 @@ defmodule Condukt.Netns.SidecarH2Test do
       # timer (300 s) and the connection kept its slot.
       q = tag()
 
-      out =
-        h2_raw(tb, sc, %{host: "allowed.test", mode: "fail_unread", path: "/big.bin", seconds: 15, query: q})
+      out = h2_raw(tb, sc, %{host: "allowed.test", mode: "fail_unread", path: "/big.bin", seconds: 15, query: q})
 
       assert is_number(out["closed_after"]), inspect(Map.delete(out, "streams"))
       assert out["closed_after"] < 10, inspect(Map.delete(out, "streams"))
