@@ -324,7 +324,7 @@ static void on_timer(uv_timer_t *t) {
     /* Flushing or lingering took too long: the request was reported. */
     break;
   case ST_H2:
-    if (h2_connect_end(c, 504, "upstream_unreachable: connect timed out"))
+    if (!c->hard_deadline && h2_connect_end(c, 504, "upstream_unreachable: connect timed out"))
       return;
     ce_h2conn_timeout(c);
     return;
@@ -337,7 +337,7 @@ static void on_timer(uv_timer_t *t) {
 }
 
 static void arm(ce_conn_t *c, uint32_t ms) {
-  if (!c->dead)
+  if (!c->dead && !c->hard_deadline)
     uv_timer_start(&c->timer, on_timer, ms, 0);
 }
 
@@ -2147,6 +2147,13 @@ void ce_conn_side_write(side_t *s, const char *data, size_t len) { side_write(s,
 void ce_conn_report_failed(ce_conn_t *c, const char *reason) { report_failed(c, reason); }
 void ce_conn_abort(ce_conn_t *c) { conn_abort(c); }
 void ce_conn_close_after_flush(ce_conn_t *c) { close_after_flush(c); }
+void ce_conn_hard_deadline(ce_conn_t *c) {
+  if (c->dead || c->hard_deadline)
+    return;
+  uint32_t ms = c->proxy->opts->idle_ms < CE_CONN_LINGER_MS ? c->proxy->opts->idle_ms : CE_CONN_LINGER_MS;
+  arm(c, ms);
+  c->hard_deadline = true;
+}
 void ce_conn_upstream_reset(ce_conn_t *c) { upstream_reset(c); }
 void ce_conn_process(ce_conn_t *c) { conn_process(c); }
 void ce_conn_pump_tls_input(side_t *s) { pump_tls_input(s); }

@@ -129,6 +129,7 @@ struct ce_conn {
   bool up_h2;              /* the upstream negotiated h2 */
   struct ce_h2conn *h2;    /* the sessions, in ST_H2 */
   bool h2_connecting;      /* ST_H2: connecting an HTTP/1.1 upstream for streams */
+  bool hard_deadline;      /* the timer runs to a fixed end: nothing re-arms it */
   struct ce_h1h2 *h1h2;    /* HTTP/1.1 path over an h2 upstream (h1h2.c), with c->u */
 };
 
@@ -138,6 +139,9 @@ void ce_conn_report_failed(ce_conn_t *c, const char *reason);
 void ce_conn_emit(ce_conn_t *c, const ce_reqinfo_t *r, const char *name, const char *reason);
 void ce_conn_abort(ce_conn_t *c);
 void ce_conn_close_after_flush(ce_conn_t *c);
+/* The connection failed: it ends within CE_CONN_LINGER_MS (or the idle
+ * timeout if shorter) whatever the workspace does; nothing re-arms the timer. */
+void ce_conn_hard_deadline(ce_conn_t *c);
 void ce_conn_upstream_reset(ce_conn_t *c);
 bool ce_conn_split_authority(const char *a, size_t n, size_t *host_len, long *port);
 void ce_conn_process(ce_conn_t *c);

@@ -132,6 +132,7 @@ struct ce_h2conn {
   h2s_t *streams;
   size_t nstreams;
   bool failed;             /* a connection-level failure was reported */
+  bool closing;            /* the session is over: closing after the flush */
   bool draining;
   /* HTTP/1.1 upstreams: a pool, one stream at a time on each, the others queued. */
   h1slot_t slots[CE_H2_H1_POOL];
@@ -560,7 +561,8 @@ static void stream_forward(h2s_t *s) {
     return;
   }
   if (h->up == NULL) {
-    stream_event(s, "request_allowed", NULL);
+    /* request_allowed when an upstream connection takes it (h1_pump):
+     * the private-address rule may still refuse it (fail_queue). */
     h1_enqueue(s);
     return;
   }
@@ -600,6 +602,11 @@ static void on_stream_decision(void *data, int status, bool allow, const char *r
   s->ask_id = 0;
   if (c->dead)
     return;
+  if (s->h->failed || s->h->closing) {
+    /* The connection is ending: the stream is never forwarded. */
+    stream_finish_event(s, "connection_closed");
+    return;
+  }
   if (status == CE_OK) {
     const char *r = allow ? NULL : (reason != NULL && reason[0] != '\0' ? reason : "denied_by_decider");
     if (s->decide_cache && cacheable)
@@ -663,6 +670,7 @@ static void stream_request(h2s_t *s) {
 
   ce_h1_head_t *hd = malloc(sizeof(*hd));
   if (hd == NULL) {
+    snprintf(s->fail, sizeof(s->fail), "out_of_memory");
     nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
     return;
   }
@@ -673,6 +681,7 @@ static void stream_request(h2s_t *s) {
   hd->path_len = pl;
   if (ce_reqinfo_set_request(&s->req, hd, c->proxy->opts) != CE_OK) {
     free(hd);
+    snprintf(s->fail, sizeof(s->fail), "out_of_memory");
     nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
     return;
   }
@@ -848,6 +857,19 @@ static int srv_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, 
 
 static void conn_fail(h2_t *h, uint32_t code, const char *reason);
 
+/* RFC 9113 §8.1: the response is complete and the rest of the request can
+ * go nowhere (answered locally, the upstream's stream closed, or the
+ * HTTP/1.1 response ended first): RST_STREAM(NO_ERROR) tells a workspace
+ * still sending to stop, and the stream ends. */
+static void stream_end_early(h2s_t *s) {
+  h2_t *h = s->h;
+  if (!s->resp_end_sent || h->failed || nghttp2_session_get_stream_remote_close(h->srv, s->cid) != 0)
+    return;
+  if (!s->local && !s->h1_abandon && !(h->up != NULL && s->uid == 0))
+    return;
+  nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_NO_ERROR);
+}
+
 static int srv_frame_send(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
   h2_t *h = user_data;
   h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
@@ -863,9 +885,34 @@ static int srv_frame_send(nghttp2_session *session, const nghttp2_frame *frame, 
       conn_fail(h, NGHTTP2_ENHANCE_YOUR_CALM, ce_h2_guard_reason(v));
   }
   if (s != NULL && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
-      (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0)
+      (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0) {
     s->resp_end_sent = true;
+    stream_end_early(s);
+  }
   return 0;
+}
+
+/* A stream that closed before its request head was taken (nghttp2 refused
+ * it as malformed, a stream error): request_opened and request_denied on
+ * the connection's name, as a malformed HTTP/1.1 request. */
+static void stream_malformed(h2s_t *s, uint32_t code) {
+  ce_conn_t *c = s->h->c;
+  if (s->have_req)
+    return;
+  ce_reqinfo_init(&s->req, ++c->proxy->next_request_id, c->id);
+  s->have_req = true;
+  s->req.scheme = "https";
+  s->req.port = c->port;
+  s->req.stream_id = s->cid;
+  s->req.http_version = "HTTP/2";
+  snprintf(s->req.sni, sizeof(s->req.sni), "%s", c->sni_raw);
+  snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
+  char reason[120];
+  snprintf(reason, sizeof(reason), "bad_request: malformed stream (RST_STREAM %s)", nghttp2_http2_strerror(code));
+  stream_event(s, "request_opened", NULL);
+  s->req.closed_at_us = ce_now_us();
+  stream_event(s, "request_denied", reason);
+  s->event_done = true;
 }
 
 static int srv_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user_data) {
@@ -874,6 +921,8 @@ static int srv_stream_close(nghttp2_session *session, int32_t stream_id, uint32_
   if (s == NULL)
     return 0;
   nghttp2_session_set_stream_user_data(session, stream_id, NULL);
+  if (!s->have_req)
+    stream_malformed(s, error_code);
   if (s->fail[0] != '\0') {
     stream_finish_event(s, s->fail);
   } else if (error_code == NGHTTP2_NO_ERROR && s->resp_end_sent) {
@@ -999,10 +1048,19 @@ static int up_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
     return 0;
   nghttp2_session_set_stream_user_data(session, stream_id, NULL);
   s->uid = 0;
-  if (error_code == NGHTTP2_NO_ERROR && s->down.eof)
+  if (error_code == NGHTTP2_NO_ERROR && s->down.eof) {
+    stream_end_early(s);
     return 0;
+  }
   char reason[120];
   snprintf(reason, sizeof(reason), "upstream_reset: RST_STREAM %s", nghttp2_http2_strerror(error_code));
+  if (error_code == NGHTTP2_REFUSED_STREAM && !s->rs_head_done && !s->local) {
+    /* Refused (RST_STREAM REFUSED_STREAM, or above the last stream id of
+     * a GOAWAY): nothing was processed, the workspace may retry. */
+    snprintf(s->fail, sizeof(s->fail), "%s", reason);
+    nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_REFUSED_STREAM);
+    return 0;
+  }
   if (!s->rs_head_done && !s->local) {
     fail_502(s, reason);
     return 0;
@@ -1381,8 +1439,12 @@ static void fail_queue(h2_t *h, int status, const char *reason) {
       char text[600], safe[400];
       plain(safe, sizeof(safe), why);
       snprintf(text, sizeof(text), "condukt: the network policy of this sandbox refused the request: %s\n", safe);
+      /* A refusal by the policy (an address it keeps private): denied. */
+      s->req.closed_at_us = ce_now_us();
+      s->req.status = 403;
+      stream_event(s, "request_denied", why);
+      s->event_done = true;
       local_answer(s, 403, text);
-      stream_finish_event(s, why);
     } else {
       fail_with(s, status, why);
     }
@@ -1687,6 +1749,7 @@ static void h1_pump(h2_t *h) {
     }
     if (ready != NULL) {
       h2s_t *s = h1_pop(h);
+      stream_event(s, "request_allowed", NULL);
       ready->cur = s;
       s->slot = ready;
       s->h1_resp_head = false;
@@ -1907,6 +1970,9 @@ static void conn_fail(h2_t *h, uint32_t code, const char *reason) {
     /* The session ends here: no stream of it completes. */
     for (h2s_t *s = h->streams; s != NULL; s = s->next)
       stream_finish_event(s, reason);
+    /* A workspace that never reads its GOAWAY (docs/http2.md §5) does not
+     * hold the connection: it ends by a fixed deadline. */
+    ce_conn_hard_deadline(c);
   }
   nghttp2_session_terminate_session(h->srv, code);
 }
@@ -1994,8 +2060,10 @@ client_side:
     ce_conn_abort(c);
     return;
   }
-  if (!nghttp2_session_want_read(h->srv) && !nghttp2_session_want_write(h->srv))
+  if (!nghttp2_session_want_read(h->srv) && !nghttp2_session_want_write(h->srv)) {
+    h->closing = true;
     ce_conn_close_after_flush(c);
+  }
 }
 
 void ce_h2conn_timeout(ce_conn_t *c) {
@@ -2022,6 +2090,7 @@ void ce_h2conn_drain(ce_conn_t *c) {
                         NGHTTP2_NO_ERROR, NULL, 0);
   if (h->streams == NULL) {
     flush(h);
+    h->closing = true;
     ce_conn_close_after_flush(c);
     return;
   }

@@ -619,6 +619,65 @@ defmodule Condukt.Netns.SidecarH2Test do
     end
   end
 
+  describe "early answers" do
+    test "a stream answered while the workspace still uploads gets RST_STREAM(NO_ERROR) after the answer",
+         %{tb: tb, sc: sc} do
+      # RFC 9113 §8.1: the workspace may stop sending; without the reset its
+      # upload would fill the stream's buffer and the stream kept its slot.
+      q = tag()
+      out = h2_raw(tb, sc, %{host: "decide.test", mode: "upload_open", path: "/secret", query: q})
+      assert %{"status" => 403, "ended" => true, "reset" => 0} = out["streams"]["1"], inspect(out)
+      assert %{"event" => "request_denied", "stream_id" => 1} = List.last(events_for(q))
+    end
+  end
+
+  describe "event shapes" do
+    test "translation: a name that resolves to a private address is request_denied, never request_allowed",
+         %{tb: tb, sc: sc} do
+      q = tag()
+      out = h2_raw(tb, sc, %{host: "metadata.test", mode: "paths", paths: ["/"], query: q})
+      assert %{"status" => 403} = out["streams"]["1"], inspect(out)
+      events = events_for(q)
+      refute Enum.any?(events, &(&1["event"] == "request_allowed")), inspect(events)
+      assert %{"event" => "request_denied", "reason" => "upstream_private_address: 169.254.169.254"} = List.last(events)
+    end
+
+    test "a stream nghttp2 refuses as malformed gets request_opened and request_denied", %{tb: tb, sc: sc} do
+      # No :path (RFC 9113 §8.3.1): nghttp2 resets the stream itself.
+      fields = [[":method", "GET"], [":scheme", "https"], [":authority", "allowed.test"]]
+      out = h2_raw(tb, sc, %{host: "allowed.test", mode: "custom", streams: [fields]})
+      assert out["streams"]["1"]["reset"] == 1, inspect(out)
+      assert_receive {:egress_event, %{"event" => "request_opened", "stream_id" => 1, "host" => "allowed.test"}}, 5_000
+      assert_receive {:egress_event, %{"event" => "request_denied", "stream_id" => 1} = ev}, 5_000
+      assert ev["reason"] =~ "bad_request: malformed stream"
+    end
+
+    test "a stream the h2 upstream refuses (REFUSED_STREAM) is refused to the workspace the same way",
+         %{tb: tb, sc: sc} do
+      q = tag()
+      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h2_only, mode: "paths", paths: ["/refuse"], query: q})
+      assert out["streams"]["1"]["reset"] == 7, inspect(out)
+      last = List.last(events_for(q))
+      assert last["event"] == "request_failed" and last["reason"] == "upstream_reset: RST_STREAM REFUSED_STREAM"
+    end
+  end
+
+  describe "failed connections" do
+    test "a workspace that never reads the GOAWAY after a guard limit is cut by a fixed deadline",
+         %{tb: tb, sc: sc} do
+      # The GOAWAY waits behind 16 MiB of unread response; the workspace
+      # keeps sending. Without the deadline every read re-armed the idle
+      # timer (300 s) and the connection kept its slot.
+      q = tag()
+
+      out = h2_raw(tb, sc, %{host: "allowed.test", mode: "fail_unread", path: "/big.bin", seconds: 15, query: q})
+
+      assert is_number(out["closed_after"]), inspect(Map.delete(out, "streams"))
+      assert out["closed_after"] < 10, inspect(Map.delete(out, "streams"))
+      assert_receive {:egress_event, %{"event" => "request_failed", "reason" => "h2_ping_flood"}}, 10_000
+    end
+  end
+
   describe "memory" do
     test "a slow reader of a 20 MiB response: the proxy's RSS stays bounded, then all bytes arrive",
          %{tb: tb, sc: sc} do

@@ -23,6 +23,15 @@ modes:
                up to "count" streams, 20 at a time, each a POST whose
                trailers have 200 fields (more than the proxy keeps: it
                answers RST_STREAM), until the server sends GOAWAY
+  fail_unread  a 16 MiB window, one GET for "path" never read; then a PING
+               flood (a guard limit: the proxy's GOAWAY queues behind the
+               unread response), then one PING every 0.25 s for up to
+               "seconds": "closed_after" is when the proxy ended the
+               connection (seconds after the flood), absent if it did not
+  upload_open  one POST to "path" announcing "size" bytes of body, of which
+               only 1000 are sent; then reads until the stream ends and
+               for 3 s more (or until the stream is reset): "reset" is the
+               RST_STREAM code the proxy sent after its response
   custom       one stream per entry of "streams", each a list of [name, value]
                header fields sent as given (no client-side validation)
 "port" (default 443) is the port dialled; :authority names it when not 443.
@@ -183,6 +192,42 @@ try:
         except Exception as e:
             out["error"] = repr(e)
         out["streams"] = {k: v for k, v in out["streams"].items() if "reset" not in v}
+    elif spec["mode"] == "fail_unread":
+        import time
+
+        conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16 * 1024 * 1024})
+        conn.increment_flow_control_window(16 * 1024 * 1024)
+        conn.send_headers(1, headers(authority, spec["path"] + "?" + q), end_stream=True)
+        tls.sendall(conn.data_to_send())
+        time.sleep(1.5)
+        tls.sendall(b"".join(raw_frame(8, 6, 0, 0, i.to_bytes(8, "big")) for i in range(int(spec.get("count", 1000)))))
+        t0 = time.monotonic()
+        tls.settimeout(1)
+        while time.monotonic() - t0 < float(spec.get("seconds", 15)):
+            time.sleep(0.25)
+            try:
+                tls.sendall(raw_frame(8, 6, 0, 0, b"12345678"))
+            except socket.timeout:
+                continue
+            except (OSError, ssl.SSLError) as e:
+                out["closed_after"] = time.monotonic() - t0
+                out["close_error"] = repr(e)
+                break
+    elif spec["mode"] == "upload_open":
+        import time
+
+        tls.settimeout(3)
+        hd = headers(authority, spec["path"] + "?" + q)
+        hd[0] = (":method", "POST")
+        conn.send_headers(1, hd + [("content-length", str(int(spec.get("size", 1 << 20))))])
+        conn.send_data(1, b"u" * 1000)
+        tls.sendall(conn.data_to_send())
+        st = lambda: out["streams"].get("1", {})
+        try:
+            pump(lambda: st().get("ended") or "reset" in st() or out["goaway"] is not None)
+            pump(lambda: "reset" in st() or out["goaway"] is not None)
+        except socket.timeout:
+            pass
     elif spec["mode"] == "custom":
         sids = []
         for i, fields in enumerate(spec["streams"]):

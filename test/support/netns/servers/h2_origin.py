@@ -45,7 +45,10 @@ def serve(tls):
                 streams[ev.stream_id]["trailers"] = [(k.decode(), v.decode()) for k, v in ev.headers]
             elif isinstance(ev, h2.events.StreamEnded):
                 st = streams.pop(ev.stream_id)
-                if st["path"].startswith("/trailers"):
+                if st["path"].startswith("/refuse"):
+                    # RST_STREAM REFUSED_STREAM: nothing was processed.
+                    conn.reset_stream(ev.stream_id, error_code=7)
+                elif st["path"].startswith("/trailers"):
                     tr = ",".join("%s=%s" % kv for kv in st["trailers"])
                     body = ("got %d bytes; trailers %s\n" % (st["size"], tr)).encode()
                     conn.send_headers(ev.stream_id, [(":status", "200"), ("content-type", "application/grpc")])
