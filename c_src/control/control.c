@@ -850,13 +850,7 @@ static void ask_timer_cb(uv_timer_t *t) {
 static int ask_encode(ask_t *a, json_t *request) {
   if (!json_is_object(request))
     return CE_EINVAL;
-  char id[24];
-  snprintf(id, sizeof(id), "%llu", (unsigned long long)a->id);
-  json_t *frame = ce__frame_envelope("decision_request", "id", json_string(id), request);
-  if (frame == NULL)
-    return CE_ENOMEM;
-  int rc = ce__line_encode(frame, &a->line);
-  json_decref(frame);
+  int rc = ce__line_encode_frame("decision_request", "id", a->id, true, request, &a->line);
   if (rc == CE_ETOOBIG)
     rc = CE_EINVAL;
   return rc;
@@ -926,11 +920,9 @@ void ce_control_emit(ce_control_t *ctl, json_t *event) {
   }
   ctl->events++;
   uint64_t seq = ++ctl->seq;
-  json_t *frame = ce__frame_envelope("event", "seq", json_integer((json_int_t)seq), event);
-  json_decref(event);
   ce__line_t *line = NULL;
-  int rc = frame != NULL ? ce__line_encode(frame, &line) : CE_EINVAL;
-  json_decref(frame);
+  int rc = ce__line_encode_frame("event", "seq", seq, false, event, &line);
+  json_decref(event);
   if (rc != 0) {
     ctl->dropped++;
     ctl->stdout_dropped++;
