@@ -59,6 +59,11 @@
  * up, and the loop must not stall or grow for it: events are dropped from
  * stdout (and counted) until the queue drains. */
 #define STDOUT_QUEUE_MAX (8u * 1024u * 1024u)
+/* Event lines for stdout are gathered here and written once per turn of
+ * the loop (one write(2) or uv_write for all of them) instead of once per
+ * event; a line that does not fit after a flush, or any line when the
+ * batch cannot be allocated, is written on its own as before. */
+#define OUT_BATCH_CAP (64u * 1024u)
 /* Bytes waiting for the peer. Past the soft bound events go to the ring
  * instead (where the oldest are dropped); past the hard bound the peer is
  * taken as stuck and closed, so that a re-dialled bridge gets a fresh
@@ -154,6 +159,12 @@ struct ce_control {
   stream_u out;              /* OUT_STREAM: owns its own descriptor */
   bool out_broken;
   uv_shutdown_t out_shutdown;
+  char *out_batch;           /* OUT_BATCH_CAP bytes, allocated at the first event */
+  size_t out_batch_len;
+  uint64_t out_batch_events; /* lines in out_batch, for the drop count */
+  uv_prepare_t out_prepare;  /* flush before the loop waits (after timers) */
+  uv_check_t out_check;      /* flush after the I/O callbacks */
+  bool out_flush_handles;    /* both initialised (stdout not OUT_NONE) */
 
   ask_t *asks_head, *asks_tail;
   size_t pending;            /* asks in ASK_PENDING */
@@ -269,20 +280,22 @@ static void out_drop(ce_control_t *ctl, const char *why) {
 }
 
 /* Regular files (and character devices) are not pollable, and a write to
- * them does not wait for a reader, so they are written synchronously. */
-static void out_write_file(ce_control_t *ctl, const ce__line_t *line) {
+ * them does not wait for a reader, so they are written synchronously.
+ * `events` lines are in data; they count as dropped when it fails. */
+static void out_write_file(ce_control_t *ctl, const char *data, size_t len, uint64_t events) {
   size_t off = 0;
-  while (off < line->len) {
-    ssize_t n = write(ctl->out_fd, line->data + off, line->len - off);
+  while (off < len) {
+    ssize_t n = write(ctl->out_fd, data + off, len - off);
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && off == 0) {
       out_drop(ctl, "stdout would block");
+      ctl->stdout_dropped += events - 1;
       return;
     }
     if (n <= 0) {
       ctl->out_broken = true;
-      ctl->stdout_dropped++;
+      ctl->stdout_dropped += events;
       ctl_log(ctl, CE_TRACE_WARN, "stdout write failed (%s); events are no longer written there",
               n < 0 ? strerror(errno) : "wrote nothing");
       return;
@@ -291,6 +304,93 @@ static void out_write_file(ce_control_t *ctl, const ce__line_t *line) {
   }
 }
 
+/* One uv_write of a batch; the bytes live after the request. */
+typedef struct {
+  uv_write_t req;
+  char data[];
+} batch_req_t;
+
+static void out_batch_cb(uv_write_t *req, int status) {
+  ce_control_t *ctl = req->handle->data;
+  free(req);
+  if (status < 0 && status != UV_ECANCELED && !ctl->out_broken) {
+    ctl->out_broken = true;
+    ctl_log(ctl, CE_TRACE_WARN, "stdout write failed (%s); events are no longer written there",
+            uv_strerror(status));
+  }
+}
+
+/* Queues data (events lines) on the stdout stream, in a copy when line is
+ * NULL, else by reference to line. */
+static void out_write_stream(ce_control_t *ctl, const char *data, size_t len, uint64_t events,
+                             ce__line_t *line) {
+  if (queued_bytes(&ctl->out) + len > STDOUT_QUEUE_MAX) {
+    out_drop(ctl, "the stdout queue is over 8 MiB");
+    ctl->stdout_dropped += events - 1;
+    return;
+  }
+  uv_write_t *req;
+  uv_buf_t buf;
+  uv_write_cb cb;
+  if (line != NULL) {
+    write_req_t *w = malloc(sizeof(*w));
+    if (w == NULL) {
+      out_drop(ctl, "out of memory");
+      return;
+    }
+    w->line = ce__line_ref(line);
+    req = &w->req;
+    buf = uv_buf_init(line->data, (unsigned int)line->len);
+    cb = out_write_cb;
+  } else {
+    batch_req_t *b = malloc(sizeof(*b) + len);
+    if (b == NULL) {
+      out_drop(ctl, "out of memory");
+      ctl->stdout_dropped += events - 1;
+      return;
+    }
+    memcpy(b->data, data, len);
+    req = &b->req;
+    buf = uv_buf_init(b->data, (unsigned int)len);
+    cb = out_batch_cb;
+  }
+  int rc = uv_write(req, &ctl->out.stream, &buf, 1, cb);
+  if (rc != 0) {
+    if (line != NULL)
+      ce__line_unref(line);
+    free(req); /* the request is the first member of either kind */
+    ctl->out_broken = true;
+    ctl->stdout_dropped += events;
+    ctl_log(ctl, CE_TRACE_WARN, "stdout write failed (%s); events are no longer written there",
+            uv_strerror(rc));
+  }
+}
+
+/* Writes out whatever the batch holds. */
+static void out_flush(ce_control_t *ctl) {
+  if (ctl->out_batch_len == 0)
+    return;
+  size_t len = ctl->out_batch_len;
+  uint64_t events = ctl->out_batch_events;
+  ctl->out_batch_len = 0;
+  ctl->out_batch_events = 0;
+  if (ctl->out_flush_handles) {
+    uv_prepare_stop(&ctl->out_prepare);
+    uv_check_stop(&ctl->out_check);
+  }
+  if (ctl->out_broken) {
+    ctl->stdout_dropped += events;
+    return;
+  }
+  if (ctl->out_kind == OUT_FILE)
+    out_write_file(ctl, ctl->out_batch, len, events);
+  else
+    out_write_stream(ctl, ctl->out_batch, len, events, NULL);
+}
+
+static void out_prepare_cb(uv_prepare_t *h) { out_flush(h->data); }
+static void out_check_cb(uv_check_t *h) { out_flush(h->data); }
+
 static void out_write(ce_control_t *ctl, ce__line_t *line) {
   if (ctl->out_kind == OUT_NONE)
     return;
@@ -298,30 +398,28 @@ static void out_write(ce_control_t *ctl, ce__line_t *line) {
     ctl->stdout_dropped++;
     return;
   }
-  if (ctl->out_kind == OUT_FILE) {
-    out_write_file(ctl, line);
-    return;
-  }
-  if (queued_bytes(&ctl->out) + line->len > STDOUT_QUEUE_MAX) {
-    out_drop(ctl, "the stdout queue is over 8 MiB");
-    return;
-  }
-  write_req_t *w = malloc(sizeof(*w));
-  if (w == NULL) {
-    out_drop(ctl, "out of memory");
-    return;
-  }
-  w->line = ce__line_ref(line);
-  uv_buf_t buf = uv_buf_init(line->data, (unsigned int)line->len);
-  int rc = uv_write(&w->req, &ctl->out.stream, &buf, 1, out_write_cb);
-  if (rc != 0) {
-    ce__line_unref(w->line);
-    free(w);
-    ctl->out_broken = true;
+  if (ctl->out_batch_len + line->len > OUT_BATCH_CAP)
+    out_flush(ctl);
+  if (ctl->out_batch == NULL && ctl->out_flush_handles)
+    ctl->out_batch = malloc(OUT_BATCH_CAP); /* NULL: every line on its own */
+  if (ctl->out_broken) {
     ctl->stdout_dropped++;
-    ctl_log(ctl, CE_TRACE_WARN, "stdout write failed (%s); events are no longer written there",
-            uv_strerror(rc));
+    return;
   }
+  if (ctl->out_batch == NULL || line->len > OUT_BATCH_CAP) {
+    if (ctl->out_kind == OUT_FILE)
+      out_write_file(ctl, line->data, line->len, 1);
+    else
+      out_write_stream(ctl, line->data, line->len, 1, line);
+    return;
+  }
+  if (ctl->out_batch_len == 0) {
+    uv_prepare_start(&ctl->out_prepare, out_prepare_cb);
+    uv_check_start(&ctl->out_check, out_check_cb);
+  }
+  memcpy(ctl->out_batch + ctl->out_batch_len, line->data, line->len);
+  ctl->out_batch_len += line->len;
+  ctl->out_batch_events++;
 }
 
 /*
@@ -850,13 +948,7 @@ static void ask_timer_cb(uv_timer_t *t) {
 static int ask_encode(ask_t *a, json_t *request) {
   if (!json_is_object(request))
     return CE_EINVAL;
-  char id[24];
-  snprintf(id, sizeof(id), "%llu", (unsigned long long)a->id);
-  json_t *frame = ce__frame_envelope("decision_request", "id", json_string(id), request);
-  if (frame == NULL)
-    return CE_ENOMEM;
-  int rc = ce__line_encode(frame, &a->line);
-  json_decref(frame);
+  int rc = ce__line_encode_frame("decision_request", "id", a->id, true, request, &a->line);
   if (rc == CE_ETOOBIG)
     rc = CE_EINVAL;
   return rc;
@@ -926,11 +1018,9 @@ void ce_control_emit(ce_control_t *ctl, json_t *event) {
   }
   ctl->events++;
   uint64_t seq = ++ctl->seq;
-  json_t *frame = ce__frame_envelope("event", "seq", json_integer((json_int_t)seq), event);
-  json_decref(event);
   ce__line_t *line = NULL;
-  int rc = frame != NULL ? ce__line_encode(frame, &line) : CE_EINVAL;
-  json_decref(frame);
+  int rc = ce__line_encode_frame("event", "seq", seq, false, event, &line);
+  json_decref(event);
   if (rc != 0) {
     ctl->dropped++;
     ctl->stdout_dropped++;
@@ -976,6 +1066,7 @@ static int check_opts(const ce_control_opts_t *opts, char *err, size_t errlen) {
 }
 
 static void free_unstarted(ce_control_t *ctl) {
+  free(ctl->out_batch);
   free(ctl->ring);
   free(ctl->read_buf);
   free(ctl->session_id);
@@ -1043,6 +1134,14 @@ int ce_control_start(uv_loop_t *loop, const ce_control_opts_t *opts,
   else
     rc = uv_listen(&ctl->listener.stream, LISTEN_BACKLOG, on_connection);
   int orc = ctl->out_kind == OUT_STREAM ? out_open(ctl, out_fd, out_type) : 0;
+  if (ctl->out_kind != OUT_NONE) {
+    uv_prepare_init(loop, &ctl->out_prepare);
+    uv_check_init(loop, &ctl->out_check);
+    ctl->out_prepare.data = ctl;
+    ctl->out_check.data = ctl;
+    ctl->live_handles += 2;
+    ctl->out_flush_handles = true;
+  }
   if (rc == 0)
     rc = orc;
   if (rc != 0) {
@@ -1117,6 +1216,14 @@ void ce_control_close(ce_control_t *ctl, void (*done)(void *data), void *data) {
   ctl->closing = true;
   ctl->done = done;
   ctl->done_data = data;
+
+  /* Events of this turn of the loop still in the stdout batch go out
+   * first, ahead of the stream's shutdown. */
+  out_flush(ctl);
+  if (ctl->out_flush_handles) {
+    close_if_open((uv_handle_t *)&ctl->out_prepare, ctl_handle_closed);
+    close_if_open((uv_handle_t *)&ctl->out_check, ctl_handle_closed);
+  }
 
   /* The asks first, while everything else still stands: their callbacks
    * may emit or ask, which now only frees. */

@@ -16,6 +16,7 @@
 
 #include "common/error.h"
 #include "common/json.h"
+#include "common/jsonw.h"
 #include "control/control.h"
 
 /* Frames are flat objects; unknown members may nest a little for future
@@ -247,31 +248,58 @@ int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
 
 /* ---- encoding ------------------------------------------------------------- */
 
-int ce__line_encode(const json_t *obj, ce__line_t **out) {
-  /* Two passes (measure, then write) so the line is one allocation whose
-   * size is exact. */
-  if (!json_is_object(obj) && !json_is_array(obj))
-    return CE_EINVAL; /* json_dumpb needs JSON_ENCODE_ANY for the rest */
-  size_t n = json_dumpb(obj, NULL, 0, JSON_COMPACT);
-  /* On a container, json_dumpb fails only when an allocation of its own
-   * fails (its loop detection allocates) or on a reference cycle, which
-   * nothing here builds. */
-  if (n == 0)
-    return CE_ENOMEM;
-  if (n > CE_CONTROL_MAX_FRAME - 1)
-    return CE_ETOOBIG;
-  ce__line_t *line = malloc(sizeof(*line) + n + 1);
-  if (line == NULL)
-    return CE_ENOMEM;
-  if (json_dumpb(obj, line->data, n, JSON_COMPACT) != n) {
-    free(line);
-    return CE_ENOMEM; /* jansson failed to allocate an intermediate buffer */
+/* Lines up to this size are written on the stack and then copied into one
+ * exact-size allocation; an event line is typically 1 to 3 KiB. */
+#define LINE_INLINE (8u * 1024u)
+
+/* Ends the text with '\n' and turns it into a line; frees the writer. */
+static int line_finish(ce_jsonw_t *w, ce__line_t **out) {
+  ce_jsonw_raw(w, "\n", 1);
+  int rc = ce_jsonw_error(w);
+  if (rc == CE_OK) {
+    ce__line_t *line = malloc(sizeof(*line) + w->len);
+    if (line == NULL) {
+      rc = CE_ENOMEM;
+    } else {
+      memcpy(line->data, w->buf, w->len);
+      line->len = w->len;
+      line->refs = 1;
+      *out = line;
+    }
   }
-  line->data[n] = '\n';
-  line->len = n + 1;
-  line->refs = 1;
-  *out = line;
-  return CE_OK;
+  ce_jsonw_free(w);
+  return rc;
+}
+
+int ce__line_encode(const json_t *obj, ce__line_t **out) {
+  if (!json_is_object(obj) && !json_is_array(obj))
+    return CE_EINVAL;
+  char inline_buf[LINE_INLINE];
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, inline_buf, sizeof(inline_buf), CE_CONTROL_MAX_FRAME);
+  ce_jsonw_value(&w, obj);
+  return line_finish(&w, out);
+}
+
+int ce__line_encode_frame(const char *type, const char *key, uint64_t num, bool num_as_string,
+                          const json_t *fields, ce__line_t **out) {
+  if (!json_is_object(fields))
+    return CE_EINVAL;
+  char inline_buf[LINE_INLINE];
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, inline_buf, sizeof(inline_buf), CE_CONTROL_MAX_FRAME);
+  ce_jsonw_raw(&w, "{\"type\":", 8);
+  ce_jsonw_string(&w, type, strlen(type));
+  ce_jsonw_raw(&w, ",", 1);
+  ce_jsonw_string(&w, key, strlen(key));
+  ce_jsonw_raw(&w, num_as_string ? ":\"" : ":", num_as_string ? 2 : 1);
+  ce_jsonw_uint(&w, num);
+  if (num_as_string)
+    ce_jsonw_raw(&w, "\"", 1);
+  bool first = false; /* "type" is already written */
+  ce_jsonw_members(&w, fields, "type", key, &first);
+  ce_jsonw_raw(&w, "}", 1);
+  return line_finish(&w, out);
 }
 
 ce__line_t *ce__line_ref(ce__line_t *line) {
@@ -282,34 +310,4 @@ ce__line_t *ce__line_ref(ce__line_t *line) {
 void ce__line_unref(ce__line_t *line) {
   if (line != NULL && --line->refs == 0)
     free(line);
-}
-
-json_t *ce__frame_envelope(const char *type, const char *seq_key,
-                           json_t *seq_value, const json_t *fields) {
-  json_t *obj = json_object();
-  if (obj == NULL || !json_is_object(fields))
-    goto fail;
-  if (json_object_set_new(obj, "type", json_string(type)) != 0)
-    goto fail;
-  if (seq_key != NULL) {
-    json_t *v = seq_value;
-    seq_value = NULL; /* json_object_set_new consumes it, even on failure */
-    if (json_object_set_new(obj, seq_key, v) != 0)
-      goto fail;
-  }
-  const char *key;
-  json_t *val;
-  json_object_foreach((json_t *)fields, key, val) {
-    if (strcmp(key, "type") == 0 || (seq_key != NULL && strcmp(key, seq_key) == 0))
-      continue;
-    if (json_object_set(obj, key, val) != 0)
-      goto fail;
-  }
-  json_decref(seq_value); /* only left when seq_key was NULL */
-  return obj;
-
-fail:
-  json_decref(seq_value);
-  json_decref(obj);
-  return NULL;
 }

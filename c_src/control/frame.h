@@ -12,7 +12,9 @@
 #define CE_CONTROL_FRAME_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct {
   size_t refs;
@@ -21,28 +23,30 @@ typedef struct {
 } ce__line_t;
 
 /*
- * Encodes obj as one compact JSON line ending in '\n' (jansson escapes
- * every control character inside strings, so the only raw newline is the
- * last byte) with one reference. Returns CE_OK, CE_EINVAL (obj is not an
- * object or an array), CE_ETOOBIG (the line would exceed CE_CONTROL_MAX_FRAME),
- * CE_ENOMEM. On failure *out is untouched.
+ * Encodes obj as one compact JSON line ending in '\n' (common/jsonw.h
+ * escapes every control character inside strings, so the only raw newline
+ * is the last byte) with one reference, in one pass. Returns CE_OK,
+ * CE_EINVAL (obj is not an object or an array, or nests deeper than
+ * CE_JSONW_MAX_DEPTH), CE_ETOOBIG (the line would exceed
+ * CE_CONTROL_MAX_FRAME), CE_ENOMEM. On failure *out is untouched.
  */
 int ce__line_encode(const json_t *obj, ce__line_t **out);
+
+/*
+ * Encodes a frame without building it as an object: the text
+ * {"type":TYPE,KEY:NUM, ...every member of fields but "type" and KEY} and
+ * '\n', NUM written as a JSON integer or, with num_as_string, as a decimal
+ * string ("seq":7 for events, "id":"7" for decision requests). fields is
+ * borrowed. Returns as ce__line_encode (CE_EINVAL when fields is not an
+ * object).
+ */
+int ce__line_encode_frame(const char *type, const char *key, uint64_t num, bool num_as_string,
+                          const json_t *fields, ce__line_t **out);
 
 /* Takes another reference; returns line for convenience. */
 ce__line_t *ce__line_ref(ce__line_t *line);
 
 /* Drops one reference, freeing the line with the last. NULL is ignored. */
 void ce__line_unref(ce__line_t *line);
-
-/*
- * Builds a new object whose first members are "type":type and, when
- * seq_key is not NULL, seq_key:seq_value (a JSON integer for "seq", a
- * decimal string for "id"), followed by every member of fields except
- * those two names. fields is borrowed; seq_value is consumed in every
- * case. Returns NULL when memory runs out or fields is not an object.
- */
-json_t *ce__frame_envelope(const char *type, const char *seq_key,
-                           json_t *seq_value, const json_t *fields);
 
 #endif

@@ -871,6 +871,52 @@ static json_t *big_event(int n, size_t size) {
   return e;
 }
 
+/* stdout is written once per turn of the loop, not once per event; a line
+ * larger than the batch goes out on its own, in order; close writes what
+ * the batch still holds. */
+Test(control, stdout_batched_per_loop_turn) {
+  char path[128];
+  snprintf(path, sizeof(path), "%s/file", dir);
+  int fd = open(path, O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
+  cr_assert_geq(fd, 0);
+  ce_control_opts_t o = default_opts();
+  o.stdout_fd = fd;
+  start_with(&o);
+  emit_n(1, 3);
+  struct stat st;
+  cr_assert_eq(fstat(fd, &st), 0);
+  cr_assert_eq(st.st_size, 0, "written before the loop turned");
+  uv_run(&loop, UV_RUN_NOWAIT);
+  cr_assert_eq(fstat(fd, &st), 0);
+  cr_assert_gt(st.st_size, 0, "not written after one turn");
+
+  emit_n(4, 1);
+  ce_control_emit(ctl, big_event(5, 100 * 1024)); /* flushes 4, then itself */
+  emit_n(6, 1);                                      /* batched until close */
+  cr_assert_eq(stats().stdout_dropped, 0);
+  stop();
+  size_t cap = 256 * 1024;
+  char *buf = malloc(cap);
+  cr_assert_not_null(buf);
+  ssize_t n = pread(fd, buf, cap - 1, 0);
+  cr_assert_gt(n, 0);
+  buf[n] = '\0';
+  const char *line = buf;
+  for (int i = 1; i <= 6; i++) {
+    const char *nl = strchr(line, '\n');
+    cr_assert_not_null(nl, "stdout has %d lines", i - 1);
+    json_t *j = json_loadb(line, (size_t)(nl - line), 0, NULL);
+    cr_assert_not_null(j);
+    cr_assert_eq(json_integer_value(json_object_get(j, "seq")), i);
+    cr_assert_eq(json_integer_value(json_object_get(j, "n")), i);
+    json_decref(j);
+    line = nl + 1;
+  }
+  cr_assert_str_empty(line);
+  free(buf);
+  close(fd);
+}
+
 /* Neither a stdout nobody reads nor a peer that does not read stalls the
  * loop: stdout drops past its bound, the peer's events wait in the ring
  * past the peer's bound and reach it in order once it reads again. */

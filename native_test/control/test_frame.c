@@ -2,10 +2,12 @@
  * and refuses (docs/control-channel.md, "Peer to sidecar"), and the line
  * encoder the sidecar writes with. */
 #include <criterion/criterion.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/error.h"
+#include "common/jsonw.h"
 #include "control/control.h"
 #include "control/frame.h"
 
@@ -258,25 +260,73 @@ Test(frame, line_too_big) {
   json_decref(obj);
 }
 
-Test(frame, envelope_orders_and_replaces) {
+Test(frame, frame_encoding_orders_and_replaces) {
   json_t *fields = json_pack("{s:s, s:i, s:s, s:i}", "event", "request_opened", "seq", 99,
                              "type", "bogus", "port", 443);
-  json_t *env = ce__frame_envelope("event", "seq", json_integer(7), fields);
-  cr_assert_not_null(env);
   ce__line_t *line = NULL;
-  cr_assert_eq(ce__line_encode(env, &line), CE_OK);
+  cr_assert_eq(ce__line_encode_frame("event", "seq", 7, false, fields, &line), CE_OK);
   const char *want = "{\"type\":\"event\",\"seq\":7,\"event\":\"request_opened\",\"port\":443}\n";
+  cr_assert_eq(line->len, strlen(want));
+  cr_assert_eq(memcmp(line->data, want, line->len), 0, "%.*s", (int)line->len, line->data);
+  ce__line_unref(line);
+
+  cr_assert_eq(ce__line_encode_frame("decision_request", "id", UINT64_MAX, true, fields, &line),
+               CE_OK);
+  want = "{\"type\":\"decision_request\",\"id\":\"18446744073709551615\",\"event\":"
+         "\"request_opened\",\"seq\":99,\"port\":443}\n";
+  cr_assert_eq(line->len, strlen(want));
+  cr_assert_eq(memcmp(line->data, want, line->len), 0, "%.*s", (int)line->len, line->data);
+  ce__line_unref(line);
+  json_decref(fields);
+
+  /* Only "type" and "seq" present: nothing after the envelope. */
+  fields = json_pack("{s:s}", "type", "x");
+  cr_assert_eq(ce__line_encode_frame("event", "seq", 0, false, fields, &line), CE_OK);
+  want = "{\"type\":\"event\",\"seq\":0}\n";
   cr_assert_eq(memcmp(line->data, want, strlen(want)), 0, "%.*s", (int)line->len, line->data);
   ce__line_unref(line);
-  json_decref(env);
-
-  cr_assert_null(ce__frame_envelope("event", "seq", json_integer(1), NULL));
-  json_t *arr = json_array();
-  cr_assert_null(ce__frame_envelope("event", "seq", json_integer(1), arr));
-  json_decref(arr);
-  env = ce__frame_envelope("pong", NULL, NULL, fields);
-  cr_assert_not_null(env);
-  cr_assert_eq(json_integer_value(json_object_get(env, "seq")), 99);
-  json_decref(env);
   json_decref(fields);
+
+  line = (ce__line_t *)0x1;
+  cr_assert_eq(ce__line_encode_frame("event", "seq", 1, false, NULL, &line), CE_EINVAL);
+  json_t *arr = json_array();
+  cr_assert_eq(ce__line_encode_frame("event", "seq", 1, false, arr, &line), CE_EINVAL);
+  cr_assert_eq(line, (ce__line_t *)0x1);
+  json_decref(arr);
+}
+
+/* The line is the same text jansson writes for the same object. */
+Test(frame, frame_encoding_matches_jansson) {
+  json_t *fields = json_pack(
+      "{s:s s:i s:I s:f s:b s:b s:n s:[s s {s:[]}] s:{} s:s}", "s", "\"q\" \\ \t\x1f\x7f caf\xc3\xa9 \xf0\x9f\x98\x80",
+      "i", -5, "big", (json_int_t)INT64_MIN, "r", 1.5, "t", 1, "f", 0, "n", "a", "x", "\n",
+      "o", "empty", "k\x01", "v");
+  cr_assert_not_null(fields);
+  ce__line_t *line = NULL;
+  cr_assert_eq(ce__line_encode_frame("event", "seq", 3, false, fields, &line), CE_OK);
+  json_t *env = json_pack("{s:s s:i}", "type", "event", "seq", 3);
+  json_object_update(env, fields);
+  char *want = json_dumps(env, JSON_COMPACT);
+  cr_assert_not_null(want);
+  cr_assert_eq(line->len, strlen(want) + 1);
+  cr_assert_eq(memcmp(line->data, want, line->len - 1), 0, "%.*s\n%s", (int)line->len, line->data,
+               want);
+  free(want);
+  json_decref(env);
+  ce__line_unref(line);
+  json_decref(fields);
+}
+
+Test(frame, line_nested_too_deep) {
+  json_t *root = json_array();
+  json_t *cur = root;
+  for (int i = 0; i < CE_JSONW_MAX_DEPTH + 1; i++) {
+    json_t *next = json_array();
+    json_array_append_new(cur, next);
+    cur = next;
+  }
+  ce__line_t *line = (ce__line_t *)0x1;
+  cr_assert_eq(ce__line_encode(root, &line), CE_EINVAL);
+  cr_assert_eq(line, (ce__line_t *)0x1);
+  json_decref(root);
 }

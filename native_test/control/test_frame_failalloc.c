@@ -76,26 +76,33 @@ Test(frame_failalloc, line_encode) {
   json_decref(obj);
 }
 
-Test(frame_failalloc, envelope) {
+Test(frame_failalloc, encode_frame) {
   json_t *fields = json_pack("{s:s s:i s:s s:[i]}", "type", "ignored", "seq", 9, "host",
                              "api.example.com", "list", 1);
   cr_assert_not_null(fields);
+  /* A frame beyond the inline buffer, so the writer's heap growth fails too. */
+  char *pad = malloc(64 * 1024 + 1);
+  cr_assert_not_null(pad);
+  memset(pad, 'p', 64 * 1024);
+  pad[64 * 1024] = '\0';
+  json_object_set_new(fields, "pad", json_string(pad));
+  free(pad);
   for (size_t n = 0;; n++) {
+    ce__line_t *line = (ce__line_t *)0x1;
     ce_failalloc_arm(n);
-    json_t *seq = json_integer(7);
-    json_t *obj = ce__frame_envelope("event", "seq", seq, fields);
+    int rc = ce__line_encode_frame("event", "seq", 7, false, fields, &line);
     ce_failalloc_disarm();
     if (ce_failalloc_failures() == 0) {
-      cr_assert_not_null(obj);
-      cr_assert_eq(json_object_size(obj), 4);
-      json_decref(obj);
+      cr_assert_eq(rc, CE_OK);
+      json_t *back = json_loadb(line->data, line->len - 1, 0, NULL);
+      cr_assert_not_null(back);
+      cr_assert_eq(json_object_size(back), 5);
+      json_decref(back);
+      ce__line_unref(line);
       break;
     }
-    /* seq_value is consumed in every case, even NULL. */
-    if (obj != NULL) {
-      cr_assert_eq(json_object_size(obj), 4, "allocation %zu absorbed, object incomplete", n);
-      json_decref(obj);
-    }
+    cr_assert_eq(rc, CE_ENOMEM, "allocation %zu: %s", n, ce_err_name(rc));
+    cr_assert_eq(line, (ce__line_t *)0x1, "*out written on failure");
   }
   json_decref(fields);
 }

@@ -1,0 +1,200 @@
+/* c_src/common/jsonw.c: the bounded JSON writer of the event path. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/jsonw.h"
+#include "support/failalloc.h"
+
+/* Writes s as a JSON string and checks the text (and that jansson reads
+ * it back as the same bytes). */
+static void expect_string(const char *s, size_t n, const char *want) {
+  char buf[256];
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, buf, sizeof(buf), 4096);
+  ce_jsonw_string(&w, s, n);
+  cr_assert_eq(ce_jsonw_error(&w), CE_OK);
+  cr_assert_eq(w.len, strlen(want), "%.*s", (int)w.len, w.buf);
+  cr_assert_eq(memcmp(w.buf, want, w.len), 0, "%.*s, want %s", (int)w.len, w.buf, want);
+  json_t *back = json_loadb(w.buf, w.len, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+  cr_assert_not_null(back);
+  cr_assert_eq(json_string_length(back), n);
+  cr_assert_eq(memcmp(json_string_value(back), s, n), 0);
+  json_decref(back);
+  ce_jsonw_free(&w);
+}
+
+Test(jsonw, escapes_quotes_backslash_and_control_bytes) {
+  expect_string("", 0, "\"\"");
+  expect_string("plain / text", 12, "\"plain / text\"");
+  expect_string("a\"b\\c", 5, "\"a\\\"b\\\\c\"");
+  expect_string("\b\f\n\r\t", 5, "\"\\b\\f\\n\\r\\t\"");
+  expect_string("\x01\x1f\x1b[0m", 6, "\"\\u0001\\u001F\\u001B[0m\"");
+  expect_string("a\0b", 3, "\"a\\u0000b\"");
+  expect_string("\x7f", 1, "\"\x7f\""); /* DEL is not a JSON control character */
+}
+
+Test(jsonw, every_byte_below_0x20_is_escaped) {
+  char in[32];
+  for (int i = 0; i < 32; i++)
+    in[i] = (char)i;
+  char buf[512];
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, buf, sizeof(buf), sizeof(buf));
+  ce_jsonw_string(&w, in, sizeof(in));
+  cr_assert_eq(ce_jsonw_error(&w), CE_OK);
+  for (size_t i = 0; i < w.len; i++)
+    cr_assert_geq((unsigned char)w.buf[i], 0x20, "raw control byte at %zu", i);
+  /* The same text jansson writes. */
+  json_t *s = json_stringn(in, sizeof(in));
+  char *want = json_dumps(s, JSON_ENCODE_ANY | JSON_COMPACT);
+  cr_assert_eq(w.len, strlen(want));
+  cr_assert_eq(memcmp(w.buf, want, w.len), 0, "%.*s\n%s", (int)w.len, w.buf, want);
+  free(want);
+  json_decref(s);
+}
+
+Test(jsonw, non_ascii_is_copied) {
+  expect_string("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 14,
+                "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"");
+  expect_string("\xef\xbf\xbd", 3, "\"\xef\xbf\xbd\""); /* U+FFFD, the replacement */
+  expect_string("\xf4\x8f\xbf\xbf", 4, "\"\xf4\x8f\xbf\xbf\""); /* U+10FFFF */
+}
+
+Test(jsonw, invalid_utf8_is_refused) {
+  static const char *const bad[] = {
+      "\xe9",             /* Latin-1 */
+      "\x80",             /* a lone continuation byte */
+      "\xc0\xaf",         /* overlong '/' */
+      "\xe0\x80\xaf",     /* overlong, 3 bytes */
+      "\xf0\x80\x80\xaf", /* overlong, 4 bytes */
+      "\xed\xa0\x80",     /* a surrogate */
+      "\xf4\x90\x80\x80", /* past U+10FFFF */
+      "\xf8\x88\x80\x80\x80",
+      "\xc3",             /* cut short */
+      "\xe2\x82",
+      "\xc3\x28",         /* not a continuation */
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    cr_assert_not(ce_utf8_valid(bad[i], strlen(bad[i])), "case %zu", i);
+    /* The same verdict as jansson's. */
+    cr_assert_null(json_stringn(bad[i], strlen(bad[i])), "case %zu", i);
+    char buf[64];
+    ce_jsonw_t w;
+    ce_jsonw_init(&w, buf, sizeof(buf), sizeof(buf));
+    ce_jsonw_raw(&w, "[", 1);
+    ce_jsonw_string(&w, bad[i], strlen(bad[i]));
+    cr_assert_eq(ce_jsonw_error(&w), CE_EINVAL, "case %zu", i);
+    size_t len = w.len;
+    ce_jsonw_raw(&w, "]", 1); /* sticky: nothing more is written */
+    cr_assert_eq(w.len, len);
+  }
+}
+
+Test(jsonw, bounded_by_max) {
+  char buf[8];
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, buf, sizeof(buf), 10);
+  ce_jsonw_raw(&w, "0123456789", 10);
+  cr_assert_eq(ce_jsonw_error(&w), CE_OK);
+  cr_assert_eq(w.len, 10);
+  cr_assert_neq(w.buf, buf, "moved to the heap");
+  ce_jsonw_raw(&w, "x", 1);
+  cr_assert_eq(ce_jsonw_error(&w), CE_ETOOBIG);
+  cr_assert_eq(w.len, 10);
+  cr_assert_leq(w.cap, 10);
+  ce_jsonw_free(&w);
+  cr_assert_eq(w.buf, buf);
+
+  /* An inline buffer larger than max does not lift the bound. */
+  char big[64];
+  ce_jsonw_init(&w, big, sizeof(big), 4);
+  ce_jsonw_string(&w, "abc", 3);
+  cr_assert_eq(ce_jsonw_error(&w), CE_ETOOBIG);
+  ce_jsonw_free(&w);
+
+  /* No inline buffer; SIZE_MAX-sized requests do not wrap. */
+  ce_jsonw_init(&w, NULL, 0, 1u << 20);
+  ce_jsonw_raw(&w, "ab", 2);
+  cr_assert_eq(ce_jsonw_error(&w), CE_OK);
+  ce_jsonw_raw(&w, "x", SIZE_MAX);
+  cr_assert_eq(ce_jsonw_error(&w), CE_ETOOBIG);
+  ce_jsonw_free(&w);
+}
+
+Test(jsonw, numbers) {
+  char buf[128];
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, buf, sizeof(buf), sizeof(buf));
+  ce_jsonw_uint(&w, 0);
+  ce_jsonw_raw(&w, ",", 1);
+  ce_jsonw_uint(&w, UINT64_MAX);
+  ce_jsonw_raw(&w, ",", 1);
+  ce_jsonw_int(&w, INT64_MIN);
+  ce_jsonw_raw(&w, ",", 1);
+  ce_jsonw_int(&w, 42);
+  const char *want = "0,18446744073709551615,-9223372036854775808,42";
+  cr_assert_eq(w.len, strlen(want));
+  cr_assert_eq(memcmp(w.buf, want, w.len), 0, "%.*s", (int)w.len, w.buf);
+}
+
+Test(jsonw, values_match_jansson_and_members_skip) {
+  json_t *obj = json_pack("{s:s s:[i f n b] s:{s:{}} s:[] s:s}", "type", "x", "list", 7, 0.25, 0,
+                          "nested", "in", "empty", "seq", "y");
+  cr_assert_not_null(obj);
+  char buf[256];
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, buf, sizeof(buf), sizeof(buf));
+  ce_jsonw_value(&w, obj);
+  char *want = json_dumps(obj, JSON_COMPACT);
+  cr_assert_eq(ce_jsonw_error(&w), CE_OK);
+  cr_assert_eq(w.len, strlen(want));
+  cr_assert_eq(memcmp(w.buf, want, w.len), 0, "%.*s\n%s", (int)w.len, w.buf, want);
+  free(want);
+
+  ce_jsonw_init(&w, buf, sizeof(buf), sizeof(buf));
+  bool first = true;
+  ce_jsonw_members(&w, obj, "type", "seq", &first);
+  cr_assert_not(first);
+  want = "\"list\":[7,0.25,null,false],\"nested\":{\"in\":{}},\"empty\":[]";
+  cr_assert_eq(w.len, strlen(want));
+  cr_assert_eq(memcmp(w.buf, want, w.len), 0, "%.*s", (int)w.len, w.buf);
+
+  ce_jsonw_init(&w, buf, sizeof(buf), sizeof(buf));
+  first = true;
+  json_t *arr = json_array();
+  ce_jsonw_members(&w, arr, NULL, NULL, &first);
+  cr_assert_eq(ce_jsonw_error(&w), CE_EINVAL);
+  ce_jsonw_init(&w, buf, sizeof(buf), sizeof(buf));
+  ce_jsonw_value(&w, NULL);
+  cr_assert_eq(ce_jsonw_error(&w), CE_EINVAL);
+  json_decref(arr);
+  json_decref(obj);
+}
+
+Test(jsonw, allocation_failures) {
+  /* Every growth step fails in turn; the error is CE_ENOMEM and nothing
+   * leaks (LSan). */
+  char pad[1000];
+  memset(pad, 'x', sizeof(pad));
+  for (size_t n = 0;; n++) {
+    char buf[16];
+    ce_jsonw_t w;
+    ce_jsonw_init(&w, buf, sizeof(buf), 1u << 20);
+    ce_failalloc_arm(n);
+    for (int i = 0; i < 20; i++)
+      ce_jsonw_string(&w, pad, sizeof(pad));
+    ce_failalloc_disarm();
+    int rc = ce_jsonw_error(&w);
+    if (ce_failalloc_failures() == 0) {
+      cr_assert_eq(rc, CE_OK);
+      cr_assert_eq(w.len, 20 * (sizeof(pad) + 2));
+      ce_jsonw_free(&w);
+      break;
+    }
+    cr_assert_eq(rc, CE_ENOMEM, "allocation %zu: %s", n, ce_err_name(rc));
+    ce_jsonw_free(&w);
+  }
+}
