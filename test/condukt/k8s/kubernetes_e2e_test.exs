@@ -12,6 +12,7 @@ defmodule Condukt.K8s.KubernetesE2ETest do
 
   alias Condukt.Sandbox
   alias Condukt.Sandbox.Kubernetes
+  alias Condukt.Sandbox.NetworkPolicy.ControlBridge
 
   @events [
     [:condukt, :sandbox, :network_policy, :request_allowed],
@@ -203,6 +204,7 @@ defmodule Condukt.K8s.KubernetesE2ETest do
     assert curl(sb, "https://decide.test/") =~ ~r/ 200\n\z/
     assert_receive {:asked, "decide.test", ^id}, 10_000
     assert_receive {:event, :request_allowed, _, %{request: %{host: "decide.test"}}}, 10_000
+    bridge = sb.state.bridge
 
     port = Condukt.Sandbox.NetworkPolicy.K8s.Manifests.control_port()
 
@@ -259,6 +261,12 @@ defmodule Condukt.K8s.KubernetesE2ETest do
     :ok = Runtime.start_kubelet(tier.runtime, tier.namespace, pod)
     assert_receive {:event, :control_connected, _, %{session_id: ^id, attempt: attempt}}, 30_000
     assert attempt >= 1
+
+    # The same bridge (not a restarted one), told never to give up: an
+    # outage past its default 10 attempts (26 to 52 s) ends the same way
+    # (a 60 s one was run by hand: docs/kubernetes.md).
+    assert %{status: :connected} = ControlBridge.info(bridge)
+    assert :sys.get_state(bridge).opts[:attempts] == :infinity
 
     assert_receive {:event, :request_denied, _,
                     %{request: %{host: "decide.test"}, matched_rule: %{kind: :decide}, reason: :decider_timeout}},
