@@ -12,8 +12,10 @@ defmodule Condukt.Test.ControlListener do
 
   # Unix socket paths are limited to 107 bytes, which ExUnit's tmp_dir
   # paths can exceed: the socket lives in /tmp under a short name.
-  def start do
-    path = "/tmp/ce-ctl-#{System.unique_integer([:positive])}-#{:rand.uniform(1_000_000)}.sock"
+  # `path` (optional) picks the socket's path, for a test that dials it
+  # before it exists.
+  def start(path \\ nil) do
+    path = path || "/tmp/ce-ctl-#{System.unique_integer([:positive])}-#{:rand.uniform(1_000_000)}.sock"
     ExUnit.Callbacks.on_exit(fn -> File.rm(path) end)
     owner = self()
 

@@ -74,7 +74,9 @@ defmodule Condukt.Sandbox.Kubernetes do
   control port through a port-forward listener on a Unix socket in a
   private directory: decide rules run on the BEAM and every request
   becomes a `:telemetry` event. A dropped tunnel is re-dialled through the
-  listener (a silent one is found by a ping every 5 s); reattaching to an
+  listener (a silent one is found by a ping every 5 s), without giving up
+  however long the kubelet or API server stays down (decide rules fail
+  closed meanwhile, allow and deny rules keep working); reattaching to an
   existing pod brings the bridge back with the token from the pod's
   Secret.
 
@@ -571,7 +573,13 @@ defmodule Condukt.Sandbox.Kubernetes do
         # A port-forward tunnel may not report that the sidecar went away
         # (docs/kubernetes.md): silence is probed.
         ping_interval: 5_000,
-        ping_timeout: 5_000
+        ping_timeout: 5_000,
+        # Every dial crosses the API server and the kubelet, which can be
+        # down for longer than the default 10 attempts (26 to 52 s) last
+        # (a kubelet restart, an API server upgrade): never give up, or
+        # the session's decide rules stay dead after the outage. The
+        # bridge stops with the sandbox (it monitors its owner).
+        attempts: :infinity
       ]
 
       case ControlBridge.start(bridge_opts) do

@@ -126,10 +126,45 @@ defmodule Condukt.Test.K8s.Runtime do
   What the runtime knows about pod `namespace/name`: nil, or a map with
   `:uid`, `:dir` (the per-pod directory), `:log_dir`, `:logs` (container
   name => log file), `:pids` (container name => OS pid of running ones),
-  `:state` (`:running` or `{:failed, message}`).
+  `:state` (`:running` or `{:failed, message}`), `:kubelet` (`:up`, or
+  `:down` after `stop_kubelet/3`).
   """
   @spec pod(pid(), String.t(), String.t()) :: map() | nil
   def pod(pid, namespace, name), do: GenServer.call(pid, {:pod, namespace, name}, 120_000)
+
+  @doc """
+  Stops the kubelet of pod `namespace/name`: the node's kwok, which serves
+  the pod's exec, port-forward and log streams, is ended (TERM, then KILL
+  after 5 s) by the pid the runtime recorded, as a kubelet restart would
+  end it: every streaming connection through it breaks, the pod's
+  containers keep running. Until `start_kubelet/3`, exec and port-forward
+  to the pod fail at the API server. `{:error, :not_found}` when the
+  runtime does not run that pod.
+  """
+  @spec stop_kubelet(pid(), String.t(), String.t()) :: :ok | {:error, :not_found}
+  def stop_kubelet(pid, namespace, name), do: GenServer.call(pid, {:kubelet, :stop, namespace, name}, 120_000)
+
+  @doc """
+  Starts the kubelet of pod `namespace/name` again after `stop_kubelet/3`,
+  exactly as it was started (the same kwok command and configuration, in
+  the workspace's view); returns when it serves again. A kubelet that is
+  already up is restarted. `{:error, :not_found}` when the runtime does not
+  run that pod.
+  """
+  @spec start_kubelet(pid(), String.t(), String.t()) :: :ok | {:error, :not_found}
+  def start_kubelet(pid, namespace, name), do: GenServer.call(pid, {:kubelet, :start, namespace, name}, 120_000)
+
+  @doc """
+  `stop_kubelet/3`, `down_ms` milliseconds of outage (default 0), then
+  `start_kubelet/3`: the kubelet restart case.
+  """
+  @spec restart_kubelet(pid(), String.t(), String.t(), non_neg_integer()) :: :ok | {:error, :not_found}
+  def restart_kubelet(pid, namespace, name, down_ms \\ 0) do
+    with :ok <- stop_kubelet(pid, namespace, name) do
+      Process.sleep(down_ms)
+      start_kubelet(pid, namespace, name)
+    end
+  end
 
   @doc "The lines of the host's mount table that mention `path` (a pod directory)."
   @spec host_mounts(Path.t()) :: [String.t()]
@@ -228,9 +263,31 @@ defmodule Condukt.Test.K8s.Runtime do
     {:reply, found, state}
   end
 
+  def handle_call({:kubelet, op, namespace, name}, _from, state) do
+    found =
+      Enum.find(state.nodes, fn {_, ns} ->
+        p = ns.pod
+        p && p.namespace == namespace && p.name == name && p.kwok_argv
+      end)
+
+    case {op, found} do
+      {_, nil} ->
+        {:reply, {:error, :not_found}, state}
+
+      {:stop, {node_name, ns}} ->
+        Cmd.kill([ns.kwok_pid], 5_000)
+        :ok = Cmd.poll(fn -> not Cmd.alive?(ns.kwok_pid) end, 5_000)
+        {:reply, :ok, put_pod(state, node_name, %{ns.pod | kubelet: :down})}
+
+      {:start, {node_name, ns}} ->
+        state = replace_kwok!(state, ns.node, ns.pod.kwok_argv)
+        {:reply, :ok, put_pod(state, node_name, %{ns.pod | kubelet: :up})}
+    end
+  end
+
   defp public(p) do
     p
-    |> Map.take([:uid, :dir, :log_dir, :logs, :state])
+    |> Map.take([:uid, :dir, :log_dir, :logs, :state, :kubelet])
     |> Map.put(:pids, for(%{name: n, pid: pid} when n != nil <- p.procs, into: %{}, do: {n, pid}))
   end
 
@@ -277,6 +334,8 @@ defmodule Condukt.Test.K8s.Runtime do
       logs: %{},
       procs: [],
       kwok_in_view: false,
+      kwok_argv: nil,
+      kubelet: :up,
       state: :starting
     }
 
@@ -658,7 +717,7 @@ defmodule Condukt.Test.K8s.Runtime do
     kwok_args = Cluster.kwok_node_args(state.c, node.kwok_kubeconfig, config, node.name)
     argv = container_argv!(state, ps, pod, node, volumes, ctr, kwok_args, {setpriv, kwok_env})
     state = replace_kwok!(state, node, argv)
-    {state, %{ps | kwok_in_view: true}}
+    {state, %{ps | kwok_in_view: true, kwok_argv: argv}}
   end
 
   defp kwok_pod_config(state, ps, ctr, env, node) do

@@ -35,7 +35,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
       `:attempts` consecutive failures the bridge emits `:control_gave_up`
       and stops `:normal` (dropped, not restarted): `:decide` then fails
       closed through the sidecar's decide timeout. A successful welcome
-      resets the count.
+      resets the count. With `attempts: :infinity` it never gives up: a
+      transport that can be down for a while and come back (a Kubernetes
+      port-forward through a restarting kubelet) is re-dialled every
+      backoff step, `:decide` failing closed meanwhile.
     * A channel that drops is re-dialled (after the first backoff step).
       With `:ping_interval`, a channel silent that long gets a `ping`, and
       one that then stays silent for `:ping_timeout` is closed and
@@ -316,7 +319,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
         failures = state.failures + 1
         state = %{state | failures: failures}
 
-        if failures >= opts[:attempts] do
+        if opts[:attempts] != :infinity and failures >= opts[:attempts] do
           give_up(state, reason)
         else
           Logger.info(

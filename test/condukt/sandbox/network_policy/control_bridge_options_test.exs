@@ -44,6 +44,14 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge.OptionsTest do
     assert {:error, e} = ControlBridge.start(Keyword.put(base(), :atempts, 3))
     assert Exception.message(e) == "ControlBridge: unknown option :atempts (did you mean :attempts?)"
 
+    assert {:ok, opts} = Options.validate(Keyword.put(base(), :attempts, :infinity))
+    assert opts[:attempts] == :infinity
+
+    for bad <- [0, -1, :forever, 1.5] do
+      assert {:error, e} = ControlBridge.start(Keyword.put(base(), :attempts, bad))
+      assert Exception.message(e) =~ "expected option :attempts to be a positive integer or :infinity"
+    end
+
     assert {:error, e} = ControlBridge.start(Keyword.delete(base(), :owner))
     assert Exception.message(e) == "ControlBridge: the option :owner is required"
 

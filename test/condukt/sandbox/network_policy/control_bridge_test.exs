@@ -302,6 +302,57 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridgeLocalTest do
     end)
   end
 
+  test "attempts: :infinity keeps dialling an unreachable address, and connects once it listens" do
+    alias Condukt.Test.ControlListener
+    me = self()
+    session = "inf-#{System.unique_integer([:positive])}"
+    id = {__MODULE__, session}
+
+    :telemetry.attach_many(
+      id,
+      [
+        [:condukt, :sandbox, :network_policy, :control_connected],
+        [:condukt, :sandbox, :network_policy, :control_gave_up]
+      ],
+      fn
+        event, _m, %{session_id: ^session} = meta, _ -> send(me, {:control, List.last(event), meta})
+        _, _, _, _ -> :ok
+      end,
+      nil
+    )
+
+    on_exit(fn -> :telemetry.detach(id) end)
+    path = "/tmp/ce-inf-#{System.unique_integer([:positive])}.sock"
+    on_exit(fn -> File.rm(path) end)
+
+    capture_log(fn ->
+      {:ok, bridge} =
+        ControlBridge.start(
+          session_id: session,
+          owner: self(),
+          policy: [rules: [decide: fn _, _ -> :allow end]],
+          address: {:unix, path},
+          token: String.duplicate("0f", 16),
+          backoff: {5, 10},
+          attempts: :infinity
+        )
+
+      # Far more failures than the default 10 attempts: still dialling.
+      :ok = Condukt.Test.Netns.Cmd.poll(fn -> ControlBridge.info(bridge).failures > 30 end, 10_000)
+      assert Process.alive?(bridge)
+      refute_received {:control, :control_gave_up, _}
+
+      # The address comes up: the next dial connects.
+      ControlListener.start(path)
+      assert_receive {:listener, :hello, %{"type" => "hello"}, conn}, 5_000
+      ControlListener.welcome(conn, session)
+      assert_receive {:control, :control_connected, %{attempt: attempt}}, 5_000
+      assert attempt > 30
+      assert ControlBridge.info(bridge).failures == 0
+      assert ControlBridge.stop(bridge) == :ok
+    end)
+  end
+
   test "with :ping_interval, a channel that goes silent (a tunnel that never reports its drop) is closed and re-dialled" do
     alias Condukt.Test.ControlListener
     me = self()

@@ -44,9 +44,11 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge.Options do
         doc: "`{initial_ms, max_ms}` of the capped exponential backoff between dial attempts."
       ],
       attempts: [
-        type: :pos_integer,
+        type: {:custom, &attempts/1},
         default: 10,
-        doc: "consecutive failed dial attempts after which the bridge gives up (stops `:normal`)."
+        doc:
+          "consecutive failed dial attempts after which the bridge gives up (stops `:normal`); `:infinity` " <>
+            "never gives up (the Kubernetes backend: a kubelet or API server outage of any length ends in a re-dial)."
       ],
       attach_timeout: [
         type: :pos_integer,
@@ -169,6 +171,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge.Options do
   defp ping_interval(nil), do: :ok
   defp ping_interval(v) when is_integer(v) and v > 0, do: :ok
   defp ping_interval(_), do: {:error, "a positive integer (milliseconds) or nil"}
+
+  defp attempts(:infinity), do: :ok
+  defp attempts(v) when is_integer(v) and v > 0, do: :ok
+  defp attempts(_), do: {:error, "a positive integer or :infinity"}
 
   defp backoff({initial, max}) when is_integer(initial) and is_integer(max) and initial > 0 and max >= initial,
     do: :ok
