@@ -884,6 +884,9 @@ static int srv_frame_send(nghttp2_session *session, const nghttp2_frame *frame, 
     if (v != CE_H2G_OK)
       conn_fail(h, NGHTTP2_ENHANCE_YOUR_CALM, ce_h2_guard_reason(v));
   }
+  /* What the client will acknowledge with WINDOW_UPDATE frames (§5). */
+  if (frame->hd.type == NGHTTP2_DATA)
+    ce_h2_guard_note_sent(&h->guard, frame->hd.length, now_ms());
   if (s != NULL && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
       (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0) {
     s->resp_end_sent = true;
