@@ -12,6 +12,7 @@ enum { T_DATA = 0, T_HEADERS = 1, T_PRIORITY = 2, T_RST = 3, T_SETTINGS = 4, T_P
        T_PING = 6, T_GOAWAY = 7, T_WINDOW = 8, T_CONTINUATION = 9 };
 #define F_ACK 0x1u
 #define F_END_HEADERS 0x4u
+#define F_PADDED 0x8u
 
 void ce_h2_guard_init(ce_h2_guard_t *g) { memset(g, 0, sizeof(*g)); }
 
@@ -30,6 +31,12 @@ uint32_t ce_h2g_window_add(ce_h2g_window_t *w, uint64_t now_ms, uint32_t n) {
     if (w->second[k] != 0 && w->second[k] + CE_H2G_WINDOW_S > sec + 1)
       sum += w->counts[k];
   return sum > UINT32_MAX ? UINT32_MAX : (uint32_t)sum;
+}
+
+/* DATA without payload, and frames that make the proxy work without
+ * carrying a request: counted together. */
+static ce_h2g_verdict_t empty(ce_h2_guard_t *g, uint64_t now_ms) {
+  return ce_h2g_window_add(&g->empty, now_ms, 1) > CE_H2G_MAX_EMPTY ? CE_H2G_CONTROL_FLOOD : CE_H2G_OK;
 }
 
 static ce_h2g_verdict_t frame(ce_h2_guard_t *g, uint64_t now_ms) {
@@ -54,6 +61,12 @@ static ce_h2g_verdict_t frame(ce_h2_guard_t *g, uint64_t now_ms) {
     return CE_H2G_OK;
   }
   g->in_block = false;
+  if (type == T_DATA && (flags & F_PADDED) != 0 && len > 0) {
+    /* Empty or not depends on the pad length, the payload's first byte. */
+    g->want_pad = true;
+    g->data_len = len;
+    return CE_H2G_OK;
+  }
   switch (type) {
   case T_RST:
     if (ce_h2g_window_add(&g->rst, now_ms, 1) > CE_H2G_MAX_RST)
@@ -67,18 +80,25 @@ static ce_h2g_verdict_t frame(ce_h2_guard_t *g, uint64_t now_ms) {
     if ((flags & F_ACK) == 0 && ce_h2g_window_add(&g->ping, now_ms, 1) > CE_H2G_MAX_PING)
       return CE_H2G_PING_FLOOD;
     break;
-  case T_DATA:
-  case T_PRIORITY:
-  case T_WINDOW:
-  case T_CONTINUATION:
-    /* DATA without payload, and frames that make the proxy work without
-     * carrying a request: counted together. A WINDOW_UPDATE is counted
-     * too; a legitimate client sends a few per window's worth of data. */
-    if ((type != T_DATA || len == 0) && ce_h2g_window_add(&g->empty, now_ms, 1) > CE_H2G_MAX_EMPTY)
+  case T_WINDOW: {
+    /* A legitimate client acknowledges what it receives: the allowance
+     * grows with what the proxy sent (ce_h2_guard_note_sent). */
+    uint64_t credit = ce_h2g_window_add(&g->wu_credit, now_ms, 0);
+    if (ce_h2g_window_add(&g->wupdate, now_ms, 1) > CE_H2G_MAX_EMPTY + credit)
       return CE_H2G_CONTROL_FLOOD;
     break;
-  default:
+  }
+  case T_DATA:
+    if (len == 0)
+      return empty(g, now_ms);
     break;
+  case T_PUSH:
+  case T_GOAWAY:
+    break;
+  default:
+    /* PRIORITY, a CONTINUATION outside a block, and frame types nghttp2
+     * ignores (RFC 9113 §5.5): work for the proxy without a request. */
+    return empty(g, now_ms);
   }
   return CE_H2G_OK;
 }
@@ -92,6 +112,17 @@ ce_h2g_verdict_t ce_h2_guard_feed(ce_h2_guard_t *g, const uint8_t *data, size_t 
         break;
       }
       g->preface_seen++;
+      i++;
+      continue;
+    }
+    if (g->want_pad) {
+      /* RFC 9113 §6.1: Pad Length, then data, then padding. All padding (or
+       * a pad length nghttp2 will refuse) carries no data: empty. */
+      g->want_pad = false;
+      uint32_t pad = data[i];
+      if (pad + 1u >= g->data_len)
+        g->verdict = empty(g, now_ms);
+      g->payload_left--;
       i++;
       continue;
     }
@@ -116,6 +147,11 @@ ce_h2g_verdict_t ce_h2_guard_note_reset(ce_h2_guard_t *g, uint64_t now_ms) {
   if (g->verdict == CE_H2G_OK && ce_h2g_window_add(&g->rst, now_ms, 1) > CE_H2G_MAX_RST)
     g->verdict = CE_H2G_RAPID_RESET;
   return g->verdict;
+}
+
+void ce_h2_guard_note_sent(ce_h2_guard_t *g, size_t len, uint64_t now_ms) {
+  size_t credit = CE_H2G_WU_PER_FRAME + len / CE_H2G_WU_BYTES;
+  ce_h2g_window_add(&g->wu_credit, now_ms, credit > UINT32_MAX ? UINT32_MAX : (uint32_t)credit);
 }
 
 const char *ce_h2_guard_reason(ce_h2g_verdict_t v) {

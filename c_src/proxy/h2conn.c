@@ -42,6 +42,9 @@
 #define CE_H2_H1_QUEUE 64u
 /* HTTP/1.1 upstream connections per workspace connection (docs/http2.md §6). */
 #define CE_H2_H1_POOL 6u
+/* Decision questions outstanding at once per workspace connection
+ * (docs/http2.md §3): the streams beyond wait for an answer to come. */
+#define CE_H2_MAX_ASKS 8u
 
 typedef struct {
   char *buf;
@@ -83,6 +86,7 @@ typedef struct h2s {
   char fail[200];          /* the reason for request_failed, when set */
   /* A pending decision (docs/http2.md §3). */
   uint64_t ask_id;
+  bool ask_wait;           /* waiting for one of the connection's CE_H2_MAX_ASKS */
   int32_t decide_rule;
   bool decide_cache;
   /* Over the HTTP/1.1 upstream (h->up == NULL, docs/http2.md §6). */
@@ -132,6 +136,7 @@ struct ce_h2conn {
   h2s_t *streams;
   size_t nstreams;
   bool failed;             /* a connection-level failure was reported */
+  size_t asks;             /* decision questions outstanding (≤ CE_H2_MAX_ASKS) */
   bool closing;            /* the session is over: closing after the flush */
   bool draining;
   /* HTTP/1.1 upstreams: a pool, one stream at a time on each, the others queued. */
@@ -321,8 +326,10 @@ static void stream_free(h2_t *h, h2s_t *s) {
   stream_release_windows(h, s);
   if (s->have_req)
     ce_reqinfo_clear(&s->req);
-  if (s->ask_id != 0)
+  if (s->ask_id != 0) {
     ce_control_cancel(h->c->proxy->control, s->ask_id);
+    h->asks--;
+  }
   hset_free(&s->rq);
   hset_free(&s->rqt);
   hset_free(&s->rs);
@@ -596,10 +603,14 @@ static void stream_decided(h2s_t *s, bool allow, const char *reason) {
   refuse(s, 403, reason, text);
 }
 
+static void ask_next(h2_t *h);
+
 static void on_stream_decision(void *data, int status, bool allow, const char *reason, bool cacheable) {
   h2s_t *s = data;
-  ce_conn_t *c = s->h->c;
+  h2_t *h = s->h;
+  ce_conn_t *c = h->c;
   s->ask_id = 0;
+  h->asks--;
   if (c->dead)
     return;
   if (s->h->failed || s->h->closing) {
@@ -617,6 +628,7 @@ static void on_stream_decision(void *data, int status, bool allow, const char *r
   } else {
     stream_decided(s, false, "control_channel_unavailable");
   }
+  ask_next(h);
   ce_conn_process(c);
 }
 
@@ -637,6 +649,11 @@ static void stream_ask(h2s_t *s, int32_t rule) {
     stream_decided(s, allow, allow ? NULL : reason);
     return;
   }
+  if (s->h->asks >= CE_H2_MAX_ASKS) {
+    /* Asked again (the cache first) when an answer comes: ask_next. */
+    s->ask_wait = true;
+    return;
+  }
   json_t *request = ce_event_new("decision_request", &s->req, NULL);
   json_t *frame = request != NULL ? json_pack("{s:o s:{s:i s:s}}", "request", request, "rule", "index",
                                               (json_int_t)rule, "kind", "decide")
@@ -646,8 +663,26 @@ static void stream_ask(h2s_t *s, int32_t rule) {
     return;
   }
   s->ask_id = ce_control_ask(c->proxy->control, frame, info.timeout_ms, on_stream_decision, s);
-  if (s->ask_id == 0)
+  if (s->ask_id == 0) {
     stream_decided(s, false, "control_channel_unavailable");
+    return;
+  }
+  s->h->asks++;
+}
+
+/* An answer came or a stream asking went away: the waiting streams ask, in
+ * turn, while there is room. A scan per question over ≤ CE_H2_MAX_STREAMS
+ * streams; the list may change under stream_ask, hence from the head. */
+static void ask_next(h2_t *h) {
+  while (!h->c->dead && !h->failed && !h->closing && h->asks < CE_H2_MAX_ASKS) {
+    h2s_t *s = h->streams;
+    while (s != NULL && !s->ask_wait)
+      s = s->next;
+    if (s == NULL)
+      return;
+    s->ask_wait = false;
+    stream_ask(s, s->decide_rule);
+  }
 }
 
 
@@ -884,6 +919,9 @@ static int srv_frame_send(nghttp2_session *session, const nghttp2_frame *frame, 
     if (v != CE_H2G_OK)
       conn_fail(h, NGHTTP2_ENHANCE_YOUR_CALM, ce_h2_guard_reason(v));
   }
+  /* What the client will acknowledge with WINDOW_UPDATE frames (§5). */
+  if (frame->hd.type == NGHTTP2_DATA)
+    ce_h2_guard_note_sent(&h->guard, frame->hd.length, now_ms());
   if (s != NULL && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
       (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0) {
     s->resp_end_sent = true;
@@ -941,7 +979,10 @@ static int srv_stream_close(nghttp2_session *session, int32_t stream_id, uint32_
     /* A half-done HTTP/1.1 exchange cannot be reused. */
     slot_drop(s->slot);
   }
+  bool asked = s->ask_id != 0;
   stream_free(h, s);
+  if (asked)
+    ask_next(h);
   return 0;
 }
 

@@ -189,3 +189,101 @@ Test(h2_guard, the_window_forgets_old_seconds) {
   cr_assert_eq(ce_h2g_window_add(&w, 10000, 1), 6);  /* second 0 left the window */
   cr_assert_eq(ce_h2g_window_add(&w, 100000, 0), 0); /* long after: all gone */
 }
+
+/* Review #7: a PADDED DATA frame that is all padding carries nothing. */
+Test(h2_guard, padded_data_that_is_all_padding_is_empty) {
+  static uint8_t buf[64];
+  ce_h2_guard_t g;
+  ce_h2_guard_init(&g);
+  cr_assert_eq(feed_all(&g, (const uint8_t *)preface, 24, 0), CE_H2G_OK);
+  ce_h2g_verdict_t v = CE_H2G_OK;
+  uint32_t i;
+  for (i = 0; i <= CE_H2G_MAX_EMPTY && v == CE_H2G_OK; i++) {
+    size_t n = frame(buf, 0, 20, 0, 0x8, 1); /* DATA PADDED */
+    buf[9] = 19;                             /* pad length: no data left */
+    /* Fed one byte at a time every so often: the pad length may arrive apart. */
+    if (i % 97 == 0) {
+      for (size_t k = 0; k < n && v == CE_H2G_OK; k++)
+        v = feed_all(&g, buf + k, 1, 0);
+    } else {
+      v = feed_all(&g, buf, n, 0);
+    }
+  }
+  cr_assert_eq(v, CE_H2G_CONTROL_FLOOD);
+  cr_assert_eq(i, CE_H2G_MAX_EMPTY + 1);
+
+  /* Padded frames that do carry data are not counted. */
+  ce_h2g_verdict_t w = CE_H2G_OK;
+  ce_h2_guard_init(&g);
+  cr_assert_eq(feed_all(&g, (const uint8_t *)preface, 24, 0), CE_H2G_OK);
+  for (i = 0; i <= 2 * CE_H2G_MAX_EMPTY && w == CE_H2G_OK; i++) {
+    size_t n = frame(buf, 0, 20, 0, 0x8, 1);
+    buf[9] = 18; /* one byte of data */
+    w = feed_all(&g, buf, n, 0);
+  }
+  cr_assert_eq(w, CE_H2G_OK);
+  cr_assert_eq(g.hdr_len, 0);
+  cr_assert_eq(g.payload_left, 0);
+}
+
+/* Review #7: frame types nghttp2 ignores still cost a read: counted. */
+Test(h2_guard, unknown_frame_types_are_counted) {
+  static uint8_t buf[64];
+  ce_h2_guard_t g;
+  ce_h2_guard_init(&g);
+  cr_assert_eq(feed_all(&g, (const uint8_t *)preface, 24, 0), CE_H2G_OK);
+  ce_h2g_verdict_t v = CE_H2G_OK;
+  uint32_t i;
+  for (i = 0; i <= CE_H2G_MAX_EMPTY && v == CE_H2G_OK; i++) {
+    size_t n = frame(buf, 0, 5, (uint8_t)(0x20 + i % 200), 0, 0);
+    v = feed_all(&g, buf, n, 0);
+  }
+  cr_assert_eq(v, CE_H2G_CONTROL_FLOOD);
+  cr_assert_eq(i, CE_H2G_MAX_EMPTY + 1);
+}
+
+static ce_h2g_verdict_t window_update(ce_h2_guard_t *g, uint32_t stream, uint64_t now) {
+  uint8_t buf[16];
+  size_t n = frame(buf, 0, 4, 8, 0, stream);
+  buf[12] = 0x40; /* increment 16384 */
+  return feed_all(g, buf, n, now);
+}
+
+/* Review #7: a client downloading fast acknowledges every DATA frame on the
+ * stream and the connection; the allowance grows with what the proxy sent. */
+Test(h2_guard, a_fast_download_acknowledged_frame_by_frame_passes) {
+  ce_h2_guard_t g;
+  ce_h2_guard_init(&g);
+  cr_assert_eq(feed_all(&g, (const uint8_t *)preface, 24, 0), CE_H2G_OK);
+  /* 32 MiB/s for 30 seconds in 16 KiB frames, two WINDOW_UPDATEs each:
+   * 4096 frames a second, 8192 updates a second, well past CE_H2G_MAX_EMPTY
+   * per window. Also a few small frames (a trickling upstream). */
+  for (uint64_t ms = 0; ms < 30000; ms += 10) {
+    for (int f = 0; f < 41; f++) {
+      size_t len = f == 40 ? 1 : 16384;
+      ce_h2_guard_note_sent(&g, len, ms);
+      cr_assert_eq(window_update(&g, 1, ms + 1), CE_H2G_OK, "at %llu ms", (unsigned long long)ms);
+      cr_assert_eq(window_update(&g, 0, ms + 1), CE_H2G_OK, "at %llu ms", (unsigned long long)ms);
+    }
+  }
+}
+
+Test(h2_guard, window_updates_beyond_what_was_sent_are_a_flood) {
+  ce_h2_guard_t g;
+  ce_h2_guard_init(&g);
+  cr_assert_eq(feed_all(&g, (const uint8_t *)preface, 24, 0), CE_H2G_OK);
+  /* Nothing sent: CE_H2G_MAX_EMPTY updates pass, one more does not. */
+  for (uint32_t i = 0; i < CE_H2G_MAX_EMPTY; i++)
+    cr_assert_eq(window_update(&g, 0, 1000), CE_H2G_OK, "update %u", i);
+  cr_assert_eq(window_update(&g, 0, 1000), CE_H2G_CONTROL_FLOOD);
+
+  /* Ten frames of 4 KiB sent: 10 × (2 + 4) more, and no more than that. */
+  ce_h2_guard_init(&g);
+  cr_assert_eq(feed_all(&g, (const uint8_t *)preface, 24, 0), CE_H2G_OK);
+  for (int f = 0; f < 10; f++)
+    ce_h2_guard_note_sent(&g, 4096, 1000);
+  uint32_t allowed = CE_H2G_MAX_EMPTY + 10u * (CE_H2G_WU_PER_FRAME + 4096u / CE_H2G_WU_BYTES);
+  for (uint32_t i = 0; i < allowed; i++)
+    cr_assert_eq(window_update(&g, 1, 2000), CE_H2G_OK, "update %u", i);
+  cr_assert_eq(window_update(&g, 1, 2000), CE_H2G_CONTROL_FLOOD);
+}

@@ -1,7 +1,9 @@
 /* HTTP/2 ↔ HTTP/1.1 header translation (c_src/h2/headers.c,
  * docs/http2.md §6). */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/error.h"
 #include "h2/headers.h"
@@ -266,4 +268,80 @@ Test(h2_headers, kept_http1_trailers_become_h2_trailer_fields) {
   cr_assert_eq(ce_h2h_trailer_fields(tr, strlen(tr), f, 2, names, sizeof(names)), -1);
   cr_assert_eq(ce_h2h_trailer_fields(tr, strlen(tr), f, 8, names, 4), -1);
   cr_assert_eq(ce_h2h_trailer_fields("", 0, f, 8, names, sizeof(names)), 0);
+}
+
+/* Review #11: a 128-field head with a long Connection value. The names the
+ * Connection field lists (in any case, repeated, among tokens that name no
+ * field, split over two Connection fields) are dropped, the rest kept in
+ * order; the reference below is the plain per-field scan. */
+static bool listed(const char *conn, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = conn; *p;) {
+    while (*p == ' ' || *p == '\t' || *p == ',')
+      p++;
+    const char *s = p;
+    while (*p && *p != ' ' && *p != '\t' && *p != ',')
+      p++;
+    if ((size_t)(p - s) == n && strncasecmp(s, name, n) == 0)
+      return true;
+  }
+  return false;
+}
+
+Test(h2_headers, a_long_connection_field_over_128_fields) {
+  static char text[64 * 1024], conn1[40 * 1024], conn2[8 * 1024];
+  size_t c1 = 0, c2 = 0;
+  /* Tokens that name nothing, of every length, then every third field's
+   * name in upper case, twice, and names that differ by one letter. */
+  for (int i = 0; c1 < 30 * 1024; i++)
+    c1 += (size_t)snprintf(conn1 + c1, sizeof(conn1) - c1, "%sx-none-%d", i ? ", " : "", i);
+  for (int i = 0; i < 126; i += 3)
+    c1 += (size_t)snprintf(conn1 + c1, sizeof(conn1) - c1, ",X-F%03d,x-f%03d", i, i);
+  for (int i = 1; i < 126; i += 3)
+    c2 += (size_t)snprintf(conn2 + c2, sizeof(conn2) - c2, "x-f%03dz ,\tx-f%02d , X-Dup, ", i, i % 100);
+  size_t t = (size_t)snprintf(text, sizeof(text), "HTTP/1.1 200 OK\r\nConnection: %s\r\nConnection: %s\r\n", conn1,
+                              conn2);
+  /* 126 more fields: X-F000..X-F124 with X-Dup three times among them. */
+  char names[126][16];
+  for (int i = 0; i < 126; i++) {
+    if (i == 10 || i == 60 || i == 125)
+      snprintf(names[i], sizeof(names[i]), "x-dup");
+    else
+      snprintf(names[i], sizeof(names[i]), "X-F%03d", i);
+    t += (size_t)snprintf(text + t, sizeof(text) - t, "%s: v%d\r\n", names[i], i);
+  }
+  t += (size_t)snprintf(text + t, sizeof(text) - t, "\r\n");
+  cr_assert_lt(t, sizeof(text) - 1);
+  ce_h1_head_t h;
+  const char *why = NULL;
+  cr_assert_eq(ce_h1_parse_response(text, t, "GET", 3, &h, &why), CE_OK, "%s", why ? why : "");
+  cr_assert_eq(h.field_count, 128);
+
+  static ce_h2h_field_t out[128];
+  static char nm[4096];
+  long n = ce_h2h_response_fields(&h, out, 128, nm, sizeof(nm));
+  cr_assert_geq(n, 0);
+  long k = 0;
+  for (int i = 0; i < 126; i++) {
+    if (listed(conn1, names[i]) || listed(conn2, names[i]))
+      continue;
+    char v[16];
+    snprintf(v, sizeof(v), "v%d", i);
+    cr_assert_lt(k, n, "field %d", i);
+    cr_assert_eq(out[k].name_len, strlen(names[i]));
+    cr_assert(strncasecmp(out[k].name, names[i], out[k].name_len) == 0, "field %d", i);
+    cr_assert(out[k].value_len == strlen(v) && memcmp(out[k].value, v, out[k].value_len) == 0, "field %d", i);
+    k++;
+  }
+  cr_assert_eq(k, n);
+  /* Every third field and the three X-Dup are gone; X-F001 etc. are not. */
+  cr_assert_eq(n, 126 - 41 - 3);
+
+  bool named[CE_H1_MAX_FIELDS];
+  ce_h2h_connection_named(&h, named);
+  cr_assert_not(named[0]);
+  cr_assert_not(named[1]);
+  cr_assert(named[2 + 0]);
+  cr_assert(named[2 + 10] && named[2 + 60] && named[2 + 125]);
+  cr_assert_not(named[2 + 1]);
 }

@@ -55,15 +55,22 @@ defmodule Condukt.Netns.SidecarH2Test do
   end
 
   # Decide rules are answered per stream: a path with "secret" is denied.
+  # A path with "hold" is never answered.
   defp decide(req) do
-    if String.contains?(req["path"] || "", "secret"), do: {{:deny, "secret path"}, false}, else: {:allow, false}
+    path = req["path"] || ""
+
+    cond do
+      String.contains?(path, "hold") -> :ignore
+      String.contains?(path, "secret") -> {{:deny, "secret path"}, false}
+      true -> {:allow, false}
+    end
   end
 
   setup %{sc: sc} do
     {:ok, peer} = ControlPeer.start_link(sc, self(), &decide/1)
     assert_receive {:egress_frame, %{"type" => "welcome", "version" => 1}}, 5_000
     on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
-    :ok
+    {:ok, peer: peer}
   end
 
   defp tag, do: "t=#{System.unique_integer([:positive])}"
@@ -535,6 +542,30 @@ defmodule Condukt.Netns.SidecarH2Test do
       denied = Enum.find(events, &(&1["event"] == "request_denied"))
       assert denied["stream_id"] == 3 and denied["reason"] == "secret path"
       assert denied["matched_rule"] == %{"index" => 2, "kind" => "decide"}
+    end
+  end
+
+  describe "decision questions" do
+    # At most 8 decision_requests outstanding per workspace connection
+    # (docs/http2.md §3): the other streams wait for an answer, then ask.
+    test "twelve streams waiting on the decider: eight questions at a time, the rest wait",
+         %{tb: tb, sc: sc, peer: peer} do
+      q = tag()
+      paths = for i <- 1..12, do: "/hold/#{i}"
+      task = Task.async(fn -> h2_raw(tb, sc, %{host: "decide.test", mode: "paths", paths: paths, query: q}) end)
+
+      for _ <- 1..8, do: assert_receive({:egress_decision_request, %{"request" => %{"path" => "/hold/" <> _}}}, 5_000)
+      refute_receive {:egress_decision_request, _}, 1_500
+
+      # The control channel goes away: the eight questions time out (5 s),
+      # the four waiting streams cannot ask; every stream is answered 403.
+      ControlPeer.stop(peer)
+      out = Task.await(task, 60_000)
+
+      for i <- 0..11 do
+        assert %{"status" => 403, "body" => body} = out["streams"]["#{1 + 2 * i}"]
+        assert body =~ ~r/reason: (decider_timeout|control_channel_unavailable)\n/
+      end
     end
   end
 
