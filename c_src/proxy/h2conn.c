@@ -45,6 +45,13 @@
 /* Decision questions outstanding at once per workspace connection
  * (docs/http2.md §3): the streams beyond wait for an answer to come. */
 #define CE_H2_MAX_ASKS 8u
+/* Response bytes held in the streams' down buffers per workspace
+ * connection (their allocated size, docs/http2.md §5): past it the
+ * HTTP/1.1 upstreams are not read, except for bytes the workspace can
+ * take at once (its windows are open). */
+#define CE_H2_DOWN_BUDGET (1024u * 1024u)
+/* Buffers grow in steps of this size up to CE_H2_STREAM_BUF. */
+#define CE_H2_BUF_STEP 4096u
 
 typedef struct {
   char *buf;
@@ -58,8 +65,8 @@ typedef struct {
 } hset_t;
 
 typedef struct {
-  uint8_t *data;           /* CE_H2_STREAM_BUF bytes, allocated on first use */
-  size_t len;
+  uint8_t *data;           /* cap bytes (≤ CE_H2_STREAM_BUF), grown on use, freed when empty */
+  size_t len, cap;
   bool eof;
 } sbuf_t;
 
@@ -98,6 +105,7 @@ typedef struct h2s {
   bool h1_resp_head;       /* the response head was parsed and forwarded */
   bool h1_keep;            /* the upstream keeps the connection */
   bool h1_abandon;         /* the response ended first: the rest of the body is dropped */
+  bool h1_head_req;        /* the request was HEAD (its head is freed once written) */
   ce_h1_framing_t h1_framing;
   ce_h1_body_t h1_body;
   char *h1_trailers;       /* CE_H1_MAX_TRAILER_BYTES: the chunked body's trailers */
@@ -145,6 +153,8 @@ struct ce_h2conn {
   size_t qlen;
   ce_h1_head_t *head;      /* scratch for a parsed response head */
   char *names;             /* lower-cased response field names */
+  size_t down_held;        /* Σ down.cap over the streams (CE_H2_DOWN_BUDGET) */
+  bool down_stalled;       /* an HTTP/1.1 upstream waits for the budget */
 };
 
 typedef struct ce_h2conn h2_t;
@@ -260,16 +270,30 @@ static size_t hset_bytes(const hset_t *s) {
 /* ---- streams ---------------------------------------------------------------- */
 
 static bool sbuf_put(sbuf_t *b, const uint8_t *data, size_t len) {
-  if (b->data == NULL) {
-    b->data = malloc(CE_H2_STREAM_BUF);
-    if (b->data == NULL)
-      return false;
-  }
   if (len > CE_H2_STREAM_BUF - b->len)
     return false;
+  if (b->len + len > b->cap) {
+    size_t cap = (b->len + len + CE_H2_BUF_STEP - 1) / CE_H2_BUF_STEP * CE_H2_BUF_STEP;
+    if (cap > CE_H2_STREAM_BUF)
+      cap = CE_H2_STREAM_BUF;
+    uint8_t *nb = realloc(b->data, cap);
+    if (nb == NULL)
+      return false;
+    b->data = nb;
+    b->cap = cap;
+  }
   memcpy(b->data + b->len, data, len);
   b->len += len;
   return true;
+}
+
+/* An empty buffer gives its memory back. */
+static void sbuf_trim(sbuf_t *b) {
+  if (b->len == 0 && b->data != NULL) {
+    free(b->data);
+    b->data = NULL;
+    b->cap = 0;
+  }
 }
 
 static size_t sbuf_take(sbuf_t *b, uint8_t *out, size_t cap) {
@@ -279,7 +303,29 @@ static size_t sbuf_take(sbuf_t *b, uint8_t *out, size_t cap) {
   memcpy(out, b->data, n);
   memmove(b->data, b->data + n, b->len - n);
   b->len -= n;
+  sbuf_trim(b);
   return n;
+}
+
+/* The down buffer, counted in h->down_held (CE_H2_DOWN_BUDGET). */
+static bool down_put(h2_t *h, h2s_t *s, const uint8_t *data, size_t len) {
+  size_t before = s->down.cap;
+  bool ok = sbuf_put(&s->down, data, len);
+  h->down_held += s->down.cap - before;
+  return ok;
+}
+
+static size_t down_take(h2_t *h, h2s_t *s, uint8_t *out, size_t cap) {
+  size_t before = s->down.cap;
+  size_t n = sbuf_take(&s->down, out, cap);
+  h->down_held -= before - s->down.cap;
+  return n;
+}
+
+static void down_drop(h2_t *h, h2s_t *s) {
+  h->down_held -= s->down.cap;
+  s->down.len = 0;
+  sbuf_trim(&s->down);
 }
 
 /* Bytes s still holds were counted against the flow-control windows when
@@ -297,7 +343,7 @@ static void stream_release_windows(h2_t *h, h2s_t *s) {
       nghttp2_session_consume(h->up, s->uid, s->down.len);
     else
       nghttp2_session_consume_connection(h->up, s->down.len);
-    s->down.len = 0;
+    down_drop(h, s);
   }
 }
 
@@ -334,7 +380,7 @@ static void stream_free(h2_t *h, h2s_t *s) {
   hset_free(&s->rqt);
   hset_free(&s->rs);
   free(s->up.data);
-  free(s->down.data);
+  down_drop(h, s);
   free(s->local_body);
   free(s->h1_trailers);
   free(s);
@@ -451,7 +497,7 @@ static ssize_t down_read(nghttp2_session *session, int32_t stream_id, uint8_t *b
   if (s == NULL)
     return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
   h2_t *h = s->h;
-  size_t n = sbuf_take(&s->down, buf, length);
+  size_t n = down_take(h, s, buf, length);
   if (n > 0) {
     s->req.bytes_in += n;
     /* The bytes left the proxy: the upstream may send as many again. */
@@ -586,6 +632,8 @@ static void stream_forward(h2s_t *s) {
     return;
   }
   s->uid = uid;
+  /* nghttp2 copied the fields: the head is not needed any more. */
+  hset_free(&s->rq);
 }
 
 /* ---- decisions ------------------------------------------------------------------------- */
@@ -1073,7 +1121,7 @@ static int up_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, c
     nghttp2_session_consume(session, stream_id, len);
     return 0;
   }
-  if (!sbuf_put(&s->down, data, len)) {
+  if (!down_put(h, s, data, len)) {
     nghttp2_session_consume(session, stream_id, len);
     nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_FLOW_CONTROL_ERROR);
     return 0;
@@ -1166,6 +1214,12 @@ static bool h1_start(h2s_t *s) {
   }
   ce_conn_side_write(s->slot->s, buf, w.len);
   free(buf);
+  /* The head is written (s->req keeps what the events show): only the
+   * method matters from here on, for the response's framing. */
+  size_t ml = 0;
+  const char *method = hset_get(&s->rq, ":method", &ml);
+  s->h1_head_req = method != NULL && ml == 4 && memcmp(method, "HEAD", 4) == 0;
+  hset_free(&s->rq);
   return !c->dead;
 }
 
@@ -1192,6 +1246,7 @@ static void h1_send_body(h2s_t *s) {
     /* The bytes left the proxy: the workspace may send as many again. */
     nghttp2_session_consume(h->srv, s->cid, n);
   }
+  sbuf_trim(&s->up);
   if (s->up.len > 0 || !s->up.eof || c->dead)
     return;
   if (s->h1_chunked) {
@@ -1239,6 +1294,28 @@ static void h1_take_trailers(h2s_t *s) {
   s->rs_trailers = n > 0 && !s->rs.overflow;
 }
 
+/* How many more response bytes s may take from its HTTP/1.1 upstream:
+ * what its buffer has room for, within the connection's budget
+ * (CE_H2_DOWN_BUDGET). Past the budget, only what the workspace's windows
+ * let go out at once while its socket is not backed up, so a stream the
+ * workspace reads is never starved by the ones it leaves unread. */
+static size_t down_allowance(h2_t *h, const h2s_t *s) {
+  size_t room = CE_H2_STREAM_BUF - s->down.len;
+  if (h->down_held < CE_H2_DOWN_BUDGET) {
+    size_t left = CE_H2_DOWN_BUDGET - h->down_held;
+    return left < room ? left : room;
+  }
+  if (h->c->c.queued >= CE_CONN_HIGH_WATER)
+    return 0;
+  int32_t sw = nghttp2_session_get_stream_remote_window_size(h->srv, s->cid);
+  int32_t cw = nghttp2_session_get_remote_window_size(h->srv);
+  int32_t w = sw < cw ? sw : cw;
+  if (w <= 0 || (size_t)w <= s->down.len)
+    return 0;
+  size_t open = (size_t)w - s->down.len;
+  return open < room ? open : room;
+}
+
 /* Reads s's response from u-> True when s is done with the upstream. */
 static bool h1_read_response(h2s_t *s) {
   h2_t *h = s->h;
@@ -1253,10 +1330,10 @@ static bool h1_read_response(h2s_t *s) {
       }
       return false;
     }
-    size_t ml = 0;
-    const char *method = hset_get(&s->rq, ":method", &ml);
+    /* CONNECT never gets here (a 400 in stream_request). */
     const char *why = NULL;
-    int rc = ce_h1_parse_response(u->in, u->in_len, method, ml, h->head, &why);
+    int rc = ce_h1_parse_response(u->in, u->in_len, s->h1_head_req ? "HEAD" : "GET", s->h1_head_req ? 4u : 3u,
+                                  h->head, &why);
     if (rc == CE_EAGAIN) {
       if (u->eof) {
         h1_broke(s, "upstream_bad_response: connection closed inside the response head");
@@ -1334,9 +1411,14 @@ static bool h1_read_response(h2s_t *s) {
     }
   }
   while (!s->down.eof) {
-    size_t room = CE_H2_STREAM_BUF - s->down.len;
-    if (room == 0)
-      return false; /* the workspace reads slower: wait (the upstream socket stops) */
+    size_t room = down_allowance(h, s);
+    if (room == 0) {
+      /* The workspace reads slower (this stream's buffer is full) or the
+       * connection holds its budget: wait; the upstream's input fills and
+       * its socket is not read until bytes leave (ce_h2conn_process). */
+      h->down_stalled = true;
+      return false;
+    }
     if (u->in_len == 0) {
       if (!u->eof)
         return false;
@@ -1366,7 +1448,10 @@ static bool h1_read_response(h2s_t *s) {
       return true;
     }
     if (dl > 0) {
-      sbuf_put(&s->down, (const uint8_t *)data, dl);
+      if (!down_put(h, s, (const uint8_t *)data, dl)) {
+        h1_broke(s, "out_of_memory");
+        return true;
+      }
       nghttp2_session_resume_data(h->srv, s->cid);
     }
     in_consume(u, used);
@@ -2068,8 +2153,17 @@ void ce_h2conn_process(ce_conn_t *c) {
   }
   c->c.in_len = 0;
   if (h->up == NULL) {
+    h->down_stalled = false;
     h1_pump(h);
+    size_t held = h->down_held;
     flush(h);
+    /* Bytes the workspace took make room in the budget: the stalled
+     * upstreams go on at once (the write's completion would do it too). */
+    if (!c->dead && h->down_stalled && h->down_held < held) {
+      h->down_stalled = false;
+      h1_pump(h);
+      flush(h);
+    }
     if (c->dead)
       return;
     goto client_side;
