@@ -734,6 +734,51 @@ defmodule Condukt.Netns.SidecarH2Test do
     end
   end
 
+  describe "translation memory" do
+    test "responses the workspace does not read stop the HTTP/1.1 upstreams at the connection's budget, then all arrive",
+         %{tb: tb, sc: sc} do
+      # SETTINGS_INITIAL_WINDOW_SIZE 0 and 60 streams of 60000-byte
+      # responses: each fits a stream's buffer, so without a connection
+      # budget every response was read whole from the upstream and held
+      # (60 × 60000 bytes). With it (1 MiB) the upstreams stop: keep-alive
+      # sends the next request on a connection only after the whole
+      # previous response was taken, so the origin sees about 1 MiB worth
+      # of requests plus one per pooled connection.
+      key = "k#{System.unique_integer([:positive])}"
+      n = 60
+      size = 60_000
+      paths = Enum.map(1..n, &"/blob?key=#{key}&i=#{&1}&size=#{size}")
+
+      out =
+        h2_raw(tb, sc, %{
+          host: "allowed.test",
+          port: @h1_only,
+          mode: "window_zero",
+          paths: paths,
+          seconds: 3,
+          stats: "/blob-stats?key=#{key}",
+          query: tag()
+        })
+
+      [requests, bytes] = out["stats"] |> String.split() |> Enum.map(&String.to_integer/1)
+      assert requests <= 30, "the origin served #{requests} of #{n} requests while nothing was read"
+      assert bytes <= 30 * size, "the origin wrote #{bytes} bytes while nothing was read"
+
+      for i <- 1..n do
+        unit = "blob #{i} "
+        body = unit |> String.duplicate(div(size, byte_size(unit)) + 1) |> binary_part(0, size)
+        sha = :crypto.hash(:sha256, body) |> Base.encode16(case: :lower)
+
+        assert %{"status" => 200, "ended" => true, "size" => ^size, "sha256" => ^sha} = out["streams"]["#{2 * i - 1}"],
+               "stream #{2 * i - 1}: #{inspect(out["streams"]["#{2 * i - 1}"])}"
+      end
+
+      assert out["goaway"] == nil
+      r = Client.run(tb, :curl, "https://allowed.test:#{@h1_only}/blob-stats?key=#{key}", ca: sc.ca_cert, http: :h1)
+      assert r.ok and r.body == "#{n} #{n * size}", inspect(r)
+    end
+  end
+
   defp rss_kib(pid) do
     [_, kib] = Regex.run(~r/VmRSS:\s+(\d+) kB/, File.read!("/proc/#{pid}/status"))
     String.to_integer(kib)

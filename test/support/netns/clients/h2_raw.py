@@ -34,6 +34,12 @@ modes:
                RST_STREAM code the proxy sent after its response
   custom       one stream per entry of "streams", each a list of [name, value]
                header fields sent as given (no client-side validation)
+  window_zero  SETTINGS_INITIAL_WINDOW_SIZE 0 (and a 16 MiB connection
+               window), one GET stream per entry of "paths", all at once;
+               reads only HEADERS for "seconds", then asks "stats" (a path)
+               on a second, HTTP/1.1 connection ("stats": its body); then
+               opens the stream windows (INITIAL_WINDOW_SIZE 1 MiB) and
+               reads every stream to its end ("sha256" per stream)
 "port" (default 443) is the port dialled; :authority names it when not 443.
 Prints one JSON line: statuses per stream, the GOAWAY seen, ALPN.
 Trust comes from SSL_CERT_FILE like every client in the testbed.
@@ -90,6 +96,8 @@ def pump(until):
             elif isinstance(ev, h2.events.DataReceived):
                 st = out["streams"].setdefault(str(ev.stream_id), {"body": ""})
                 st["size"] = st.get("size", 0) + len(ev.data)
+                if ev.stream_id in hashes:
+                    hashes[ev.stream_id].update(ev.data)
                 if len(st["body"]) < 4096:
                     st["body"] += ev.data.decode("utf-8", "replace")
                 conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
@@ -103,6 +111,7 @@ def pump(until):
 
 
 q = spec.get("query", "")
+hashes = {}
 
 
 def raw_frame(length, ftype, flags, stream, payload=b""):
@@ -261,6 +270,43 @@ try:
         time.sleep(float(spec.get("seconds", 3)))
         pump(lambda: out["streams"].get("1", {}).get("ended") or out["goaway"] is not None)
         out["streams"]["1"]["body"] = ""
+    elif spec["mode"] == "window_zero":
+        import hashlib
+        import http.client
+        import time
+
+        conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        conn.increment_flow_control_window(16 * 1024 * 1024)
+        sids = []
+        for i, p in enumerate(spec["paths"]):
+            sid = 1 + 2 * i
+            sids.append(sid)
+            hashes[sid] = hashlib.sha256()
+            conn.send_headers(sid, headers(authority, p + "&" + q), end_stream=True)
+        tls.sendall(conn.data_to_send())
+        deadline = time.monotonic() + float(spec.get("seconds", 3))
+        tls.settimeout(0.2)
+        while time.monotonic() < deadline:
+            try:
+                pump(lambda: False)
+            except (socket.timeout, ssl.SSLError, TimeoutError):
+                pass
+            if out.get("closed"):
+                break
+        plain = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE"))
+        hc = http.client.HTTPSConnection(host, port, context=plain, timeout=15)
+        hc.request("GET", spec["stats"])
+        out["stats"] = hc.getresponse().read().decode()
+        hc.close()
+        tls.settimeout(30)
+        conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1024 * 1024})
+        tls.sendall(conn.data_to_send())
+        ended = lambda s: out["streams"].get(str(s), {}).get("ended") or "reset" in out["streams"].get(str(s), {})
+        pump(lambda: all(ended(s) for s in sids) or out["goaway"] is not None)
+        for sid, hsh in hashes.items():
+            st = out["streams"].setdefault(str(sid), {"body": ""})
+            st["sha256"] = hsh.hexdigest()
+            st["body"] = ""
     elif spec["mode"] == "coalesce":
         for sid, auth in ((1, host), (3, spec["other"]), (5, host)):
             conn.send_headers(sid, headers(auth, "/?" + q), end_stream=True)

@@ -30,6 +30,10 @@ sometimes do:
                requests of key K in progress at once
   /slow-max    ?key=K: answers the most /slow requests of key K that were
                in progress at once, and the connections they came on
+  /blob        ?key=K&i=I&size=N: 200 with an N-byte body, "blob I " over
+               and over, written 16 KiB at a time; counts the /blob
+               requests of key K received and the body bytes written
+  /blob-stats  ?key=K: answers "<requests> <bytes>" of /blob for key K
 
 With a fifth argument ONE_PORT, also listens there (TLS) for one
 connection at a time: a connection that comes while another is open is
@@ -48,6 +52,7 @@ from urllib.parse import parse_qs, urlsplit
 
 SLOW_LOCK = threading.Lock()
 SLOW = {}  # key -> {"now": n, "max": n, "conns": set()}
+BLOB = {}  # key -> [requests, body bytes written]
 
 
 def read_head(f):
@@ -165,6 +170,23 @@ def serve(sock, tls):
                 st = SLOW.get(q.get("key", ""), {"max": 0, "conns": set()})
                 body = b"%d %d" % (st["max"], len(st["conns"]))
             sock.sendall(ok(body))
+        elif path == "/blob":
+            read_body(f, headers)
+            key, size = q.get("key", ""), int(q.get("size", "60000"))
+            with SLOW_LOCK:
+                BLOB.setdefault(key, [0, 0])[0] += 1
+            unit = b"blob %s " % q.get("i", "0").encode()
+            body = (unit * (size // len(unit) + 1))[:size]
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % size)
+            for off in range(0, size, 16384):
+                sock.sendall(body[off:off + 16384])
+                with SLOW_LOCK:
+                    BLOB[key][1] += len(body[off:off + 16384])
+        elif path == "/blob-stats":
+            read_body(f, headers)
+            with SLOW_LOCK:
+                st = BLOB.get(q.get("key", ""), [0, 0])
+            sock.sendall(ok(b"%d %d" % (st[0], st[1])))
         elif path == "/sink":
             n = read_body(f, headers)
             sock.sendall(ok(b"%d\n" % n))
