@@ -270,6 +270,8 @@ static size_t hset_bytes(const hset_t *s) {
 /* ---- streams ---------------------------------------------------------------- */
 
 static bool sbuf_put(sbuf_t *b, const uint8_t *data, size_t len) {
+  if (len == 0)
+    return true;
   if (len > CE_H2_STREAM_BUF - b->len)
     return false;
   if (b->len + len > b->cap) {
