@@ -677,12 +677,25 @@ static int add_auth_header(conn_t *cn, struct lws *wsi, unsigned char **p, unsig
   return r != 0 ? -1 : 0;
 }
 
+/* The header libwebsockets adds to a request it does not pipeline. */
+#define CONN_CLOSE "connection: close\r\n"
+
 static int http_cb(conn_t *cn, struct lws *wsi, enum lws_callback_reasons reason, void *in,
                    size_t len) {
   switch (reason) {
   case LWS_CALLBACK_CLIENT_APPEND_HANDSHAKE_HEADER: {
     unsigned char **p = (unsigned char **)in, *end = *p + len;
     char clen[32];
+    /* libwebsockets has just written "connection: close" (after the
+     * request line and the Host header, so the bytes are there). On that
+     * header Go's server answers a request it refuses early (a 403 from
+     * the authorization filter) without reading the body, closes, and the
+     * body still arriving makes the kernel reset the connection: libuv
+     * reports the reset as an error and libwebsockets drops the answer
+     * unread. Without it the server reads and discards the body first;
+     * the connection is still ours to close after the one exchange. */
+    if (memcmp(*p - (sizeof(CONN_CLOSE) - 1), CONN_CLOSE, sizeof(CONN_CLOSE) - 1) == 0)
+      *p -= sizeof(CONN_CLOSE) - 1;
     if (add_auth_header(cn, wsi, p, end) != 0)
       return -1;
     if (lws_add_http_header_by_name(wsi, (const unsigned char *)"accept:",

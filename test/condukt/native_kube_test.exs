@@ -129,6 +129,28 @@ defmodule Condukt.NativeKubeTest do
                Native.kube_request(n, k, %{method: :get, path: "/api/v1/namespaces/#{c.other_namespace}/secrets"})
     end
 
+    test "a 403 answer to a POST is the answer, on one handle and on fresh ones", %{n: n, cluster: c} do
+      # The API server answers a forbidden create before it reads the body
+      # and may close the connection while the body is still being sent.
+      secret = %{"apiVersion" => "v1", "kind" => "Secret", "metadata" => %{"name" => "nope"}, "data" => %{}}
+      path = "/api/v1/namespaces/#{c.other_namespace}/secrets"
+      {k, _} = open!(n, c)
+
+      for _ <- 1..20 do
+        assert {:ok, %{status: 403, body: %{"kind" => "Status", "reason" => "Forbidden"}}} =
+                 Native.kube_request(n, k, %{method: :post, path: path, body: secret})
+      end
+
+      for _ <- 1..10 do
+        {k2, _} = open!(n, c)
+
+        assert {:ok, %{status: 403, body: %{"kind" => "Status", "reason" => "Forbidden"}}} =
+                 Native.kube_request(n, k2, %{method: :post, path: path, body: secret})
+
+        assert :ok = Native.kube_close(n, k2)
+      end
+    end
+
     test "a server that refuses the connection is unavail", %{n: n} do
       {:ok, l} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
       {:ok, port} = :inet.port(l)

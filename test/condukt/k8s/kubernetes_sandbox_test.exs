@@ -356,12 +356,6 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     :ok = Sandbox.shutdown(sb)
   end
 
-  # The port's client loses the API server's 403 answer to a POST about one
-  # time in three on a fresh connection, and always on a connection that
-  # already carried one ("unavail: the connection closed before a
-  # response"); GETs are not affected. Reported to the kube client's owner
-  # (c_src/kube); un-skip when fixed.
-  @tag skip: "kube client: a 403 answer to a POST is intermittently lost (c_src/kube)"
   test "a missing grant names the verb, the resource and the namespace", %{cluster: c} do
     ns = "norbac-#{System.unique_integer([:positive])}"
     Cluster.request!(c, :admin, "POST", "/api/v1/namespaces", %{metadata: %{name: ns}})
