@@ -94,6 +94,7 @@ defmodule Condukt.Test.K8s.Cluster do
   """
   @spec start(keyword()) :: t()
   def start(opts \\ []) do
+    sweep()
     id = :crypto.strong_rand_bytes(3) |> Base.encode16(case: :lower)
     dir = Path.join(System.tmp_dir!(), "condukt-k8s-#{id}")
 
@@ -112,6 +113,9 @@ defmodule Condukt.Test.K8s.Cluster do
     # The pids file lets a later run (or a person) find what a crashed run
     # left: one "name pid" line per process, appended as each starts.
     File.write!(Path.join(dir, "pids"), "")
+    # The VM that owns the cluster: `sweep/0` stops clusters whose owner
+    # is gone (a run killed before its on_exit ran).
+    File.write!(Path.join(dir, "owner"), System.pid())
 
     if Keyword.get(opts, :on_exit, true) do
       ExUnit.Callbacks.on_exit({__MODULE__, id}, fn -> stop(c) end)
@@ -161,6 +165,50 @@ defmodule Condukt.Test.K8s.Cluster do
 
     unless c.keep_dir, do: File.rm_rf(dir)
     :ok
+  end
+
+  @doc """
+  Stops the clusters a dead VM left behind: every `condukt-k8s-*`
+  directory whose `owner` VM no longer runs. Only processes whose command
+  line names that directory are killed (a recycled pid is left alone).
+  """
+  @spec sweep() :: :ok
+  def sweep do
+    for dir <- Path.wildcard(Path.join(System.tmp_dir!(), "condukt-k8s-*")),
+        {:ok, owner} <- [File.read(Path.join(dir, "owner"))],
+        not beam_alive?(String.trim(owner)) do
+      pids =
+        case File.read(Path.join(dir, "pids")) do
+          {:ok, text} ->
+            for line <- String.split(text, "\n", trim: true),
+                [_, pid] <- [String.split(line, " ")],
+                {n, ""} <- [Integer.parse(pid)],
+                names_dir?(n, dir),
+                do: n
+
+          _ ->
+            []
+        end
+
+      File.write!(Path.join(dir, "pids"), Enum.map_join(pids, &"swept #{&1}\n"))
+      stop(%__MODULE__{id: Path.basename(dir), dir: dir, namespace: nil, other_namespace: nil, node: nil})
+    end
+
+    :ok
+  end
+
+  defp beam_alive?(pid) do
+    case File.read("/proc/#{pid}/cmdline") do
+      {:ok, cmd} -> String.contains?(cmd, "beam")
+      _ -> false
+    end
+  end
+
+  defp names_dir?(pid, dir) do
+    case File.read("/proc/#{pid}/cmdline") do
+      {:ok, cmd} -> String.contains?(cmd, dir)
+      _ -> false
+    end
   end
 
   @doc """
