@@ -181,6 +181,43 @@ Test(h2_guard, empty_data_floods_are_caught) {
   cr_assert_eq(i, CE_H2G_MAX_EMPTY + 1);
 }
 
+/* A busy keep-alive client (the benchmark's h2load -c 4 -m 4): one
+ * request (HEADERS END_STREAM) after another, 8000 a second for a minute,
+ * is no stream flood. The bound was once 1000 a second and ended such
+ * connections with GOAWAY ENHANCE_YOUR_CALM after ten seconds. */
+Test(h2_guard, a_busy_keepalive_client_is_not_a_stream_flood) {
+  static uint8_t buf[32];
+  ce_h2_guard_t g;
+  ce_h2_guard_init(&g);
+  cr_assert_eq(feed_all(&g, (const uint8_t *)preface, 24, 0), CE_H2G_OK);
+  uint32_t stream = 1;
+  for (uint64_t ms = 0; ms < 60000; ms++) {
+    for (int k = 0; k < 8; k++, stream += 2) {
+      size_t n = frame(buf, 0, 10, 1, 0x5, stream); /* HEADERS END_STREAM END_HEADERS */
+      cr_assert_eq(feed_all(&g, buf, n, ms), CE_H2G_OK, "at %llu ms", (unsigned long long)ms);
+    }
+  }
+}
+
+Test(h2_guard, a_stream_flood_is_caught) {
+  static uint8_t buf[32];
+  ce_h2_guard_t g;
+  ce_h2_guard_init(&g);
+  cr_assert_eq(feed_all(&g, (const uint8_t *)preface, 24, 0), CE_H2G_OK);
+  ce_h2g_verdict_t v = CE_H2G_OK;
+  uint32_t i;
+  for (i = 0; i <= CE_H2G_MAX_STREAMS && v == CE_H2G_OK; i++) {
+    size_t n = frame(buf, 0, 10, 1, 0x5, 2 * i + 1);
+    v = feed_all(&g, buf, n, 5000 + i / 100); /* all within the window */
+  }
+  cr_assert_eq(v, CE_H2G_STREAM_FLOOD);
+  cr_assert_eq(i, CE_H2G_MAX_STREAMS + 1);
+  cr_assert_str_eq(ce_h2_guard_reason(v), "h2_stream_flood");
+  /* sticky */
+  size_t n = frame(buf, 0, 8, 6, 0, 0);
+  cr_assert_eq(feed_all(&g, buf, n, 100000), CE_H2G_STREAM_FLOOD);
+}
+
 Test(h2_guard, the_window_forgets_old_seconds) {
   ce_h2g_window_t w;
   memset(&w, 0, sizeof(w));
