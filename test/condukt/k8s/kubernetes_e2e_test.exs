@@ -211,6 +211,7 @@ defmodule Condukt.K8s.KubernetesE2ETest do
     script = """
     tunnel() { ss -Htn state established '( sport = :#{port} )' | grep -q .; }
     n=0; until tunnel; do n=$((n+1)); [ $n -gt 100 ] && echo "no tunnel seen" >> down.txt; [ $n -gt 100 ] && exit 1; sleep 0.1; done
+    echo ready >> down.txt
     n=0; while tunnel; do n=$((n+1)); [ $n -gt 600 ] && echo "the tunnel stayed up" >> down.txt; [ $n -gt 600 ] && exit 1; sleep 0.1; done
     for h in decide allowed denied; do
       curl -sS --max-time 15 -o /dev/null -w "$h %{http_code}\\n" https://$h.test/ >> down.txt 2>/dev/null
@@ -220,6 +221,21 @@ defmodule Condukt.K8s.KubernetesE2ETest do
 
     :ok = Sandbox.write(sb, "drop.sh", script)
     assert {:ok, %{exit_code: 0}} = Sandbox.exec(sb, "setsid sh drop.sh </dev/null >/dev/null 2>&1 &")
+
+    # The script has seen the tunnel before the kubelet goes (on a busy
+    # machine it may start late; it reads the emptyDir, here on the host).
+    down_txt = Path.join([Runtime.pod(tier.runtime, tier.namespace, pod).dir, "volumes", "workspace", "down.txt"])
+
+    script_out = fn ->
+      File.read(down_txt)
+      |> then(fn
+        {:ok, t} -> t
+        _ -> ""
+      end)
+    end
+
+    assert :ok == Cluster.wait_until(fn -> script_out.() =~ "ready" end, 30_000),
+           "the script did not see the tunnel: #{inspect(script_out.())}"
 
     # The kubelet goes: the tunnel breaks, the bridge notices.
     :ok = Runtime.stop_kubelet(tier.runtime, tier.namespace, pod)
@@ -239,7 +255,8 @@ defmodule Condukt.K8s.KubernetesE2ETest do
           do: {h, {e, ev["reason"]}}
     end
 
-    :ok = Cluster.wait_until(fn -> map_size(outage.()) == 3 end, 60_000)
+    assert :ok == Cluster.wait_until(fn -> map_size(outage.()) == 3 end, 60_000),
+           "the outage's requests: #{inspect(outage.())}; the script: #{inspect(script_out.())}"
 
     # decide failed closed at the sidecar's decide timeout (nobody to ask);
     # allow and deny rules did not need the channel.
@@ -279,7 +296,7 @@ defmodule Condukt.K8s.KubernetesE2ETest do
                     %{request: %{host: "denied.test"}, matched_rule: %{kind: :deny}, reason: :denied_by_rule}},
                    10_000
 
-    assert {:ok, "decide 403\nallowed 200\ndenied 403\ndone\n"} = Sandbox.read(sb, "down.txt")
+    assert {:ok, "ready\ndecide 403\nallowed 200\ndenied 403\ndone\n"} = Sandbox.read(sb, "down.txt")
     refute_received {:asked, _, _}
 
     # Decisions run here again.

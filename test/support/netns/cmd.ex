@@ -55,7 +55,13 @@ defmodule Condukt.Test.Netns.Cmd do
         if(cd = opts[:cd], do: [cd: cd], else: [])
 
     port = Port.open({:spawn_executable, timeout_exe()}, port_opts)
-    {:os_pid, os_pid} = Port.info(port, :os_pid)
+    # nil when the command already exited (its port closed) on a busy machine.
+    os_pid =
+      case Port.info(port, :os_pid) do
+        {:os_pid, pid} -> pid
+        nil -> nil
+      end
+
     collect(port, os_pid, [], 0, System.monotonic_time(:millisecond) + timeout + 5_000)
   end
 
@@ -153,7 +159,7 @@ defmodule Condukt.Test.Netns.Cmd do
     after
       wait ->
         # `timeout` itself did not come back: kill it and report a timeout.
-        System.cmd("kill", ["-KILL", Integer.to_string(os_pid)], stderr_to_stdout: true)
+        if os_pid, do: System.cmd("kill", ["-KILL", Integer.to_string(os_pid)], stderr_to_stdout: true)
         Port.close(port)
         {IO.iodata_to_binary(acc), 124}
     end
