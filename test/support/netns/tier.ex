@@ -153,15 +153,16 @@ defmodule Condukt.Test.Netns.Tier do
       [ip, "netns", "exec", ns, tool!("ip6tables"), "-t", "nat", "-S"]
     ]
 
-    result =
+    try do
       Enum.reduce_while(steps, :ok, fn argv, :ok ->
         case Cmd.run(argv, timeout: 10_000) do
           {_, 0} -> {:cont, :ok}
           {out, s} -> {:halt, {:skip, "`#{Enum.join(argv, " ")}` failed (exit #{s}): #{String.trim(out)}"}}
         end
       end)
-
-    Cmd.run([ip, "netns", "del", ns], timeout: 10_000)
-    result
+    after
+      # Also when a step raised: the probe never outlives the check.
+      Cmd.run([ip, "netns", "del", ns], timeout: 10_000)
+    end
   end
 end
