@@ -238,6 +238,25 @@ bool ce_etf_binary(const char *buf, int *index, const char **data, size_t *len) 
   return true;
 }
 
+bool ce_etf_key(const char *buf, int *index, char *name, size_t cap) {
+  char atom[CE_ETF_ATOM_MAX];
+  const char *s = NULL;
+  size_t n = 0;
+  if (ce_etf_atom(buf, index, atom)) {
+    n = strlen(atom);
+    if (n >= cap)
+      return false;
+    memcpy(name, atom, n + 1);
+    return true;
+  }
+  if (ce_etf_binary(buf, index, &s, &n) && n < cap && memchr(s, '\0', n) == NULL) {
+    memcpy(name, s, n);
+    name[n] = '\0';
+    return true;
+  }
+  return false;
+}
+
 bool ce_etf_u64(const char *buf, int *index, uint64_t *out) {
   int i = *index;
   EI_ULONGLONG v = 0;

@@ -55,6 +55,11 @@ bool ce_etf_is_atom(const char *buf, int index, const char *name);
  * and its length. */
 bool ce_etf_binary(const char *buf, int *index, const char **data, size_t *len);
 
+/* An option map's key: an atom (Elixir's keyword style) or a binary
+ * without NUL, copied NUL-terminated into name[cap]; false when it is
+ * neither or does not fit. */
+bool ce_etf_key(const char *buf, int *index, char *name, size_t cap);
+
 /* An integer from 0 to UINT64_MAX. */
 bool ce_etf_u64(const char *buf, int *index, uint64_t *out);
 

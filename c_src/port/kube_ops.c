@@ -55,24 +55,6 @@ void ce__kube_free(ce_port_t *p) {
 
 /* ---- readers -------------------------------------------------------------------------- */
 
-static bool read_key(const char *buf, int *i, char name[KEY_MAX]) {
-  char atom[CE_ETF_ATOM_MAX];
-  const char *s = NULL;
-  size_t n = 0;
-  if (ce_etf_atom(buf, i, atom)) {
-    if (strlen(atom) >= KEY_MAX)
-      return false;
-    strcpy(name, atom);
-    return true;
-  }
-  if (ce_etf_binary(buf, i, &s, &n) && n < KEY_MAX && memchr(s, '\0', n) == NULL) {
-    memcpy(name, s, n);
-    name[n] = '\0';
-    return true;
-  }
-  return false;
-}
-
 /* A binary of 1..max bytes without NUL, copied. */
 static char *read_str(const char *buf, int *i, size_t max) {
   const char *s = NULL;
@@ -217,7 +199,7 @@ static bool open_decode(ce_port_t *p, const char *buf, int i, uint64_t id, open_
   }
   for (int k = 0; k < pairs; k++) {
     char name[KEY_MAX];
-    if (!read_key(buf, &i, name)) {
+    if (!ce_etf_key(buf, &i, name, sizeof name)) {
       BADARG("kube_open: KubeOpts keys must be atoms or binaries naming an option");
       return false;
     }
@@ -561,7 +543,7 @@ void ce__op_kube_request(ce_port_t *p, const char *buf, int i, uint64_t id) {
   char err[CE_PORT_MSG_MAX - 16];
   for (int k2 = 0; k2 < pairs; k2++) {
     char name[KEY_MAX];
-    if (!read_key(buf, &i, name)) {
+    if (!ce_etf_key(buf, &i, name, sizeof name)) {
       BADARG("kube_request: Req keys must be atoms or binaries");
       goto done;
     }
@@ -744,7 +726,7 @@ void ce__op_kube_exec(ce_port_t *p, const char *buf, int i, uint64_t id) {
   char err[CE_PORT_MSG_MAX - 16];
   for (int k2 = 0; k2 < pairs; k2++) {
     char name[KEY_MAX];
-    if (!read_key(buf, &i, name)) {
+    if (!ce_etf_key(buf, &i, name, sizeof name)) {
       BADARG("kube_exec: ExecReq keys must be atoms or binaries");
       goto done;
     }
@@ -890,7 +872,7 @@ void ce__op_kube_forward(ce_port_t *p, const char *buf, int i, uint64_t id) {
   char err[CE_PORT_MSG_MAX - 16];
   for (int k2 = 0; k2 < pairs; k2++) {
     char name[KEY_MAX];
-    if (!read_key(buf, &i, name)) {
+    if (!ce_etf_key(buf, &i, name, sizeof name)) {
       BADARG("kube_forward: FwdReq keys must be atoms or binaries");
       goto done;
     }

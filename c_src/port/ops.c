@@ -74,25 +74,6 @@ static char *binary_string(const char *buf, int *i, size_t max, const char **why
   return copy;
 }
 
-/* Reads an option map's key: an atom (Elixir's keyword style) or a binary. */
-static bool opt_key(const char *buf, int *i, char name[OPT_NAME_MAX]) {
-  char atom[CE_ETF_ATOM_MAX];
-  const char *s = NULL;
-  size_t n = 0;
-  if (ce_etf_atom(buf, i, atom)) {
-    if (strlen(atom) >= OPT_NAME_MAX)
-      return false;
-    strcpy(name, atom);
-    return true;
-  }
-  if (ce_etf_binary(buf, i, &s, &n) && n < OPT_NAME_MAX && memchr(s, '\0', n) == NULL) {
-    memcpy(name, s, n);
-    name[n] = '\0';
-    return true;
-  }
-  return false;
-}
-
 /* ---- version ------------------------------------------------------------------ */
 
 static void op_version(ce_port_t *p, const char *buf, int i, uint64_t id) {
@@ -221,7 +202,7 @@ static bool ca_opts_decode(ce_port_t *p, const char *buf, int i, uint64_t id, ca
   }
   for (int k = 0; k < pairs; k++) {
     char name[OPT_NAME_MAX];
-    if (!opt_key(buf, &i, name)) {
+    if (!ce_etf_key(buf, &i, name, sizeof name)) {
       BADARG("ca_new: CaOpts keys must be atoms or binaries naming an option");
       return false;
     }
@@ -511,7 +492,7 @@ static void op_attach(ce_port_t *p, const char *buf, int i, uint64_t id) {
   for (int k = 0; k < pairs; k++) {
     char name[OPT_NAME_MAX];
     uint64_t v = 0;
-    if (!opt_key(buf, &i, name)) {
+    if (!ce_etf_key(buf, &i, name, sizeof name)) {
       BADARG("control_attach: AttachOpts keys must be atoms or binaries");
       return;
     }
