@@ -1021,6 +1021,53 @@ static bool split_authority(const char *a, size_t n, size_t *host_len, long *por
   return true;
 }
 
+void ce_conn_check_target(const ce_conn_t *c, const char *auth, size_t len, const char *label, char *host,
+                          size_t host_cap, ce_target_check_t *t) {
+  memset(t, 0, sizeof(*t));
+  if (auth == NULL || len == 0) {
+    snprintf(host, host_cap, "%s", c->sni.text);
+    t->status = 400;
+    t->reason = "bad_request: missing host";
+    snprintf(t->detail, sizeof(t->detail), "malformed request: the request names no host");
+    return;
+  }
+  size_t host_len;
+  long port;
+  bool port_ok = split_authority(auth, len, &host_len, &port);
+  ce_policy_eval_host(c->proxy->policy, auth, port_ok ? host_len : len, &t->verdict);
+  if (!port_ok || !t->verdict.host_valid) {
+    size_t n = len < host_cap - 1 ? len : host_cap - 1;
+    memcpy(host, auth, n);
+    host[n] = '\0';
+    t->status = 400;
+    t->reason = "invalid_host";
+    snprintf(t->detail, sizeof(t->detail), "malformed request: the %s is not a valid host name or address", label);
+    return;
+  }
+  snprintf(host, host_cap, "%s", t->verdict.host.text);
+  /* DESIGN §4: the request must name the host the connection was opened
+   * for (TLS: the SNI, or the IP dialled when there was none) and its
+   * port; anything else is domain fronting or coalescing: 421 (RFC 9110
+   * §15.5.20). Plain HTTP may name any host per request: its upstream is
+   * the host named, resolved by the proxy. */
+  if (c->tls && strcmp(t->verdict.host.text, c->sni.text) != 0) {
+    t->status = 421;
+    t->reason = "misdirected_request";
+    snprintf(t->detail, sizeof(t->detail),
+             "misdirected request: the %s %s is not the TLS server name %s of this connection", label,
+             t->verdict.host.text, c->sni.text);
+    return;
+  }
+  if (port >= 0 && port != c->port) {
+    t->status = 421;
+    t->reason = "misdirected_request";
+    snprintf(t->detail, sizeof(t->detail),
+             "misdirected request: the %s names port %ld but this connection is to port %u", label, port,
+             (unsigned)c->port);
+    return;
+  }
+}
+
 static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
   ce_reqinfo_init(&c->req, ++c->proxy->next_request_id, c->id);
   c->have_req = true;
@@ -1069,46 +1116,14 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
                    "CONNECT is not supported: this connection already goes where it was dialled");
     return;
   }
-  if (auth == NULL || auth_len == 0) {
-    snprintf(c->req.host, sizeof(c->req.host), "%s", c->sni.text);
-    emit(c, "request_opened", NULL);
-    refuse_request(c, 400, "bad_request: missing host", "malformed request: the request names no host");
-    return;
-  }
-  size_t host_len;
-  long port;
-  bool port_ok = split_authority(auth, auth_len, &host_len, &port);
-  ce_verdict_t v;
-  ce_policy_eval_host(c->proxy->policy, auth, port_ok ? host_len : auth_len, &v);
-  if (!port_ok || !v.host_valid) {
-    size_t n = auth_len < sizeof(c->req.host) - 1 ? auth_len : sizeof(c->req.host) - 1;
-    memcpy(c->req.host, auth, n);
-    c->req.host[n] = '\0';
-    emit(c, "request_opened", NULL);
-    refuse_request(c, 400, "invalid_host", "malformed request: the Host is not a valid host name or address");
-    return;
-  }
-  snprintf(c->req.host, sizeof(c->req.host), "%s", v.host.text);
+  ce_target_check_t t;
+  ce_conn_check_target(c, auth, auth_len, "Host", c->req.host, sizeof(c->req.host), &t);
   emit(c, "request_opened", NULL);
-
-  /* DESIGN §4: the request must name the host the connection was opened
-   * for (TLS: the SNI, or the IP dialled when there was none) and its port;
-   * anything else is domain fronting or coalescing: 421 (RFC 9110 §15.5.20). */
-  if (c->tls && strcmp(v.host.text, c->sni.text) != 0) {
-    char detail[700];
-    snprintf(detail, sizeof(detail),
-             "misdirected request: the Host %s is not the TLS server name %s of this connection", v.host.text,
-             c->sni.text);
-    refuse_request(c, 421, "misdirected_request", detail);
+  if (t.status != 0) {
+    refuse_request(c, t.status, t.reason, t.detail);
     return;
   }
-  if (port >= 0 && port != c->port) {
-    char detail[300];
-    snprintf(detail, sizeof(detail), "misdirected request: the Host names port %ld but this connection is to port %u",
-             port, (unsigned)c->port);
-    refuse_request(c, 421, "misdirected_request", detail);
-    return;
-  }
+  ce_verdict_t v = t.verdict;
   int built = build_upstream_head(c, h);
   if (built == CE_ETOOBIG) {
     refuse_request(c, 431, "request_header_too_large", "the request head is too large to forward");
@@ -2201,6 +2216,3 @@ void ce_conn_emit(ce_conn_t *c, const ce_reqinfo_t *r, const char *name, const c
   ce_control_emit(c->proxy->control, ev);
 }
 
-bool ce_conn_split_authority(const char *a, size_t n, size_t *host_len, long *port) {
-  return split_authority(a, n, host_len, port);
-}

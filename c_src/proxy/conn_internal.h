@@ -143,7 +143,22 @@ void ce_conn_close_after_flush(ce_conn_t *c);
  * timeout if shorter) whatever the workspace does; nothing re-arms the timer. */
 void ce_conn_hard_deadline(ce_conn_t *c);
 void ce_conn_upstream_reset(ce_conn_t *c);
-bool ce_conn_split_authority(const char *a, size_t n, size_t *host_len, long *port);
+/* The target a request names (HTTP/1.1: Host or the absolute-form
+ * authority; h2: :authority), checked against the connection: present, a
+ * valid host with a valid optional port, and (TLS) the connection's server
+ * name and the port dialled. One check for both paths: it is what stops
+ * domain fronting and coalescing. */
+typedef struct {
+  int status;           /* 0: go on to the verdict; else 400 or 421 */
+  const char *reason;   /* the event's reason when refused (static) */
+  char detail[700];     /* the answer's words when refused */
+  ce_verdict_t verdict; /* the policy's verdict for the host (status 0) */
+} ce_target_check_t;
+/* host (host_cap bytes) receives the record's host: the normalised host,
+ * the raw authority when it is invalid, the connection's name when there
+ * is none. label names the field in the answer ("Host", ":authority"). */
+void ce_conn_check_target(const ce_conn_t *c, const char *auth, size_t len, const char *label, char *host,
+                          size_t host_cap, ce_target_check_t *t);
 void ce_conn_process(ce_conn_t *c);
 /* Moves a TLS side's decrypted bytes into its input buffer. */
 void ce_conn_pump_tls_input(side_t *s);

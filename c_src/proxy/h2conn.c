@@ -816,40 +816,19 @@ static void stream_request(h2s_t *s) {
            "condukt: malformed request: :scheme must be https and :path an origin-form target\n");
     return;
   }
-  if (auth == NULL || al == 0) {
-    snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
-    stream_event(s, "request_opened", NULL);
-    refuse(s, 400, "bad_request: missing host", "condukt: malformed request: the request names no host\n");
-    return;
-  }
-  size_t host_len;
-  long port;
-  bool port_ok = ce_conn_split_authority(auth, al, &host_len, &port);
-  ce_verdict_t v;
-  ce_policy_eval_host(c->proxy->policy, auth, port_ok ? host_len : al, &v);
-  if (!port_ok || !v.host_valid) {
-    size_t n = al < sizeof(s->req.host) - 1 ? al : sizeof(s->req.host) - 1;
-    memcpy(s->req.host, auth, n);
-    s->req.host[n] = '\0';
-    stream_event(s, "request_opened", NULL);
-    refuse(s, 400, "invalid_host", "condukt: malformed request: the :authority is not a valid host name or address\n");
-    return;
-  }
-  snprintf(s->req.host, sizeof(s->req.host), "%s", v.host.text);
+  /* Present, valid, and the connection's own name and port (coalescing:
+   * one connection, one name; DESIGN §4). */
+  ce_target_check_t t;
+  ce_conn_check_target(c, auth, al, ":authority", s->req.host, sizeof(s->req.host), &t);
   stream_event(s, "request_opened", NULL);
-
-  /* Coalescing: one connection, one name (DESIGN §4). */
-  if (strcmp(v.host.text, c->sni.text) != 0 || (port >= 0 && port != c->port)) {
-    char detail[700], safe[700];
-    snprintf(detail, sizeof(detail),
-             "misdirected request: the :authority %s is not the TLS server name %s:%u of this connection",
-             v.host.text, c->sni.text, (unsigned)c->port);
-    plain(safe, sizeof(safe), detail);
-    char text[720];
+  if (t.status != 0) {
+    char safe[700], text[720];
+    plain(safe, sizeof(safe), t.detail);
     snprintf(text, sizeof(text), "condukt: %s\n", safe);
-    refuse(s, 421, "misdirected_request", text);
+    refuse(s, t.status, t.reason, text);
     return;
   }
+  ce_verdict_t v = t.verdict;
   s->req.matched_rule = v.rule_index;
   s->req.matched_kind = v.rule_index >= 0 ? ce_rule_kind_name(v.rule_kind) : NULL;
   if (v.decision == CE_DECISION_DECIDE && v.rule_index >= 0) {

@@ -603,6 +603,40 @@ defmodule Condukt.Netns.SidecarH2Test do
     end
   end
 
+  describe "the :authority against the connection" do
+    test "another port is misdirected (421), a malformed port is 400, the connection's own port passes",
+         %{tb: tb, sc: sc} do
+      q = tag()
+      f = fn auth -> [[":method", "GET"], [":scheme", "https"], [":authority", auth], [":path", "/?#{q}"]] end
+
+      streams = [f.("allowed.test:444"), f.("allowed.test:0"), f.("allowed.test:99999"), f.("allowed.test:443")]
+      out = h2_raw(tb, sc, %{host: "allowed.test", mode: "custom", streams: streams, query: q})
+      assert out["goaway"] == nil, inspect(out)
+
+      assert %{"status" => 421, "body" => body} = out["streams"]["1"]
+      assert body =~ "the :authority names port 444 but this connection is to port 443"
+
+      for sid <- ["3", "5"] do
+        assert %{"status" => 400, "body" => body} = out["streams"][sid]
+        assert body =~ "the :authority is not a valid host name or address"
+      end
+
+      assert %{"status" => 200, "body" => "hello from allowed.test\n"} = out["streams"]["7"]
+
+      denied =
+        q
+        |> events_for(4)
+        |> Enum.filter(&(&1["event"] == "request_denied"))
+        |> Map.new(&{&1["stream_id"], {&1["reason"], &1["host"]}})
+
+      assert denied == %{
+               1 => {"misdirected_request", "allowed.test"},
+               3 => {"invalid_host", "allowed.test:0"},
+               5 => {"invalid_host", "allowed.test:99999"}
+             }
+    end
+  end
+
   describe "flow control" do
     test "uploads held while a decision is pending and then denied give their window back", %{tb: tb, sc: sc} do
       # 24 x 64 KiB buffered then dropped would exceed the 1 MiB connection

@@ -236,6 +236,56 @@ defmodule Condukt.Netns.SidecarTest do
       assert List.last(events_for(q))["reason"] == "misdirected_request"
     end
 
+    test "the request's target is checked against the connection: port, absolute-form, validity",
+         %{tb: tb, sc: sc} do
+      # One TLS connection per request; the status line of each answer.
+      script = """
+      import socket, ssl, sys
+      ctx = ssl.create_default_context(cafile=sys.argv[1])
+      for line in sys.argv[2:]:
+          s = ctx.wrap_socket(socket.create_connection(("allowed.test", 443), timeout=10), server_hostname="allowed.test")
+          s.sendall(line.encode() + b"\\r\\nConnection: close\\r\\n\\r\\n")
+          data = b""
+          while True:
+              chunk = s.recv(65536)
+              if not chunk: break
+              data += chunk
+          s.close()
+          head, _, body = data.partition(b"\\r\\n\\r\\n")
+          print(head.split(b"\\r\\n")[0].decode("latin-1") + " | " + body.decode("latin-1").strip())
+      """
+
+      [q1, q2, q3, q4] = for _ <- 1..4, do: tag()
+
+      requests = [
+        # Host names another port than the one dialled.
+        "GET /?#{q1} HTTP/1.1\r\nHost: allowed.test:8443",
+        # The absolute-form authority names another host (a Host that
+        # differs from it is refused by the parser already).
+        "GET https://other.test/?#{q2} HTTP/1.1\r\nHost: other.test",
+        # Not a host name.
+        "GET /?#{q3} HTTP/1.1\r\nHost: under_score!.test",
+        # The connection's own name and port.
+        "GET /?#{q4} HTTP/1.1\r\nHost: allowed.test:443"
+      ]
+
+      {out, 0} = Testbed.exec_in(tb, :pod, ["/usr/bin/python3", "-c", script, sc.ca_cert | requests], timeout: 30_000)
+      assert [port, absolute, invalid, ok] = String.split(out, "\n", trim: true)
+      assert port =~ ~r/^HTTP\/1\.1 421 .*the Host names port 8443 but this connection is to port 443/
+      assert absolute =~ ~r/^HTTP\/1\.1 421 .*the Host other\.test is not the TLS server name allowed\.test/
+      assert invalid =~ ~r/^HTTP\/1\.1 400 .*the Host is not a valid host name or address/
+      assert ok =~ ~r/^HTTP\/1\.1 200 /
+
+      last = for q <- [q1, q2, q3, q4], do: List.last(events_for(q))
+
+      assert Enum.map(last, &{&1["event"], &1["reason"], &1["host"]}) == [
+               {"request_denied", "misdirected_request", "allowed.test"},
+               {"request_denied", "misdirected_request", "other.test"},
+               {"request_denied", "invalid_host", "under_score!.test"},
+               {"request_closed", nil, "allowed.test"}
+             ]
+    end
+
     test "a second Host on a keep-alive TLS connection is refused", %{tb: tb, sc: sc} do
       script = """
       import socket, ssl, sys
