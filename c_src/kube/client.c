@@ -889,6 +889,14 @@ static int exec_cb(conn_t *cn, struct lws *wsi, enum lws_callback_reasons reason
     /* The response headers are still there: the chosen subprotocol. */
     if (lws_hdr_copy(wsi, cn->protocol, sizeof(cn->protocol), WSI_TOKEN_PROTOCOL) < 0)
       cn->protocol[0] = '\0';
+    /* Fail closed: the framing (stdin close, the status channel) depends
+     * on the version, and a server that agreed none of ours speaks
+     * something else (RFC 6455 §4.1: the client fails the connection). */
+    if (strcmp(cn->protocol, "v5.channel.k8s.io") != 0 && strcmp(cn->protocol, "v4.channel.k8s.io") != 0) {
+      conn_finish(cn, CE_EPROTO, "kube_exec: the API server agreed the subprotocol \"%s\", not "
+                  "v5.channel.k8s.io or v4.channel.k8s.io", cn->protocol);
+      return -1;
+    }
     return 0;
   case LWS_CALLBACK_CLIENT_ESTABLISHED:
     if (cn->has_stdin)

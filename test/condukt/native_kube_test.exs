@@ -713,6 +713,62 @@ exec /bin/sleep 1000
       assert {:error, %Native.Error{code: :timedout}} = exec(n, k, c, ["/bin/sleep", "30"], %{timeout: 1000})
     end
 
+    test "an upgrade that agrees no subprotocol we speak is refused, not run", %{n: n, cluster: c} do
+      {:ok, l} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
+      {:ok, port} = :inet.port(l)
+      :gen_tcp.close(l)
+
+      # Answers each upgrade with 101 and a correct accept key, but with no
+      # Sec-WebSocket-Protocol (first) or one that was not offered
+      # (second); then a status-channel "Success" and a close.
+      script = """
+      import base64, hashlib, socket, ssl
+      ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+      ctx.load_cert_chain('#{c.dir}/pki/apiserver.crt', '#{c.dir}/pki/apiserver.key')
+      srv = socket.create_server(('127.0.0.1', #{port}))
+      srv.settimeout(20)
+      for proto in (None, 'v1.channel.k8s.io'):
+          raw, _ = srv.accept()
+          s = ctx.wrap_socket(raw, server_side=True)
+          s.settimeout(10)
+          req = b''
+          while b'\\r\\n\\r\\n' not in req:
+              chunk = s.recv(4096)
+              if not chunk: break
+              req += chunk
+          key = [l.split(b':', 1)[1].strip() for l in req.split(b'\\r\\n') if l.lower().startswith(b'sec-websocket-key:')][0]
+          accept = base64.b64encode(hashlib.sha1(key + b'258EAFA5-E914-47DA-95CA-C5AB0DC85B11').digest())
+          head = b'HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\nSec-WebSocket-Accept: ' + accept + b'\\r\\n'
+          if proto: head += b'Sec-WebSocket-Protocol: ' + proto.encode() + b'\\r\\n'
+          s.sendall(head + b'\\r\\n')
+          status = b'\\x03{"metadata":{},"status":"Success"}'
+          try:
+              s.sendall(bytes([0x82, len(status)]) + status + bytes([0x88, 0x02, 0x03, 0xe8]))
+              s.recv(4096)
+          except OSError:
+              pass
+          s.close()
+      """
+
+      server = Task.async(fn -> Cmd.run(["/usr/bin/python3", "-c", script], timeout: 60_000) end)
+      Process.sleep(700)
+
+      {:ok, %{kube: k}} =
+        Native.kube_open(n, %{
+          source: :explicit,
+          server: "https://127.0.0.1:#{port}",
+          ca_pem: File.read!(Cluster.ca(c)),
+          token: "secret-token"
+        })
+
+      spec = %{namespace: "ns", pod: "p", container: "x", command: ["true"], timeout: 10_000}
+      assert {:error, %Native.Error{code: :proto, message: msg}} = Native.kube_exec(n, k, spec)
+      assert msg =~ ~s(agreed the subprotocol "", not v5.channel.k8s.io or v4.channel.k8s.io)
+      assert {:error, %Native.Error{code: code}} = Native.kube_exec(n, k, spec)
+      assert code in [:proto, :unavail], "an unoffered subprotocol must not run: #{inspect(code)}"
+      Task.await(server, 60_000)
+    end
+
     test "a pod that does not exist is an error", %{n: n, cluster: c} do
       {k, _} = open!(n, c)
 
