@@ -110,90 +110,11 @@ int ce_h2h_write_request(ce_h1_writer_t *w, const ce_h2h_field_t *f, size_t n, b
   return rc;
 }
 
-/* Case-insensitive order of field names (shorter first on a tie). */
-static int name_cmp(const char *a, size_t al, const char *b, size_t bl) {
-  int c = strncasecmp(a, b, al < bl ? al : bl);
-  if (c != 0)
-    return c;
-  return al < bl ? -1 : al > bl ? 1 : 0;
-}
-
-/* Sorts idx[0..n) by field name: a merge sort, O(n log n) comparisons. */
-static void sort_fields(const ce_h1_head_t *h, size_t *idx, size_t *tmp, size_t n) {
-  for (size_t width = 1; width < n; width *= 2) {
-    for (size_t lo = 0; lo < n; lo += 2 * width) {
-      size_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
-      size_t a = lo, b = mid, k = lo;
-      while (a < mid && b < hi) {
-        const ce_h1_field_t *fa = &h->fields[idx[a]], *fb = &h->fields[idx[b]];
-        tmp[k++] = name_cmp(fa->name, fa->name_len, fb->name, fb->name_len) <= 0 ? idx[a++] : idx[b++];
-      }
-      while (a < mid)
-        tmp[k++] = idx[a++];
-      while (b < hi)
-        tmp[k++] = idx[b++];
-    }
-    memcpy(idx, tmp, n * sizeof(*idx));
-  }
-}
-
-/*
- * named[i] = does a Connection field of h name field i? The Connection
- * values are parsed once per head: each token is looked up by binary search
- * among the sorted field names, and the fields of one name are marked
- * together once, so the work is O(fields log fields + Connection bytes ×
- * log fields), not fields × Connection bytes (review #11).
- */
-void ce_h2h_connection_named(const ce_h1_head_t *h, bool *named) {
-  size_t n = h->field_count < CE_H1_MAX_FIELDS ? h->field_count : CE_H1_MAX_FIELDS;
-  size_t idx[CE_H1_MAX_FIELDS], tmp[CE_H1_MAX_FIELDS];
-  for (size_t i = 0; i < n; i++) {
-    named[i] = false;
-    idx[i] = i;
-  }
-  if (ce_h1_find(h, "connection", 0) < 0)
-    return;
-  sort_fields(h, idx, tmp, n);
-  for (int i = ce_h1_find(h, "connection", 0); i >= 0; i = ce_h1_find(h, "connection", i + 1)) {
-    const char *v = h->fields[i].value;
-    size_t vl = h->fields[i].value_len, p = 0;
-    while (p < vl) {
-      while (p < vl && (v[p] == ' ' || v[p] == '\t' || v[p] == ','))
-        p++;
-      size_t start = p;
-      while (p < vl && v[p] != ',' && v[p] != ' ' && v[p] != '\t')
-        p++;
-      if (p == start)
-        continue;
-      const char *tok = v + start;
-      size_t tl = p - start, lo = 0, hi = n;
-      while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        const ce_h1_field_t *f = &h->fields[idx[mid]];
-        int c = name_cmp(tok, tl, f->name, f->name_len);
-        if (c == 0) {
-          if (!named[idx[mid]]) {
-            for (size_t j = mid + 1; j-- > 0 && name_cmp(tok, tl, h->fields[idx[j]].name, h->fields[idx[j]].name_len) == 0;)
-              named[idx[j]] = true;
-            for (size_t j = mid + 1; j < n && name_cmp(tok, tl, h->fields[idx[j]].name, h->fields[idx[j]].name_len) == 0; j++)
-              named[idx[j]] = true;
-          }
-          break;
-        }
-        if (c < 0)
-          hi = mid;
-        else
-          lo = mid + 1;
-      }
-    }
-  }
-}
-
 long ce_h2h_response_fields(const ce_h1_head_t *resp, ce_h2h_field_t *out, size_t cap, char *names,
                             size_t names_cap) {
   size_t k = 0, used = 0;
   bool named[CE_H1_MAX_FIELDS];
-  ce_h2h_connection_named(resp, named);
+  ce_h1_connection_named(resp, named);
   for (size_t i = 0; i < resp->field_count && i < CE_H1_MAX_FIELDS; i++) {
     const ce_h1_field_t *x = &resp->fields[i];
     if (ce_h2h_hop_by_hop(x->name, x->name_len) || named[i])
@@ -240,7 +161,7 @@ long ce_h2h_request_fields(const ce_h1_head_t *req, bool te_trailers, ce_h2h_fie
   out[3] = (ce_h2h_field_t){":path", 5, req->path, req->path_len};
   size_t k = 4, used = 0;
   bool named[CE_H1_MAX_FIELDS];
-  ce_h2h_connection_named(req, named);
+  ce_h1_connection_named(req, named);
   for (size_t i = 0; i < req->field_count && i < CE_H1_MAX_FIELDS; i++) {
     const ce_h1_field_t *x = &req->fields[i];
     if (name_is(x->name, x->name_len, "host") || ce_h2h_hop_by_hop(x->name, x->name_len) || named[i])

@@ -45,15 +45,6 @@ bool ce_h2h_hop_by_hop(const char *name, size_t name_len);
 int ce_h2h_write_request(ce_h1_writer_t *w, const ce_h2h_field_t *f, size_t n, bool chunked);
 
 /*
- * named[0..field_count) := does a Connection field of h name field i
- * (case-insensitive, RFC 9110 §7.6.1)? The Connection values are parsed once
- * per head, tokens found by binary search among the sorted field names:
- * O((fields + Connection bytes) × log fields), never fields × Connection
- * bytes. named has room for CE_H1_MAX_FIELDS.
- */
-void ce_h2h_connection_named(const ce_h1_head_t *h, bool *named);
-
-/*
  * The fields of an HTTP/1.1 response head for an h2 response, after the
  * caller's ":status": out[0..cap) point into resp (values) and into
  * names[0..names_cap) (lower-cased names). Returns the count, or -1 when

@@ -9,6 +9,7 @@
 #include "http1/writer.h"
 
 #include <string.h>
+#include <strings.h>
 
 #include "common/error.h"
 #include "http1/chars.h"
@@ -135,29 +136,86 @@ int ce_h1_write_field(ce_h1_writer_t *w, const char *name, size_t name_len,
   return finish(w, start);
 }
 
-/* True when a Connection field of head lists name as an option
- * (RFC 9110 §7.6.1: those fields are meant for this hop only). */
-static bool named_by_connection(const ce_h1_head_t *head, const char *name, size_t n) {
-  for (int i = ce_h1_find(head, "connection", 0); i >= 0;
-       i = ce_h1_find(head, "connection", i + 1)) {
-    const ce_h1_field_t *c = &head->fields[i];
-    size_t pos = 0;
-    const char *el;
-    size_t el_len;
-    while (ce__h1_list_next(c->value, c->value_len, &pos, &el, &el_len)) {
-      if (el_len != n)
-        continue;
-      size_t k = 0;
-      while (k < n && ce__h1_lower((unsigned char)el[k]) == ce__h1_lower((unsigned char)name[k]))
-        k++;
-      if (k == n)
-        return true;
-    }
-  }
-  return false;
+/* Case-insensitive order of field names (shorter first on a tie). */
+static int name_cmp(const char *a, size_t al, const char *b, size_t bl) {
+  int c = strncasecmp(a, b, al < bl ? al : bl);
+  if (c != 0)
+    return c;
+  return al < bl ? -1 : al > bl ? 1 : 0;
 }
 
-static bool is_hop_by_hop(const ce_h1_head_t *head, const ce_h1_field_t *f, unsigned flags) {
+/* Sorts idx[0..n) by field name: a merge sort, O(n log n) comparisons. */
+static void sort_fields(const ce_h1_head_t *h, size_t *idx, size_t *tmp, size_t n) {
+  for (size_t width = 1; width < n; width *= 2) {
+    for (size_t lo = 0; lo < n; lo += 2 * width) {
+      size_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+      size_t a = lo, b = mid, k = lo;
+      while (a < mid && b < hi) {
+        const ce_h1_field_t *fa = &h->fields[idx[a]], *fb = &h->fields[idx[b]];
+        tmp[k++] = name_cmp(fa->name, fa->name_len, fb->name, fb->name_len) <= 0 ? idx[a++] : idx[b++];
+      }
+      while (a < mid)
+        tmp[k++] = idx[a++];
+      while (b < hi)
+        tmp[k++] = idx[b++];
+    }
+    memcpy(idx, tmp, n * sizeof(*idx));
+  }
+}
+
+/*
+ * named[i] = does a Connection field of h name field i? The Connection
+ * values are parsed once per head: each token is looked up by binary search
+ * among the sorted field names, and the fields of one name are marked
+ * together once, so the work is O(fields log fields + Connection bytes ×
+ * log fields), not fields × Connection bytes (the h2 review, #11).
+ */
+void ce_h1_connection_named(const ce_h1_head_t *h, bool *named) {
+  size_t n = h->field_count < CE_H1_MAX_FIELDS ? h->field_count : CE_H1_MAX_FIELDS;
+  size_t idx[CE_H1_MAX_FIELDS], tmp[CE_H1_MAX_FIELDS];
+  for (size_t i = 0; i < n; i++) {
+    named[i] = false;
+    idx[i] = i;
+  }
+  if (ce_h1_find(h, "connection", 0) < 0)
+    return;
+  sort_fields(h, idx, tmp, n);
+  for (int i = ce_h1_find(h, "connection", 0); i >= 0; i = ce_h1_find(h, "connection", i + 1)) {
+    const char *v = h->fields[i].value;
+    size_t vl = h->fields[i].value_len, p = 0;
+    while (p < vl) {
+      while (p < vl && (v[p] == ' ' || v[p] == '\t' || v[p] == ','))
+        p++;
+      size_t start = p;
+      while (p < vl && v[p] != ',' && v[p] != ' ' && v[p] != '\t')
+        p++;
+      if (p == start)
+        continue;
+      const char *tok = v + start;
+      size_t tl = p - start, lo = 0, hi = n;
+      while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const ce_h1_field_t *f = &h->fields[idx[mid]];
+        int c = name_cmp(tok, tl, f->name, f->name_len);
+        if (c == 0) {
+          if (!named[idx[mid]]) {
+            for (size_t j = mid + 1; j-- > 0 && name_cmp(tok, tl, h->fields[idx[j]].name, h->fields[idx[j]].name_len) == 0;)
+              named[idx[j]] = true;
+            for (size_t j = mid + 1; j < n && name_cmp(tok, tl, h->fields[idx[j]].name, h->fields[idx[j]].name_len) == 0; j++)
+              named[idx[j]] = true;
+          }
+          break;
+        }
+        if (c < 0)
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+    }
+  }
+}
+
+static bool is_hop_by_hop(const ce_h1_head_t *head, const ce_h1_field_t *f, bool named, unsigned flags) {
   static const char *const always[] = {"connection", "keep-alive", "proxy-connection",
                                        "te", "transfer-encoding", "trailer"};
   const char *n = f->name;
@@ -176,7 +234,7 @@ static bool is_hop_by_hop(const ce_h1_head_t *head, const ce_h1_field_t *f, unsi
    * since the next hop would then take the body for the next message. */
   if (ce__h1_ieq(n, nl, "content-length"))
     return (flags & CE_H1_W_CHUNKED) != 0;
-  return named_by_connection(head, n, nl);
+  return named;
 }
 
 /*
@@ -233,10 +291,14 @@ int ce_h1_write_forwarded_fields(ce_h1_writer_t *w, const ce_h1_head_t *head,
     return invalid(w);
   if (head->framing == CE_H1_BODY_CHUNKED && (flags & CE_H1_W_DECHUNK) == 0)
     flags |= CE_H1_W_CHUNKED;
+  /* RFC 9110 §7.6.1: the fields a Connection option names are for this
+   * hop only; the Connection values are parsed once for the whole head. */
+  bool named[CE_H1_MAX_FIELDS];
+  ce_h1_connection_named(head, named);
   size_t start = w->len;
   for (size_t i = 0; i < head->field_count && w->err == 0; i++) {
     const ce_h1_field_t *f = &head->fields[i];
-    if (!is_hop_by_hop(head, f, flags))
+    if (!is_hop_by_hop(head, f, named[i], flags))
       ce_h1_write_field(w, f->name, f->name_len, f->value, f->value_len);
   }
   put_transfer_encoding(w, head, (flags & CE_H1_W_CHUNKED) != 0);

@@ -137,4 +137,13 @@ int ce_h1_write_chunk_end(ce_h1_writer_t *w);
 /* "0" CRLF CRLF: the last chunk and an empty trailer section. */
 int ce_h1_write_last_chunk(ce_h1_writer_t *w);
 
+/*
+ * named[0..field_count) := does a Connection field of h name field i
+ * (case-insensitive, RFC 9110 §7.6.1)? The Connection values are parsed once
+ * per head, tokens found by binary search among the sorted field names:
+ * O((fields + Connection bytes) × log fields), never fields × Connection
+ * bytes. named has room for CE_H1_MAX_FIELDS.
+ */
+void ce_h1_connection_named(const ce_h1_head_t *h, bool *named);
+
 #endif

@@ -338,7 +338,7 @@ Test(h2_headers, a_long_connection_field_over_128_fields) {
   cr_assert_eq(n, 126 - 41 - 3);
 
   bool named[CE_H1_MAX_FIELDS];
-  ce_h2h_connection_named(&h, named);
+  ce_h1_connection_named(&h, named);
   cr_assert_not(named[0]);
   cr_assert_not(named[1]);
   cr_assert(named[2 + 0]);

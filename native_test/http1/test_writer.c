@@ -4,6 +4,7 @@
  * a caller inject a line. What the writer produces must parse again. */
 #include <criterion/criterion.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -488,4 +489,32 @@ Test(http1_writer, chunk_framing) {
   } while (rc == 0);
   cr_expect_eq(pos, w.len);
   cr_expect(out_len == 22 && memcmp(out, "hello world, chunked!!", 22) == 0);
+}
+
+/* Many fields and Connection options spread over two Connection fields, in
+ * other cases and with tabs: exactly the fields named go, the others stay
+ * in order (the values are parsed once per head, not once per field). */
+Test(http1_writer, connection_options_over_many_fields) {
+  static char in[16384];
+  size_t n = (size_t)snprintf(in, sizeof(in), "GET / HTTP/1.1\r\nHost: a\r\n");
+  for (int i = 0; i < 120; i++)
+    n += (size_t)snprintf(in + n, sizeof(in) - n, "X-F%03d: v%d\r\n", i, i);
+  n += (size_t)snprintf(in + n, sizeof(in) - n, "Connection: ");
+  for (int i = 0; i < 60; i += 3)
+    n += (size_t)snprintf(in + n, sizeof(in) - n, "%sx-f%03d", i == 0 ? "" : ",\t", i);
+  n += (size_t)snprintf(in + n, sizeof(in) - n, "\r\nConnection: keep-alive");
+  for (int i = 60; i < 120; i += 3)
+    n += (size_t)snprintf(in + n, sizeof(in) - n, ", X-F%03d", i);
+  snprintf(in + n, sizeof(in) - n, "\r\n\r\n");
+  ce_h1_head_t h = parse_req(in);
+
+  static char want[16384], buf[16384];
+  size_t k = 0;
+  for (int i = 0; i < 120; i++)
+    if (i % 3 != 0)
+      k += (size_t)snprintf(want + k, sizeof(want) - k, "X-F%03d: v%d\r\n", i, i);
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, buf, sizeof(buf));
+  cr_assert_eq(ce_h1_write_forwarded_fields(&w, &h, 0), 0);
+  expect_written(&w, want);
 }
