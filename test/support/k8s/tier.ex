@@ -15,22 +15,13 @@ defmodule Condukt.Test.K8s.Tier do
   # and CONDUKT_REQUIRE_ALL_TIERS=1 turns the skip into a failed run.
 
   @key {__MODULE__, :check}
+  alias Condukt.Test.SystemTools
+
   @programs ~w(openssl curl timeout setsid kill)
-  @dirs ~w(/usr/sbin /usr/bin /sbin /bin)
 
   @doc "`:ok` or `{:skip, reason}`, computed once per VM."
   @spec check() :: :ok | {:skip, String.t()}
-  def check do
-    case :persistent_term.get(@key, nil) do
-      nil ->
-        result = compute()
-        :persistent_term.put(@key, result)
-        result
-
-      result ->
-        result
-    end
-  end
+  def check, do: SystemTools.once(@key, &compute/0)
 
   @doc "The skip reason, or nil when the tier can run."
   @spec skip_reason() :: String.t() | nil
@@ -53,8 +44,7 @@ defmodule Condukt.Test.K8s.Tier do
   @doc "The absolute path of a system tool; raises when it is missing."
   @spec tool!(String.t()) :: String.t()
   def tool!(name) do
-    Enum.find_value(@dirs, &executable(Path.join(&1, name))) ||
-      raise("kubernetes tier: `#{name}` not found")
+    SystemTools.find(name) || raise("kubernetes tier: `#{name}` not found")
   end
 
   @doc "scripts/k8s/binaries.sh in this checkout."
@@ -83,17 +73,10 @@ defmodule Condukt.Test.K8s.Tier do
   end
 
   defp compute do
-    with :ok <- check_programs(),
+    with :ok <- SystemTools.require(@programs),
          {:ok, dir} <- check_binaries() do
       :persistent_term.put({__MODULE__, :bin_dir}, dir)
       :ok
-    end
-  end
-
-  defp check_programs do
-    case Enum.reject(@programs, fn p -> Enum.any?(@dirs, &executable(Path.join(&1, p))) end) do
-      [] -> :ok
-      missing -> {:skip, "missing programs: #{Enum.join(missing, ", ")}"}
     end
   end
 
@@ -106,13 +89,6 @@ defmodule Condukt.Test.K8s.Tier do
         {:skip,
          "the Kubernetes binaries are not built (#{String.trim(out)}); " <>
            "`sh scripts/k8s/setup-go.sh && sh scripts/k8s/binaries.sh` builds them once"}
-    end
-  end
-
-  defp executable(path) do
-    case File.stat(path) do
-      {:ok, %{type: :regular, mode: mode}} when Bitwise.band(mode, 0o111) != 0 -> path
-      _ -> nil
     end
   end
 end

@@ -14,6 +14,7 @@ defmodule Condukt.Test.Netns.Tier do
   # failed run.
 
   alias Condukt.Test.Netns.Cmd
+  alias Condukt.Test.SystemTools
 
   @key {__MODULE__, :check}
 
@@ -22,22 +23,11 @@ defmodule Condukt.Test.Netns.Tier do
   # Debian's tools. Python is always Debian's, because its modules
   # (requests, websockets) come from Debian packages.
   @programs ~w(ip iptables ip6tables nginx openssl curl git node setpriv setsid timeout ss sh kill)
-  @dirs ~w(/usr/sbin /usr/bin /sbin /bin)
   @python "/usr/bin/python3"
 
   @doc "`:ok` or `{:skip, reason}`, computed once per VM."
   @spec check() :: :ok | {:skip, String.t()}
-  def check do
-    case :persistent_term.get(@key, nil) do
-      nil ->
-        result = compute()
-        :persistent_term.put(@key, result)
-        result
-
-      result ->
-        result
-    end
-  end
+  def check, do: SystemTools.once(@key, &compute/0)
 
   @doc "The skip reason, or nil when the tier can run."
   @spec skip_reason() :: String.t() | nil
@@ -51,9 +41,7 @@ defmodule Condukt.Test.Netns.Tier do
   @doc "Absolute paths of the programs the tier runs (`\"python3\"` is Debian's)."
   @spec tools() :: %{String.t() => String.t()}
   def tools do
-    Map.new(@programs, fn name ->
-      {name, Enum.find_value(@dirs, &(Path.join(&1, name) |> executable()))}
-    end)
+    Map.new(@programs, &{&1, SystemTools.find(&1)})
     |> Map.put("python3", @python)
   end
 
@@ -85,13 +73,6 @@ defmodule Condukt.Test.Netns.Tier do
     end
   end
 
-  defp executable(path) do
-    case File.stat(path) do
-      {:ok, %{type: :regular, mode: mode}} when Bitwise.band(mode, 0o111) != 0 -> path
-      _ -> nil
-    end
-  end
-
   defp compute do
     with :ok <- check_root(),
          :ok <- check_programs(),
@@ -110,9 +91,8 @@ defmodule Condukt.Test.Netns.Tier do
   end
 
   defp check_programs do
-    case for({name, nil} <- tools(), do: name) ++ if(File.exists?(@python), do: [], else: [@python]) do
-      [] -> :ok
-      missing -> {:skip, "missing programs: #{Enum.join(Enum.sort(missing), ", ")}"}
+    with :ok <- SystemTools.require(@programs) do
+      if File.exists?(@python), do: :ok, else: {:skip, "missing programs: #{@python}"}
     end
   end
 
