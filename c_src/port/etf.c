@@ -12,6 +12,7 @@
 #include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/error.h"
@@ -255,6 +256,45 @@ bool ce_etf_key(const char *buf, int *index, char *name, size_t cap) {
     return true;
   }
   return false;
+}
+
+char *ce_etf_string(const char *buf, int *index, size_t max, const char **why) {
+  const char *s = NULL, *dummy = NULL;
+  size_t n = 0;
+  if (why == NULL)
+    why = &dummy;
+  int i = *index;
+  if (!ce_etf_binary(buf, &i, &s, &n)) {
+    *why = "must be a binary";
+    return NULL;
+  }
+  if (n == 0 || n > max) {
+    *why = "has the wrong length";
+    return NULL;
+  }
+  if (memchr(s, '\0', n) != NULL) {
+    *why = "contains a NUL byte";
+    return NULL;
+  }
+  char *copy = malloc(n + 1);
+  if (copy == NULL) {
+    *why = "could not be copied (out of memory)";
+    return NULL;
+  }
+  memcpy(copy, s, n);
+  copy[n] = '\0';
+  *index = i;
+  return copy;
+}
+
+bool ce_etf_bool(const char *buf, int *index, bool *out) {
+  char atom[CE_ETF_ATOM_MAX];
+  int i = *index;
+  if (!ce_etf_atom(buf, &i, atom) || (strcmp(atom, "true") != 0 && strcmp(atom, "false") != 0))
+    return false;
+  *out = atom[0] == 't';
+  *index = i;
+  return true;
 }
 
 bool ce_etf_u64(const char *buf, int *index, uint64_t *out) {

@@ -60,6 +60,15 @@ bool ce_etf_binary(const char *buf, int *index, const char **data, size_t *len);
  * neither or does not fit. */
 bool ce_etf_key(const char *buf, int *index, char *name, size_t cap);
 
+/* A binary of 1 to max bytes without NUL, copied into a new
+ * NUL-terminated string (paths and names are C strings from here on; the
+ * caller frees it). NULL when the term is not such a binary, with *why
+ * (when not NULL) saying which rule it broke. */
+char *ce_etf_string(const char *buf, int *index, size_t max, const char **why);
+
+/* The atom true or false. */
+bool ce_etf_bool(const char *buf, int *index, bool *out);
+
 /* An integer from 0 to UINT64_MAX. */
 bool ce_etf_u64(const char *buf, int *index, uint64_t *out);
 

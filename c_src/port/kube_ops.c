@@ -55,29 +55,6 @@ void ce__kube_free(ce_port_t *p) {
 
 /* ---- readers -------------------------------------------------------------------------- */
 
-/* A binary of 1..max bytes without NUL, copied. */
-static char *read_str(const char *buf, int *i, size_t max) {
-  const char *s = NULL;
-  size_t n = 0;
-  if (!ce_etf_binary(buf, i, &s, &n) || n == 0 || n > max || memchr(s, '\0', n) != NULL)
-    return NULL;
-  return strndup(s, n);
-}
-
-static bool read_bool(const char *buf, int *i, bool *out) {
-  char atom[CE_ETF_ATOM_MAX];
-  int j = *i;
-  if (!ce_etf_atom(buf, &j, atom))
-    return false;
-  if (strcmp(atom, "true") != 0 && strcmp(atom, "false") != 0)
-    return false;
-  *out = atom[0] == 't';
-  *i = j;
-  return true;
-}
-
-static bool read_u64(const char *buf, int *i, uint64_t *v) { return ce_etf_u64(buf, i, v); }
-
 static bool alnum_lower(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
 
 /* A DNS-1123 label of s[0..n): 1..63 of [a-z0-9-], alphanumeric at both
@@ -227,7 +204,7 @@ static bool open_decode(ce_port_t *p, const char *buf, int i, uint64_t id, open_
         free(o->paths[j]);
       o->npaths = 0;
       for (int j = 0; j < arity; j++) {
-        char *s = read_str(buf, &i, PATH_MAX_);
+        char *s = ce_etf_string(buf, &i, PATH_MAX_, NULL);
         if (s == NULL) {
           BADARG("kube_open: paths[%d] must be a binary of 1 to %u bytes without NUL", j,
                  PATH_MAX_);
@@ -243,13 +220,13 @@ static bool open_decode(ce_port_t *p, const char *buf, int i, uint64_t id, open_
       o->has_paths = true;
       continue;
     } else if (strcmp(name, "insecure") == 0) {
-      if (!read_bool(buf, &i, &o->insecure)) {
+      if (!ce_etf_bool(buf, &i, &o->insecure)) {
         BADARG("kube_open: insecure must be true or false");
         return false;
       }
       continue;
     } else if (strcmp(name, "port") == 0) {
-      if (!read_u64(buf, &i, &o->port)) {
+      if (!ce_etf_u64(buf, &i, &o->port)) {
         BADARG("kube_open: port must be an integer from 1 to 65535");
         return false;
       }
@@ -292,7 +269,7 @@ static bool open_decode(ce_port_t *p, const char *buf, int i, uint64_t id, open_
       return false;
     }
     free(*str);
-    *str = read_str(buf, &i, max);
+    *str = ce_etf_string(buf, &i, max, NULL);
     if (*str == NULL) {
       BADARG("kube_open: %s must be a binary of 1 to %zu bytes without NUL", name, max);
       return false;
@@ -578,7 +555,7 @@ void ce__op_kube_request(ce_port_t *p, const char *buf, int i, uint64_t id) {
       path = strndup(s, n);
     } else if (strcmp(name, "content_type") == 0) {
       free(ctype);
-      ctype = read_str(buf, &i, 200);
+      ctype = ce_etf_string(buf, &i, 200, NULL);
       if (ctype == NULL || strpbrk(ctype, "\r\n") != NULL) {
         BADARG("kube_request: content_type must be a binary of 1 to 200 bytes on one line");
         goto done;
@@ -736,7 +713,7 @@ void ce__op_kube_exec(ce_port_t *p, const char *buf, int i, uint64_t id) {
                                                    : NULL;
     if (slot != NULL) {
       free(*slot);
-      *slot = read_str(buf, &i, NAME_MAX_);
+      *slot = ce_etf_string(buf, &i, NAME_MAX_, NULL);
       if (*slot == NULL) {
         BADARG("kube_exec: %s must be a binary of 1 to %u bytes", name, NAME_MAX_);
         goto done;
@@ -879,7 +856,7 @@ void ce__op_kube_forward(ce_port_t *p, const char *buf, int i, uint64_t id) {
     if (strcmp(name, "namespace") == 0 || strcmp(name, "pod") == 0) {
       char **slot = name[0] == 'n' ? &ns : &pod;
       free(*slot);
-      *slot = read_str(buf, &i, NAME_MAX_);
+      *slot = ce_etf_string(buf, &i, NAME_MAX_, NULL);
       if (*slot == NULL) {
         BADARG("kube_forward: %s must be a binary of 1 to %u bytes", name, NAME_MAX_);
         goto done;

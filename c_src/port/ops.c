@@ -45,35 +45,6 @@ static const char *shown(char *dst, size_t cap, const char *s, size_t n) {
   return dst;
 }
 
-/* Copies a binary argument into a new NUL-terminated string of 1 to max
- * bytes without NUL bytes (paths and names are C strings from here on).
- * Returns NULL when the term is not such a binary; *why says which rule
- * it broke. */
-static char *binary_string(const char *buf, int *i, size_t max, const char **why) {
-  const char *s = NULL;
-  size_t n = 0;
-  if (!ce_etf_binary(buf, i, &s, &n)) {
-    *why = "must be a binary";
-    return NULL;
-  }
-  if (n == 0 || n > max) {
-    *why = "has the wrong length";
-    return NULL;
-  }
-  if (memchr(s, '\0', n) != NULL) {
-    *why = "contains a NUL byte";
-    return NULL;
-  }
-  char *copy = malloc(n + 1);
-  if (copy == NULL) {
-    *why = "could not be copied (out of memory)";
-    return NULL;
-  }
-  memcpy(copy, s, n);
-  copy[n] = '\0';
-  return copy;
-}
-
 /* ---- version ------------------------------------------------------------------ */
 
 static void op_version(ce_port_t *p, const char *buf, int i, uint64_t id) {
@@ -218,7 +189,7 @@ static bool ca_opts_decode(ce_port_t *p, const char *buf, int i, uint64_t id, ca
       /* A common name of 64 characters is at most 256 bytes of UTF-8. */
       size_t max = slot == &o->common_name ? 4 * CE_CA_COMMON_NAME_MAX : CE_PORT_PATH_MAX;
       free(*slot);
-      *slot = binary_string(buf, &i, max, &why);
+      *slot = ce_etf_string(buf, &i, max, &why);
       if (*slot == NULL) {
         if (slot == &o->common_name)
           BADARG("ca_new: common_name %s (1 to %u characters, no NUL)", why,
@@ -328,7 +299,7 @@ done:
 
 static void op_policy_write(ce_port_t *p, const char *buf, int i, uint64_t id) {
   const char *why = NULL;
-  char *path = binary_string(buf, &i, CE_PORT_PATH_MAX, &why);
+  char *path = ce_etf_string(buf, &i, CE_PORT_PATH_MAX, &why);
   if (path == NULL) {
     BADARG("policy_write: Path %s (1 to %u bytes, no NUL)", why, CE_PORT_PATH_MAX);
     return;

@@ -2,6 +2,7 @@
  * before erl_interface reads it, and the small readers. */
 #include <criterion/criterion.h>
 #include <ei.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/error.h"
@@ -172,6 +173,40 @@ Test(port_etf, readers) {
   ei_x_encode_bitstring(&x, "\xff", 0, 3);
   i = 1;
   cr_assert_not(ce_etf_binary(x.buff, &i, &b, &n));
+  ei_x_free(&x);
+}
+
+Test(port_etf, string_and_bool_readers) {
+  ei_x_buff x;
+  ce_test_term(&x, "{<<\"path\">>, <<>>, <<97, 0, 98>>, <<\"toolong\">>, abc, true, false, maybe}");
+  cr_assert_eq(ce_etf_check(x.buff, (size_t)x.index, NULL, 0), CE_OK);
+  int i = 1, arity = 0;
+  cr_assert(ce_etf_tuple(x.buff, &i, &arity));
+  const char *why = NULL;
+  char *s = ce_etf_string(x.buff, &i, 4, &why);
+  cr_assert_str_eq(s, "path");
+  free(s);
+  struct {
+    size_t max;
+    const char *why;
+  } bad[] = {{4, "has the wrong length"}, {4, "contains a NUL byte"}, {6, "has the wrong length"},
+             {4, "must be a binary"}};
+  for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+    int at = i;
+    why = NULL;
+    cr_assert_null(ce_etf_string(x.buff, &i, bad[k].max, &why), "case %zu", k);
+    cr_assert_str_eq(why, bad[k].why, "case %zu", k);
+    cr_assert_eq(i, at, "the index moved on failure (case %zu)", k);
+    ce_etf_skip(x.buff, &i);
+  }
+  bool b = false;
+  cr_assert(ce_etf_bool(x.buff, &i, &b));
+  cr_assert(b);
+  cr_assert(ce_etf_bool(x.buff, &i, &b));
+  cr_assert_not(b);
+  int at = i;
+  cr_assert_not(ce_etf_bool(x.buff, &i, &b), "maybe is not a boolean");
+  cr_assert_eq(i, at);
   ei_x_free(&x);
 }
 
