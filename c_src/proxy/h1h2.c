@@ -508,8 +508,11 @@ void ce_h1h2_process(ce_conn_t *c) {
     bool ok = flush(h);
     if (h->close_out)
       c->resp_keep_alive = false;
+    /* An upstream that ended (a GOAWAY and its close, docs/http2.md §6)
+     * goes; the workspace's connection stays (its response said so), and
+     * its next exchange connects again. */
     if (!ok || !alive)
-      c->resp_keep_alive = false; /* finish_exchange drops the upstream then */
+      ce_conn_upstream_reset(c); /* frees h */
     ce_conn_finish_exchange(c);
     return;
   }
