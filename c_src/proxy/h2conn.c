@@ -144,6 +144,7 @@ typedef struct h1slot {
    * first upstream spoke h2, an own slot for each one opened after a GOAWAY. */
   nghttp2_session *sess;   /* its client session; NULL for HTTP/1.1 */
   bool goaway;             /* it sent GOAWAY: no new streams, closed once its streams end */
+  int32_t goaway_last;     /* ... its last stream id */
   bool want_h2;            /* connecting: offer h2 (then http/1.1) */
 } h1slot_t;
 
@@ -1166,8 +1167,10 @@ static int up_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, v
      * new streams wait for a new connection. Only a NO_ERROR GOAWAY gets
      * one: an error says the upstream gave up on us. */
     h1slot_t *sl = slot_of_session(h, session);
-    if (sl != NULL)
+    if (sl != NULL) {
       sl->goaway = true;
+      sl->goaway_last = frame->goaway.last_stream_id;
+    }
     uint32_t code = frame->goaway.error_code;
     CE_TRACE_D("proxy", 'c', h->c->id, "h2: upstream connection %d sent GOAWAY %s, last stream %d",
                sl != NULL ? (int)(sl - h->slots) : -1, nghttp2_http2_strerror(code),
@@ -1227,11 +1230,15 @@ static int up_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
   snprintf(reason, sizeof(reason), "upstream_reset: RST_STREAM %s", nghttp2_http2_strerror(error_code));
   if (error_code == NGHTTP2_REFUSED_STREAM && !s->rs_head_done && !s->local) {
     /* Refused (RST_STREAM REFUSED_STREAM, or above the last stream id of
-     * a GOAWAY): nothing was processed (RFC 9113 §8.7). Sent again, once,
-     * when all of it is still here (the head, and no body byte gone):
-     * over a new connection after a GOAWAY (docs/http2.md §6). */
-    if (!s->retried && s->up_sent == 0 && s->rq.n > 0 && !s->rq.overflow && h->up_fail[0] == '\0' &&
-        !h->draining && !h->failed && !h->closing) {
+     * a GOAWAY): nothing was processed (RFC 9113 §8.7). Sent again when
+     * all of it is still here (the head, and no body byte gone): over a
+     * new connection after a GOAWAY (docs/http2.md §6). As often as the
+     * refusing connection took streams before its GOAWAY (its last stream
+     * id > 0: progress, as after nginx's keepalive_requests); else once. */
+    h1slot_t *rsl = slot_of_session(h, session);
+    bool progress = rsl != NULL && rsl->goaway && stream_id > rsl->goaway_last && rsl->goaway_last > 0;
+    if ((!s->retried || progress) && s->up_sent == 0 && s->rq.n > 0 && !s->rq.overflow &&
+        h->up_fail[0] == '\0' && !h->draining && !h->failed && !h->closing) {
       s->retried = true;
       CE_TRACE_D("proxy", 'c', h->c->id, "h2: stream %d refused by the upstream; sending it again",
                  (int)s->cid);
@@ -2249,6 +2256,7 @@ static void up_gone(h1slot_t *sl, const char *reason) {
   nghttp2_session_del(sl->sess);
   sl->sess = NULL;
   sl->goaway = false;
+  sl->goaway_last = 0;
   if (sl->conn_slot)
     ce_conn_upstream_reset(h->c);
   else

@@ -10,10 +10,18 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
 
   defp policy, do: [rules: [allow: ~w(allowed.test)], default: :deny]
 
+  # servers/h2_origin.py (h2 only): its /goaway-once paths are refused by
+  # a GOAWAY the first time they come.
+  @h2_only 8093
+
   setup_all do
     tb = Testbed.start()
     limit_nginx_requests!(tb, 5)
-    sc = Sidecar.start(tb, policy(), ports: [443])
+    {crt, key} = tb.pki.server
+    py = Tier.tool!("python3")
+    origin = Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "h2_origin.py"), "#{@h2_only}", crt, key])
+    :ok = Testbed.wait_listening(tb, :inet, tcp: ["0.0.0.0:#{@h2_only}"], pids: [origin])
+    sc = Sidecar.start(tb, policy(), ports: [443, @h2_only])
     on_exit(fn -> Sidecar.stop(sc) end)
     %{tb: tb, sc: sc}
   end
@@ -54,6 +62,17 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
   end
 
   defp tag, do: "t=#{System.unique_integer([:positive])}"
+
+  # Every event of the requests whose query is q, until `n` closing ones.
+  defp events_for(q, n \\ 1, acc \\ []) do
+    receive do
+      {:egress_event, %{"query" => ^q} = ev} ->
+        n = if ev["event"] in ~w(request_closed request_failed request_denied), do: n - 1, else: n
+        if n == 0, do: Enum.reverse([ev | acc]), else: events_for(q, n, [ev | acc])
+    after
+      15_000 -> flunk("events for #{q}: #{inspect(Enum.reverse(acc))}")
+    end
+  end
 
   # nginx's entries for requests whose URI contains `q` (the log is
   # written when a request ends: polled until `n` are there).
@@ -182,5 +201,63 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
 
     events = closing_events(q, 20)
     assert Enum.all?(events, &(&1["event"] == "request_closed" and &1["status"] == 200)), inspect(events)
+  end
+
+  describe "a stream the GOAWAY refused (h2_origin.py /goaway-once)" do
+    test "h2 workspace: sent again over a new connection, one request_allowed", %{tb: tb, sc: sc} do
+      q = tag()
+      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h2_only, mode: "paths", paths: ["/goaway-once"], query: q})
+      assert %{"status" => 200, "ended" => true} = st = out["streams"]["1"], inspect(out)
+      assert st["body"] == "h2 origin /goaway-once?#{q} seen 2 body 0\n"
+      events = events_for(q)
+      assert Enum.map(events, & &1["event"]) == ~w(request_opened request_allowed request_closed), inspect(events)
+    end
+
+    test "h2 workspace: a refused stream whose body went is a 502 that says why", %{tb: tb, sc: sc} do
+      q = tag()
+
+      out =
+        h2_raw(tb, sc, %{
+          host: "allowed.test",
+          port: @h2_only,
+          mode: "uploads",
+          paths: ["/goaway-once"],
+          size: 1000,
+          query: q
+        })
+
+      assert %{"status" => 502} = out["streams"]["1"], inspect(out)
+      last = List.last(events_for(q))
+      assert last["event"] == "request_failed"
+      assert last["reason"] =~ "upstream_refused: the upstream refused the stream after 1000 bytes", inspect(last)
+    end
+
+    test "HTTP/1.1 workspace: sent again over a new h2 connection, one request_allowed", %{tb: tb, sc: sc} do
+      q = tag()
+      r = Client.run(tb, :curl, "https://allowed.test:#{@h2_only}/goaway-once?#{q}", ca: sc.ca_cert, http: :h1)
+      assert r.ok and r.status == 200, inspect(r)
+      assert r.body == "h2 origin /goaway-once?#{q} seen 2 body 0\n"
+      events = events_for(q)
+      assert Enum.map(events, & &1["event"]) == ~w(request_opened request_allowed request_closed), inspect(events)
+    end
+
+    test "HTTP/1.1 workspace: a refused stream whose body was read is a 502 that says why", %{tb: tb, sc: sc} do
+      q = tag()
+
+      r =
+        Client.run(tb, :curl, "https://allowed.test:#{@h2_only}/goaway-once?#{q}",
+          method: "POST",
+          body: String.duplicate("b", 1000),
+          ca: sc.ca_cert,
+          http: :h1
+        )
+
+      assert r.status == 502, inspect(r)
+      last = List.last(events_for(q))
+      assert last["event"] == "request_failed"
+
+      assert last["reason"] =~ "upstream_refused: the upstream refused the stream after the request body was read",
+             inspect(last)
+    end
   end
 end
