@@ -232,6 +232,28 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
       assert last["reason"] =~ "upstream_refused: the upstream refused the stream after 1000 bytes", inspect(last)
     end
 
+    test "h2 workspace: after a GOAWAY with an error no new connection: the next stream is a 502 that says why",
+         %{tb: tb, sc: sc} do
+      q = tag()
+
+      out =
+        h2_raw(tb, sc, %{
+          host: "allowed.test",
+          port: @h2_only,
+          mode: "uploads",
+          paths: ["/goaway-error", "/after"],
+          size: 1,
+          query: q
+        })
+
+      assert %{"status" => 502} = out["streams"]["1"], inspect(out)
+      assert %{"status" => 502} = out["streams"]["3"], inspect(out)
+      [first, second] = Enum.filter(events_for(q, 2), &(&1["event"] == "request_failed"))
+      assert first["path"] == "/goaway-error" and first["reason"] =~ "upstream_refused", inspect(first)
+      assert second["path"] == "/after", inspect(second)
+      assert second["reason"] == "upstream_unreachable: the upstream sent GOAWAY INTERNAL_ERROR", inspect(second)
+    end
+
     test "HTTP/1.1 workspace: sent again over a new h2 connection, one request_allowed", %{tb: tb, sc: sc} do
       q = tag()
       r = Client.run(tb, :curl, "https://allowed.test:#{@h2_only}/goaway-once?#{q}", ca: sc.ca_cert, http: :h1)

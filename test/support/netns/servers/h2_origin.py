@@ -16,6 +16,9 @@ handshake), IPv4 and IPv6. Answers by path:
              (the stream is refused, nothing of it processed) and the
              connection closes; every later time 200 "h2 origin <path>
              seen <n> body <bytes>\\n" (<n>: how many times the path came)
+  /goaway-error
+             once its request ended: GOAWAY INTERNAL_ERROR with a last
+             stream id below it, and the connection closes
   anything   200 "h2 origin <path>\\n"
 
 Run: /usr/bin/python3 h2_origin.py PORT CERT KEY
@@ -56,12 +59,13 @@ def serve(tls):
                 streams[ev.stream_id]["trailers"] = [(k.decode(), v.decode()) for k, v in ev.headers]
             elif isinstance(ev, h2.events.StreamEnded):
                 st = streams.pop(ev.stream_id)
-                if st["path"].startswith("/goaway-once"):
+                if st["path"].startswith("/goaway-once") or st["path"].startswith("/goaway-error"):
                     with SEEN_LOCK:
                         n = SEEN.get(st["path"], 0) + 1
                         SEEN[st["path"]] = n
-                    if n == 1:
-                        conn.close_connection(error_code=0, last_stream_id=max(ev.stream_id - 2, 0))
+                    if n == 1 or st["path"].startswith("/goaway-error"):
+                        code = 2 if st["path"].startswith("/goaway-error") else 0
+                        conn.close_connection(error_code=code, last_stream_id=max(ev.stream_id - 2, 0))
                         tls.sendall(conn.data_to_send())
                         # Closed once the client is done: a close with
                         # bytes unread would be a reset, which may take the
