@@ -118,11 +118,13 @@ typedef struct h2s {
 } h2s_t;
 
 /*
- * One HTTP/1.1 upstream connection of the pool (docs/http2.md §6). Slot 0
- * is c->u, connected by conn.c (ce_conn_h2_connect, it may be the
- * pre-connected one); the others have their own handle, connected here
- * the same way (resolve, private-address rule, marked socket, verified
- * TLS offering http/1.1) under their own timer.
+ * One upstream connection of the pool (docs/http2.md §6). Slot 0 is c->u,
+ * connected by conn.c (ce_conn_h2_connect, it may be the pre-connected
+ * one); the others have their own handle, connected here the same way
+ * (resolve, private-address rule, marked socket, verified TLS offering
+ * http/1.1, or h2 and http/1.1 after an h2 upstream's GOAWAY) under their
+ * own timer. A slot carries HTTP/1.1 (one stream at a time) or an h2
+ * session (sess: its streams, and draining after a GOAWAY).
  */
 typedef struct h1slot {
   struct ce_h2conn *h;
