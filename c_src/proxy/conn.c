@@ -854,8 +854,9 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
   }
   c->addrs = keep;
   c->next_addr = keep;
-  if (!c->preconnecting && !c->h2_connecting)
+  if (!c->preconnecting && !c->h2_connecting && !c->retrying)
     emit(c, "request_allowed", NULL);
+  c->retrying = false;
   connect_next(c);
 }
 
@@ -2185,6 +2186,12 @@ void ce_conn_touch(ce_conn_t *c) {
 }
 void ce_conn_failed_mid_response(ce_conn_t *c, const char *reason) { upstream_failed_mid_response(c, reason); }
 void ce_conn_finish_exchange(ce_conn_t *c) { finish_exchange(c); }
+void ce_conn_retry_exchange(ce_conn_t *c) {
+  upstream_reset(c);
+  c->retrying = true;
+  trace(c, "the upstream refused the stream; connecting again for %s", c->req.host);
+  connect_upstream(c);
+}
 
 void ce_conn_h2_connect(ce_conn_t *c) {
   if (c->dead || c->h2_connecting)

@@ -131,6 +131,8 @@ struct ce_conn {
   bool h2_connecting;      /* ST_H2: connecting an HTTP/1.1 upstream for streams */
   bool hard_deadline;      /* the timer runs to a fixed end: nothing re-arms it */
   struct ce_h1h2 *h1h2;    /* HTTP/1.1 path over an h2 upstream (h1h2.c), with c->u */
+  uint64_t h1h2_retried;   /* the request (id) sent again after its stream was refused */
+  bool retrying;           /* connecting again for it: request_allowed was said */
 };
 
 /* conn.c, for h2conn.c. */
@@ -179,6 +181,10 @@ void ce_conn_h2_connect(ce_conn_t *c);
 void ce_conn_failed_mid_response(ce_conn_t *c, const char *reason);
 /* The current HTTP/1.1 exchange's response is complete. */
 void ce_conn_finish_exchange(ce_conn_t *c);
+/* The h2 upstream refused the current exchange's stream before it
+ * processed any of it (a GOAWAY, docs/http2.md §6): the upstream goes and
+ * the request is sent again over a new connection, made like the first. */
+void ce_conn_retry_exchange(ce_conn_t *c);
 
 /* h1h2.c: an HTTP/1.1 workspace over an h2 upstream (docs/http2.md §6). */
 struct ce_h1h2;

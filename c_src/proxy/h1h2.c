@@ -66,6 +66,9 @@ struct ce_h1h2 {
   char fail[200];          /* the stream failed: why */
   size_t unconsumed;       /* DATA written to the workspace, not yet acknowledged */
   size_t unconsumed_conn;  /* ... of a stream that is gone */
+  bool refused;            /* the stream was refused: nothing of it was processed */
+  bool body_taken;         /* request body bytes left the workspace's buffer */
+  bool goaway_error;       /* the upstream's GOAWAY carried an error */
 };
 
 typedef struct ce_h1h2 h1h2_t;
@@ -193,6 +196,8 @@ static void final_head(h1h2_t *h, int status) {
 
 static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
   h1h2_t *h = user_data;
+  if (frame->hd.type == NGHTTP2_GOAWAY && frame->goaway.error_code != NGHTTP2_NO_ERROR)
+    h->goaway_error = true;
   if (cur_sid(session, h, frame->hd.stream_id) == 0)
     return 0;
   ce_conn_t *c = h->c;
@@ -253,6 +258,9 @@ static int on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
     char reason[120];
     snprintf(reason, sizeof(reason), "upstream_reset: RST_STREAM %s", nghttp2_http2_strerror(error_code));
     set_fail(h, reason);
+    /* RST_STREAM REFUSED_STREAM, or above the last stream id of a GOAWAY
+     * (RFC 9113 §8.7): the request may go again (ce_h1h2_process). */
+    h->refused = error_code == NGHTTP2_REFUSED_STREAM && !h->head_sent;
   }
   return 0;
 }
@@ -384,6 +392,7 @@ int ce_h1h2_begin(ce_conn_t *c) {
   h->head_sent = h->chunked_out = h->close_out = h->no_body = h->trailers = h->ended = h->continued = false;
   h->fail[0] = '\0';
   h->unconsumed = 0;
+  h->refused = h->body_taken = false;
   ce_h1_head_t *hd = malloc(sizeof(*hd));
   ce_h2h_field_t *f = malloc(sizeof(*f) * (CE_H1_MAX_FIELDS + 5u));
   char *names = malloc(CE_H1_MAX_HEAD_BYTES);
@@ -449,6 +458,7 @@ static bool take_body(h1h2_t *h) {
     memmove(c->c.in, c->c.in + used, c->c.in_len - used);
     c->c.in_len -= used;
     more = true;
+    h->body_taken = true;
     if (rc == 1)
       c->req_done = true;
     if (used == 0)
@@ -508,15 +518,32 @@ void ce_h1h2_process(ce_conn_t *c) {
     bool ok = flush(h);
     if (h->close_out)
       c->resp_keep_alive = false;
+    /* An upstream that ended (a GOAWAY and its close, docs/http2.md §6)
+     * goes; the workspace's connection stays (its response said so), and
+     * its next exchange connects again. */
     if (!ok || !alive)
-      c->resp_keep_alive = false; /* finish_exchange drops the upstream then */
+      ce_conn_upstream_reset(c); /* frees h */
     ce_conn_finish_exchange(c);
     return;
   }
   if (h->fail[0] != '\0') {
     char reason[200];
     snprintf(reason, sizeof(reason), "%s", h->fail);
+    if (h->refused && h->body_taken)
+      snprintf(reason, sizeof(reason), "%s",
+               "upstream_refused: the upstream refused the stream after the request body was read; it cannot be "
+               "sent again");
+    /* docs/http2.md §6: a refused stream goes again, once, over a new
+     * connection when nothing of it is lost (no body read, no 100
+     * Continue said) and no GOAWAY said the upstream gave up on us. */
+    bool again = h->refused && !h->body_taken && !h->continued && !h->goaway_error && !c->proxy->draining &&
+                 c->h1h2_retried != c->req.id;
     h->sid = 0;
+    if (again) {
+      c->h1h2_retried = c->req.id;
+      ce_conn_retry_exchange(c); /* frees h */
+      return;
+    }
     ce_conn_upstream_reset(c); /* frees h */
     ce_conn_failed_mid_response(c, reason);
     return;

@@ -96,7 +96,7 @@ typedef struct h2s {
   bool ask_wait;           /* waiting for one of the connection's CE_H2_MAX_ASKS */
   int32_t decide_rule;
   bool decide_cache;
-  /* Over the HTTP/1.1 upstream (h->up == NULL, docs/http2.md §6). */
+  /* Over an HTTP/1.1 upstream (docs/http2.md §6). */
   struct h2s *qnext;
   bool queued;             /* waiting for an upstream connection */
   struct h1slot *slot;     /* the upstream connection serving it, or NULL */
@@ -109,14 +109,22 @@ typedef struct h2s {
   ce_h1_framing_t h1_framing;
   ce_h1_body_t h1_body;
   char *h1_trailers;       /* CE_H1_MAX_TRAILER_BYTES: the chunked body's trailers */
+  /* Over an h2 upstream connection (docs/http2.md §6 "GOAWAY"). */
+  struct h1slot *uslot;    /* the connection whose session uid is on, NULL once it is gone */
+  bool on_h2;              /* went to an h2 upstream (uid 0 then: its stream closed) */
+  bool allowed_sent;       /* request_allowed went out */
+  bool retried;            /* refused once and sent again: never twice */
+  size_t up_sent;          /* request body bytes handed to an h2 upstream */
 } h2s_t;
 
 /*
- * One HTTP/1.1 upstream connection of the pool (docs/http2.md §6). Slot 0
- * is c->u, connected by conn.c (ce_conn_h2_connect, it may be the
- * pre-connected one); the others have their own handle, connected here
- * the same way (resolve, private-address rule, marked socket, verified
- * TLS offering http/1.1) under their own timer.
+ * One upstream connection of the pool (docs/http2.md §6). Slot 0 is c->u,
+ * connected by conn.c (ce_conn_h2_connect, it may be the pre-connected
+ * one); the others have their own handle, connected here the same way
+ * (resolve, private-address rule, marked socket, verified TLS offering
+ * http/1.1, or h2 and http/1.1 after an h2 upstream's GOAWAY) under their
+ * own timer. A slot carries HTTP/1.1 (one stream at a time) or an h2
+ * session (sess: its streams, and draining after a GOAWAY).
  */
 typedef struct h1slot {
   struct ce_h2conn *h;
@@ -134,12 +142,22 @@ typedef struct h1slot {
   bool timer_init, timer_closing;
   bool cooldown;           /* failed to open: not again until a stream ends */
   int last_err;
+  /* An h2 upstream connection (docs/http2.md §6 "GOAWAY"): slot 0 when the
+   * first upstream spoke h2, an own slot for each one opened after a GOAWAY. */
+  nghttp2_session *sess;   /* its client session; NULL for HTTP/1.1 */
+  bool goaway;             /* it sent GOAWAY: no new streams, closed once its streams end */
+  int32_t goaway_last;     /* ... its last stream id */
+  bool want_h2;            /* connecting: offer h2 (then http/1.1) */
 } h1slot_t;
 
 struct ce_h2conn {
   ce_conn_t *c;
   nghttp2_session *srv;    /* towards the workspace */
-  nghttp2_session *up;     /* towards the upstream; NULL once gone */
+  /* The upstream speaks h2: new streams go to the slot whose session takes
+   * them (up_current); after a GOAWAY a new connection is opened offering
+   * h2, one at a time (docs/http2.md §6 "GOAWAY"). */
+  bool h2up;
+  char up_fail[200];       /* the h2 upstream failed for good: new streams get 502 with this */
   ce_h2_guard_t guard;
   h2s_t *streams;
   size_t nstreams;
@@ -163,6 +181,27 @@ static void slot_reset(h1slot_t *sl);
 static void slot_drop(h1slot_t *sl);
 static void slot_connect_next(h1slot_t *sl);
 static void slot_timeout(uv_timer_t *t);
+static int up_session_new(struct ce_h2conn *h, nghttp2_session **out);
+
+/* The session a stream's uid belongs to, or NULL. */
+static nghttp2_session *stream_up(const h2s_t *s) {
+  return s->uslot != NULL ? s->uslot->sess : NULL;
+}
+
+/* The h2 upstream connection that takes new streams, or NULL. */
+static h1slot_t *up_current(h2_t *h) {
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++)
+    if (h->slots[i].sess != NULL && !h->slots[i].goaway)
+      return &h->slots[i];
+  return NULL;
+}
+
+static h1slot_t *slot_of_session(h2_t *h, nghttp2_session *session) {
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++)
+    if (h->slots[i].sess == session)
+      return &h->slots[i];
+  return NULL;
+}
 
 static uint64_t now_ms(void) {
   struct timespec ts;
@@ -340,11 +379,12 @@ static void stream_release_windows(h2_t *h, h2s_t *s) {
     nghttp2_session_consume(h->srv, s->cid, s->up.len);
     s->up.len = 0;
   }
-  if (s->down.len > 0 && h->up != NULL) {
+  nghttp2_session *us = stream_up(s);
+  if (s->down.len > 0 && us != NULL) {
     if (s->uid > 0)
-      nghttp2_session_consume(h->up, s->uid, s->down.len);
+      nghttp2_session_consume(us, s->uid, s->down.len);
     else
-      nghttp2_session_consume_connection(h->up, s->down.len);
+      nghttp2_session_consume_connection(us, s->down.len);
     down_drop(h, s);
   }
 }
@@ -455,9 +495,9 @@ static void local_answer(h2s_t *s, int status, const char *text) {
       s->req.responded_at_us = ce_now_us();
   }
   /* Nothing more from the upstream for this stream. */
-  if (s->uid > 0 && h->up != NULL) {
-    nghttp2_session_set_stream_user_data(h->up, s->uid, NULL);
-    nghttp2_submit_rst_stream(h->up, NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
+  if (s->uid > 0 && stream_up(s) != NULL) {
+    nghttp2_session_set_stream_user_data(stream_up(s), s->uid, NULL);
+    nghttp2_submit_rst_stream(stream_up(s), NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
     s->uid = 0;
   }
 }
@@ -503,11 +543,12 @@ static ssize_t down_read(nghttp2_session *session, int32_t stream_id, uint8_t *b
   if (n > 0) {
     s->req.bytes_in += n;
     /* The bytes left the proxy: the upstream may send as many again. */
-    if (h->up != NULL) {
+    nghttp2_session *us = stream_up(s);
+    if (us != NULL) {
       if (s->uid > 0)
-        nghttp2_session_consume(h->up, s->uid, n);
+        nghttp2_session_consume(us, s->uid, n);
       else
-        nghttp2_session_consume_connection(h->up, n);
+        nghttp2_session_consume_connection(us, n);
     }
   }
   if (s->down.len == 0 && s->down.eof) {
@@ -535,6 +576,7 @@ static ssize_t up_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf
   h2_t *h = s->h;
   size_t n = sbuf_take(&s->up, buf, length);
   if (n > 0) {
+    s->up_sent += n; /* gone: a refused stream cannot be sent again */
     s->req.bytes_out += n;
     ce_reqinfo_add_preview(&s->req, (const char *)buf, n, h->c->proxy->opts->body_preview);
     nghttp2_session_consume(h->srv, s->cid, n);
@@ -607,35 +649,58 @@ static h2s_t *h1_pop(h2_t *h) {
   return s;
 }
 
-/* An allowed stream goes upstream: a new h2 stream, or the HTTP/1.1 queue. */
-static void stream_forward(h2s_t *s) {
-  h2_t *h = s->h;
-  if (h->draining) {
-    stream_event(s, "request_allowed", NULL);
-    fail_502(s, "upstream_unreachable: the proxy is draining");
+/* request_allowed, once (a stream sent again after a refusal said it). */
+static void stream_allowed(h2s_t *s) {
+  if (s->allowed_sent)
     return;
-  }
-  if (h->up == NULL) {
-    /* request_allowed when an upstream connection takes it (h1_pump):
-     * the private-address rule may still refuse it (fail_queue). */
-    h1_enqueue(s);
-    return;
-  }
+  s->allowed_sent = true;
+  stream_event(s, "request_allowed", NULL);
+}
+
+/* A new stream on the h2 upstream connection sl. */
+static void stream_submit(h2s_t *s, h1slot_t *sl) {
   /* Pseudo-headers first, as received (nghttp2 checked them), then the
    * rest: nghttp2 already refused connection-specific fields. */
   nghttp2_nv nva[CE_H2_MAX_FIELDS];
   size_t k = hset_nva(&s->rq, nva, CE_H2_MAX_FIELDS, true);
   nghttp2_data_provider prd = {.source.ptr = s, .read_callback = up_read};
-  bool body = !(s->up.eof && s->up.len == 0);
-  int32_t uid = nghttp2_submit_request(h->up, NULL, nva, k, body ? &prd : NULL, s);
-  stream_event(s, "request_allowed", NULL);
+  bool body = !(s->up.eof && s->up.len == 0) || s->rq_trailers;
+  int32_t uid = nghttp2_submit_request(sl->sess, NULL, nva, k, body ? &prd : NULL, s);
+  stream_allowed(s);
   if (uid < 0) {
     fail_502(s, "upstream_unreachable: cannot open an upstream stream");
     return;
   }
   s->uid = uid;
-  /* nghttp2 copied the fields: the head is not needed any more. */
-  hset_free(&s->rq);
+  s->uslot = sl;
+  s->on_h2 = true;
+  /* nghttp2 copied the fields; the head stays until the response head
+   * comes, for a refused stream to be sent again (up_stream_close). */
+}
+
+/* An allowed stream goes upstream: a new h2 stream, or the queue (for an
+ * HTTP/1.1 connection, or an h2 one being opened after a GOAWAY). */
+static void stream_forward(h2s_t *s) {
+  h2_t *h = s->h;
+  if (h->draining) {
+    stream_allowed(s);
+    fail_502(s, "upstream_unreachable: the proxy is draining");
+    return;
+  }
+  if (h->h2up && h->up_fail[0] != '\0') {
+    stream_allowed(s);
+    fail_502(s, h->up_fail);
+    return;
+  }
+  h1slot_t *sl = h->h2up ? up_current(h) : NULL;
+  if (sl == NULL) {
+    /* request_allowed when an upstream connection takes it (h1_pump,
+     * up_take_queue): the private-address rule may still refuse it
+     * (fail_queue). */
+    h1_enqueue(s);
+    return;
+  }
+  stream_submit(s, sl);
 }
 
 /* ---- decisions ------------------------------------------------------------------------- */
@@ -873,7 +938,6 @@ static int srv_header(nghttp2_session *session, const nghttp2_frame *frame, cons
 }
 
 static int srv_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
-  h2_t *h = user_data;
   h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
   if (s == NULL)
     return 0;
@@ -894,15 +958,14 @@ static int srv_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, 
   }
   if (end && (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA)) {
     s->up.eof = true;
-    if (s->uid > 0 && h->up != NULL)
-      nghttp2_session_resume_data(h->up, s->uid);
+    if (s->uid > 0 && stream_up(s) != NULL)
+      nghttp2_session_resume_data(stream_up(s), s->uid);
   }
   return 0;
 }
 
 static int srv_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data, size_t len,
                     void *user_data) {
-  h2_t *h = user_data;
   h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
   if (s == NULL || s->local || s->h1_abandon || (s->uid == 0 && s->rq_head_done && s->have_req && s->event_done)) {
     nghttp2_session_consume(session, stream_id, len);
@@ -914,8 +977,8 @@ static int srv_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, 
     nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_FLOW_CONTROL_ERROR);
     return 0;
   }
-  if (s->uid > 0 && h->up != NULL)
-    nghttp2_session_resume_data(h->up, s->uid);
+  if (s->uid > 0 && stream_up(s) != NULL)
+    nghttp2_session_resume_data(stream_up(s), s->uid);
   return 0;
 }
 
@@ -929,7 +992,7 @@ static void stream_end_early(h2s_t *s) {
   h2_t *h = s->h;
   if (!s->resp_end_sent || h->failed || nghttp2_session_get_stream_remote_close(h->srv, s->cid) != 0)
     return;
-  if (!s->local && !s->h1_abandon && !(h->up != NULL && s->uid == 0))
+  if (!s->local && !s->h1_abandon && !(s->on_h2 && s->uid == 0))
     return;
   nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_NO_ERROR);
 }
@@ -999,9 +1062,9 @@ static int srv_stream_close(nghttp2_session *session, int32_t stream_id, uint32_
     snprintf(reason, sizeof(reason), "client_reset: RST_STREAM %s", nghttp2_http2_strerror(error_code));
     stream_finish_event(s, reason);
   }
-  if (s->uid > 0 && h->up != NULL) {
-    nghttp2_session_set_stream_user_data(h->up, s->uid, NULL);
-    nghttp2_submit_rst_stream(h->up, NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
+  if (s->uid > 0 && stream_up(s) != NULL) {
+    nghttp2_session_set_stream_user_data(stream_up(s), s->uid, NULL);
+    nghttp2_submit_rst_stream(stream_up(s), NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
   }
   h1_unqueue(h, s);
   if (s->slot != NULL && s->slot->cur == s) {
@@ -1048,8 +1111,8 @@ static void upstream_response(h2s_t *s, bool end) {
   if (s->rs.overflow) {
     s->fail[0] = '\0';
     snprintf(s->fail, sizeof(s->fail), "upstream_bad_response: header list too large");
-    nghttp2_session_set_stream_user_data(h->up, s->uid, NULL);
-    nghttp2_submit_rst_stream(h->up, NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
+    nghttp2_session_set_stream_user_data(stream_up(s), s->uid, NULL);
+    nghttp2_submit_rst_stream(stream_up(s), NGHTTP2_FLAG_NONE, s->uid, NGHTTP2_CANCEL);
     s->uid = 0;
     fail_502(s, s->fail);
     return;
@@ -1070,12 +1133,34 @@ static void upstream_response(h2s_t *s, bool end) {
   int rc = nghttp2_submit_response(h->srv, s->cid, nva, k, end ? NULL : &prd);
   s->rs_head_done = true;
   hset_reset(&s->rs);
+  /* Answered: the stream will not be sent again (up_stream_close). */
+  hset_free(&s->rq);
   if (rc != 0)
     nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
 }
 
 static int up_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
   h2_t *h = user_data;
+  if (frame->hd.type == NGHTTP2_GOAWAY) {
+    /* docs/http2.md §6 "GOAWAY": the streams up to its last stream id
+     * finish on this connection, which closes after them; nghttp2 closes
+     * the others (REFUSED_STREAM, up_stream_close sends them again) and
+     * new streams wait for a new connection. Only a NO_ERROR GOAWAY gets
+     * one: an error says the upstream gave up on us. */
+    h1slot_t *sl = slot_of_session(h, session);
+    if (sl != NULL) {
+      sl->goaway = true;
+      sl->goaway_last = frame->goaway.last_stream_id;
+    }
+    uint32_t code = frame->goaway.error_code;
+    CE_TRACE_D("proxy", 'c', h->c->id, "h2: upstream connection %d sent GOAWAY %s, last stream %d",
+               sl != NULL ? (int)(sl - h->slots) : -1, nghttp2_http2_strerror(code),
+               (int)frame->goaway.last_stream_id);
+    if (code != NGHTTP2_NO_ERROR && h->up_fail[0] == '\0')
+      snprintf(h->up_fail, sizeof(h->up_fail), "upstream_unreachable: the upstream sent GOAWAY %s",
+               nghttp2_http2_strerror(code));
+    return 0;
+  }
   h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
   if (s == NULL)
     return 0;
@@ -1126,11 +1211,38 @@ static int up_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
   snprintf(reason, sizeof(reason), "upstream_reset: RST_STREAM %s", nghttp2_http2_strerror(error_code));
   if (error_code == NGHTTP2_REFUSED_STREAM && !s->rs_head_done && !s->local) {
     /* Refused (RST_STREAM REFUSED_STREAM, or above the last stream id of
-     * a GOAWAY): nothing was processed, the workspace may retry. */
+     * a GOAWAY): nothing was processed (RFC 9113 §8.7). Sent again when
+     * all of it is still here (the head, and no body byte gone): over a
+     * new connection after a GOAWAY (docs/http2.md §6). As often as the
+     * refusing connection took streams before its GOAWAY (its last stream
+     * id > 0: progress, as after nginx's keepalive_requests); else once. */
+    h1slot_t *rsl = slot_of_session(h, session);
+    bool progress = rsl != NULL && rsl->goaway && stream_id > rsl->goaway_last && rsl->goaway_last > 0;
+    if ((!s->retried || progress) && s->up_sent == 0 && s->rq.n > 0 && !s->rq.overflow &&
+        h->up_fail[0] == '\0' && !h->draining && !h->failed && !h->closing) {
+      s->retried = true;
+      CE_TRACE_D("proxy", 'c', h->c->id, "h2: stream %d refused by the upstream; sending it again",
+                 (int)s->cid);
+      h1_enqueue(s);
+      return 0;
+    }
+    hset_free(&s->rq);
+    if (s->up_sent > 0) {
+      /* Part of its body went and is gone: never a partial request. */
+      char why[200];
+      snprintf(why, sizeof(why),
+               "upstream_refused: the upstream refused the stream after %zu bytes of its request body were "
+               "sent; they cannot be sent again",
+               s->up_sent);
+      fail_502(s, why);
+      return 0;
+    }
+    /* The workspace may retry itself. */
     snprintf(s->fail, sizeof(s->fail), "%s", reason);
     nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_REFUSED_STREAM);
     return 0;
   }
+  hset_free(&s->rq);
   if (!s->rs_head_done && !s->local) {
     fail_502(s, reason);
     return 0;
@@ -1471,11 +1583,12 @@ static bool slot_connecting(const h1slot_t *sl) {
   return sl->conn_slot ? sl->h->c->h2_connecting : sl->connecting;
 }
 
-/* Connected, verified, idle and clean: it may take a stream. */
+/* Connected, verified, idle and clean: it may take a stream (over
+ * HTTP/1.1; an h2 connection takes its streams in up_take_queue). */
 static bool slot_ready(const h1slot_t *sl) {
   const side_t *u = sl->s;
-  return sl->cur == NULL && !slot_connecting(sl) && u->open && u->connected && u->handshaken && !u->eof &&
-         u->in_len == 0;
+  return sl->cur == NULL && sl->sess == NULL && !slot_connecting(sl) && u->open && u->connected && u->handshaken &&
+         !u->eof && u->in_len == 0;
 }
 
 static void own_handle_closed(uv_handle_t *hd) {
@@ -1542,7 +1655,7 @@ static void fail_queue(h2_t *h, int status, const char *reason) {
   snprintf(why, sizeof(why), "%s", reason != NULL ? reason : "upstream_unreachable");
   h2s_t *s;
   while ((s = h1_pop(h)) != NULL) {
-    if (status == 403) {
+    if (status == 403 && !s->allowed_sent) {
       char text[600], safe[400];
       plain(safe, sizeof(safe), why);
       snprintf(text, sizeof(text), "condukt: the network policy of this sandbox refused the request: %s\n", safe);
@@ -1570,7 +1683,7 @@ static void slot_failed(h1slot_t *sl, int status, const char *reason) {
   CE_TRACE_D("proxy", 'c', h->c->id, "h2: upstream connection %d failed: %s", (int)(sl - h->slots), reason);
   for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
     const h1slot_t *o = &h->slots[i];
-    if (o != sl && (o->cur != NULL || slot_connecting(o) || slot_ready(o)))
+    if (o != sl && (o->cur != NULL || slot_connecting(o) || slot_ready(o) || (o->sess != NULL && !o->goaway)))
       return;
   }
   for (size_t i = 0; i < CE_H2_H1_POOL; i++)
@@ -1599,6 +1712,22 @@ static void own_handshake(h1slot_t *sl) {
   sl->own.handshaken = true;
   sl->connecting = false;
   uv_timer_stop(&sl->timer);
+  if (sl->want_h2) {
+    /* A connection opened after a GOAWAY (docs/http2.md §6): h2 again, or
+     * HTTP/1.1 from now on if that is what the upstream picked. */
+    sl->want_h2 = false;
+    size_t n = 0;
+    const char *p = ce_tlsconn_alpn(sl->own.tls, &n);
+    if (p != NULL && n == 2 && memcmp(p, "h2", 2) == 0) {
+      if (up_session_new(sl->h, &sl->sess) != CE_OK) {
+        slot_failed(sl, 502, "out_of_memory");
+        return;
+      }
+      CE_TRACE_D("proxy", 'c', c->id, "h2: upstream connection %d ready (h2)", (int)(sl - sl->h->slots));
+      return;
+    }
+    sl->h->h2up = false;
+  }
   CE_TRACE_D("proxy", 'c', c->id, "h2: upstream connection %d ready", (int)(sl - sl->h->slots));
 }
 
@@ -1642,8 +1771,11 @@ static void own_connected(uv_connect_t *req, int status) {
   sl->own.reading = true;
   uv_read_start((uv_stream_t *)&sl->own.tcp, own_alloc, own_read);
   static const unsigned char alpn_h1[] = "\x08http/1.1";
+  static const unsigned char alpn_both[] = "\x02h2\x08http/1.1";
+  const unsigned char *alpn = sl->want_h2 ? alpn_both : alpn_h1;
+  size_t alpn_len = sl->want_h2 ? sizeof(alpn_both) - 1 : sizeof(alpn_h1) - 1;
   SSL *ssl;
-  if (ce_tls_client_ssl_new(c->proxy->client_ctx, c->sni.text, alpn_h1, sizeof(alpn_h1) - 1, &ssl) != CE_OK ||
+  if (ce_tls_client_ssl_new(c->proxy->client_ctx, c->sni.text, alpn, alpn_len, &ssl) != CE_OK ||
       ce_tlsconn_new(ssl, false, &sl->own.tls) != CE_OK) {
     slot_failed(sl, 502, "upstream_tls: cannot create a TLS session");
     ce_conn_process(c);
@@ -1821,6 +1953,8 @@ static void h1_pump(h2_t *h) {
   ce_conn_t *c = h->c;
   for (size_t i = 0; i < CE_H2_H1_POOL && !c->dead; i++) {
     h1slot_t *sl = &h->slots[i];
+    if (sl->sess != NULL)
+      continue; /* an h2 connection: up_links */
     if (!sl->conn_slot && sl->own.open && sl->own.handshaken) {
       /* Decrypted input while there is room; a full buffer that the
        * stream drains is filled again at once. */
@@ -1856,7 +1990,7 @@ static void h1_pump(h2_t *h) {
     }
     if (ready != NULL) {
       h2s_t *s = h1_pop(h);
-      stream_event(s, "request_allowed", NULL);
+      stream_allowed(s);
       ready->cur = s;
       s->slot = ready;
       s->h1_resp_head = false;
@@ -1874,15 +2008,20 @@ static void h1_pump(h2_t *h) {
     }
     if (coming >= h->qlen)
       return;
+    /* After a GOAWAY of an h2 upstream: one new connection at a time,
+     * an own one (offering h2), never slot 0 (conn.c's offers http/1.1). */
+    if (h->h2up && (coming > 0 || up_current(h) != NULL))
+      return;
     h1slot_t *idle = NULL;
     for (size_t i = 0; i < CE_H2_H1_POOL && idle == NULL; i++) {
       h1slot_t *sl = &h->slots[i];
-      if (sl->cur == NULL && !slot_connecting(sl) && !slot_open(sl) && !sl->resolving && !sl->own.closing &&
-          !sl->cooldown)
+      if (sl->cur == NULL && sl->sess == NULL && !slot_connecting(sl) && !slot_open(sl) && !sl->resolving &&
+          !sl->own.closing && !sl->cooldown && !(h->h2up && sl->conn_slot))
         idle = sl;
     }
     if (idle == NULL)
       return;
+    idle->want_h2 = h->h2up;
     slot_connect(idle);
     if (!slot_connecting(idle))
       return; /* it failed at once (and said so), or must wait: no loop */
@@ -1936,15 +2075,13 @@ void ce_h2conn_close_handles(ce_conn_t *c) {
 
 /* ---- sessions ------------------------------------------------------------------------ */
 
-static int new_sessions(h2_t *h) {
-  nghttp2_session_callbacks *cb = NULL;
+/* The options of both sessions: windows open again only as bytes leave
+ * (docs/http2.md §4); the library's own flood limits are set explicitly
+ * as a second layer behind the guard (§5). */
+static nghttp2_option *session_options(void) {
   nghttp2_option *opt = NULL;
-  int rc = CE_ENOMEM;
-  if (nghttp2_session_callbacks_new(&cb) != 0 || nghttp2_option_new(&opt) != 0)
-    goto out;
-  /* Windows open again only as bytes leave (docs/http2.md §4); the
-   * library's own flood limits are set explicitly as a second layer
-   * behind the guard (§5). */
+  if (nghttp2_option_new(&opt) != 0)
+    return NULL;
   nghttp2_option_set_no_auto_window_update(opt, 1);
   nghttp2_option_set_max_outbound_ack(opt, 1000);
   nghttp2_option_set_max_settings(opt, 32);
@@ -1952,7 +2089,48 @@ static int new_sessions(h2_t *h) {
   nghttp2_option_set_stream_reset_rate_limit(opt, CE_H2G_MAX_RST, CE_H2G_MAX_RST / CE_H2G_WINDOW_S);
   nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
   nghttp2_option_set_max_send_header_block_length(opt, 2u * CE_H2_MAX_HEADER_LIST);
+  return opt;
+}
 
+/* A client session towards an h2 upstream connection, its SETTINGS
+ * submitted. */
+static int up_session_new(h2_t *h, nghttp2_session **out) {
+  nghttp2_session_callbacks *cb = NULL;
+  nghttp2_option *opt = session_options();
+  nghttp2_session *sess = NULL;
+  int rc = CE_ENOMEM;
+  if (opt == NULL || nghttp2_session_callbacks_new(&cb) != 0)
+    goto out;
+  nghttp2_session_callbacks_set_on_header_callback(cb, up_header);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, up_frame_recv);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, up_data);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cb, up_stream_close);
+  if (nghttp2_session_client_new2(&sess, cb, h, opt) != 0)
+    goto out;
+  nghttp2_settings_entry up_set[] = {
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, CE_H2_STREAM_BUF},
+      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, CE_H2_MAX_HEADER_LIST},
+  };
+  if (nghttp2_submit_settings(sess, NGHTTP2_FLAG_NONE, up_set, 3) != 0 ||
+      nghttp2_session_set_local_window_size(sess, NGHTTP2_FLAG_NONE, 0, CE_H2_CONN_WINDOW) != 0) {
+    nghttp2_session_del(sess);
+    goto out;
+  }
+  *out = sess;
+  rc = CE_OK;
+out:
+  nghttp2_session_callbacks_del(cb);
+  nghttp2_option_del(opt);
+  return rc;
+}
+
+static int new_sessions(h2_t *h) {
+  nghttp2_session_callbacks *cb = NULL;
+  nghttp2_option *opt = session_options();
+  int rc = CE_ENOMEM;
+  if (opt == NULL || nghttp2_session_callbacks_new(&cb) != 0)
+    goto out;
   nghttp2_session_callbacks_set_on_begin_headers_callback(cb, srv_begin_headers);
   nghttp2_session_callbacks_set_on_header_callback(cb, srv_header);
   nghttp2_session_callbacks_set_on_frame_recv_callback(cb, srv_frame_recv);
@@ -1962,30 +2140,17 @@ static int new_sessions(h2_t *h) {
   if (nghttp2_session_server_new2(&h->srv, cb, h, opt) != 0)
     goto out;
 
-  nghttp2_session_callbacks_set_on_begin_headers_callback(cb, NULL);
-  nghttp2_session_callbacks_set_on_header_callback(cb, up_header);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, up_frame_recv);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, up_data);
-  nghttp2_session_callbacks_set_on_frame_send_callback(cb, NULL);
-  nghttp2_session_callbacks_set_on_stream_close_callback(cb, up_stream_close);
-  if (nghttp2_session_client_new2(&h->up, cb, h, opt) != 0)
-    goto out;
-
   nghttp2_settings_entry srv_set[] = {
       {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, CE_H2_MAX_STREAMS},
       {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, CE_H2_STREAM_BUF},
       {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
       {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, CE_H2_MAX_HEADER_LIST},
   };
-  nghttp2_settings_entry up_set[] = {
-      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, CE_H2_STREAM_BUF},
-      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
-      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, CE_H2_MAX_HEADER_LIST},
-  };
   if (nghttp2_submit_settings(h->srv, NGHTTP2_FLAG_NONE, srv_set, 4) != 0 ||
-      nghttp2_submit_settings(h->up, NGHTTP2_FLAG_NONE, up_set, 3) != 0 ||
-      nghttp2_session_set_local_window_size(h->srv, NGHTTP2_FLAG_NONE, 0, CE_H2_CONN_WINDOW) != 0 ||
-      nghttp2_session_set_local_window_size(h->up, NGHTTP2_FLAG_NONE, 0, CE_H2_CONN_WINDOW) != 0)
+      nghttp2_session_set_local_window_size(h->srv, NGHTTP2_FLAG_NONE, 0, CE_H2_CONN_WINDOW) != 0)
+    goto out;
+  /* The pre-connected upstream spoke h2: its session on slot 0 (c->u). */
+  if (h->h2up && up_session_new(h, &h->slots[0].sess) != CE_OK)
     goto out;
   rc = CE_OK;
 out:
@@ -2009,16 +2174,13 @@ int ce_h2conn_start(ce_conn_t *c) {
     sl->own.conn = c;
     sl->own.name = "upstream";
   }
+  /* Without an h2 upstream (it speaks HTTP/1.1, or is not connected yet)
+   * streams are translated (docs/http2.md §6). */
+  h->h2up = c->up_h2;
   h->head = malloc(sizeof(*h->head));
   h->names = malloc(CE_H1_MAX_HEAD_BYTES);
   if (h->head == NULL || h->names == NULL || new_sessions(h) != CE_OK)
     return CE_ENOMEM;
-  if (!c->up_h2) {
-    /* The upstream speaks HTTP/1.1 (or is not connected yet): streams are
-     * translated (docs/http2.md §6). */
-    nghttp2_session_del(h->up);
-    h->up = NULL;
-  }
   CE_TRACE_D("proxy", 'c', c->id, "h2 with the workspace and the upstream");
   return CE_OK;
 }
@@ -2032,8 +2194,12 @@ void ce_h2conn_free(struct ce_h2conn *h) {
     stream_finish_event(s, "connection_closed");
   while (h->streams != NULL)
     stream_free(h, h->streams);
-  for (size_t i = 1; i < CE_H2_H1_POOL; i++) {
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
     h1slot_t *sl = &h->slots[i];
+    nghttp2_session_del(sl->sess);
+    sl->sess = NULL;
+    if (sl->conn_slot)
+      continue;
     ce_tlsconn_free(sl->own.tls);
     free(sl->own.in);
     free(sl->own.rbuf);
@@ -2041,17 +2207,22 @@ void ce_h2conn_free(struct ce_h2conn *h) {
       uv_freeaddrinfo(sl->addrs);
   }
   nghttp2_session_del(h->srv);
-  nghttp2_session_del(h->up);
   free(h->head);
   free(h->names);
   free(h);
 }
 
-/* The upstream session is over: streams it still carried fail. */
-static void upstream_gone(h2_t *h, const char *reason) {
-  if (h->up == NULL)
+/* An h2 upstream connection is over: streams it still carried fail, and
+ * its connection closes. A GOAWAY'd one whose streams all ended goes this
+ * way quietly. */
+static void up_gone(h1slot_t *sl, const char *reason) {
+  h2_t *h = sl->h;
+  if (sl->sess == NULL)
     return;
   for (h2s_t *s = h->streams; s != NULL; s = s->next) {
+    if (s->uslot != sl)
+      continue;
+    s->uslot = NULL;
     if (s->uid == 0)
       continue;
     s->uid = 0;
@@ -2062,9 +2233,63 @@ static void upstream_gone(h2_t *h, const char *reason) {
       nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
     }
   }
-  nghttp2_session_del(h->up);
-  h->up = NULL;
-  ce_conn_upstream_reset(h->c);
+  CE_TRACE_D("proxy", 'c', h->c->id, "h2: upstream connection %d closed: %s", (int)(sl - h->slots), reason);
+  nghttp2_session_del(sl->sess);
+  sl->sess = NULL;
+  sl->goaway = false;
+  sl->goaway_last = 0;
+  if (sl->conn_slot)
+    ce_conn_upstream_reset(h->c);
+  else
+    slot_reset(sl);
+}
+
+/* A session that failed: its connection goes, and (fail closed) no new
+ * h2 connection replaces it: new streams get 502 with the reason. */
+static void up_failed(h1slot_t *sl, const char *reason) {
+  h2_t *h = sl->h;
+  if (h->up_fail[0] == '\0')
+    snprintf(h->up_fail, sizeof(h->up_fail), "%s", reason);
+  up_gone(sl, reason);
+}
+
+/* The frames of every h2 upstream connection; one that closed goes. */
+static void up_links(h2_t *h) {
+  ce_conn_t *c = h->c;
+  for (size_t i = 0; i < CE_H2_H1_POOL && !c->dead; i++) {
+    h1slot_t *sl = &h->slots[i];
+    side_t *u = sl->s;
+    /* c->u's decrypted input comes from conn_process; an own connection's
+     * is moved here, a buffer at a time. */
+    for (int round = 0; round < 64 && sl->sess != NULL && !c->dead; round++) {
+      if (!sl->conn_slot)
+        ce_conn_pump_tls_input(u);
+      if (c->dead || u->in_len == 0)
+        break;
+      ssize_t n = nghttp2_session_mem_recv(sl->sess, (const uint8_t *)u->in, u->in_len);
+      u->in_len = 0;
+      if (n < 0) {
+        char reason[120];
+        snprintf(reason, sizeof(reason), "upstream_bad_response: %s", nghttp2_strerror((int)n));
+        up_failed(sl, reason);
+      }
+      if (sl->conn_slot)
+        break;
+    }
+    if (sl->sess != NULL && !c->dead && (u->eof || !u->open))
+      up_gone(sl, "upstream_reset: connection closed");
+  }
+}
+
+/* Streams waiting for an h2 connection (opened after a GOAWAY, or
+ * refused and sent again) go on the one that takes streams. */
+static void up_take_queue(h2_t *h) {
+  h1slot_t *sl;
+  while (!h->c->dead && h->h2up && h->qhead != NULL && (sl = up_current(h)) != NULL)
+    stream_submit(h1_pop(h), sl);
+  /* The h2 upstream failed for good: no connection comes for them. */
+  if (!h->c->dead && h->h2up && h->up_fail[0] != '\0' && h->qhead != NULL)
+    fail_queue(h, 502, h->up_fail);
 }
 
 /* A connection-level failure: GOAWAY, the event, close after the flush. */
@@ -2086,18 +2311,26 @@ static void conn_fail(h2_t *h, uint32_t code, const char *reason) {
 
 static void flush(h2_t *h) {
   ce_conn_t *c = h->c;
-  while (!c->dead && h->up != NULL && c->u.open && c->u.queued < CE_CONN_HIGH_WATER) {
-    const uint8_t *data;
-    ssize_t n = nghttp2_session_mem_send(h->up, &data);
-    if (n < 0) {
-      char reason[120];
-      snprintf(reason, sizeof(reason), "upstream_bad_response: %s", nghttp2_strerror((int)n));
-      upstream_gone(h, reason);
-      break;
+  for (size_t i = 0; i < CE_H2_H1_POOL && !c->dead; i++) {
+    h1slot_t *sl = &h->slots[i];
+    while (!c->dead && sl->sess != NULL && sl->s->open && sl->s->queued < CE_CONN_HIGH_WATER) {
+      const uint8_t *data;
+      ssize_t n = nghttp2_session_mem_send(sl->sess, &data);
+      if (n < 0) {
+        char reason[120];
+        snprintf(reason, sizeof(reason), "upstream_bad_response: %s", nghttp2_strerror((int)n));
+        up_failed(sl, reason);
+        break;
+      }
+      if (n == 0)
+        break;
+      ce_conn_side_write(sl->s, (const char *)data, (size_t)n);
     }
-    if (n == 0)
-      break;
-    ce_conn_side_write(&c->u, (const char *)data, (size_t)n);
+    /* A GOAWAY'd connection whose streams all ended (a drain), or a
+     * session that is over: it closes. */
+    if (!c->dead && sl->sess != NULL && !nghttp2_session_want_read(sl->sess) &&
+        !nghttp2_session_want_write(sl->sess))
+      up_gone(sl, "upstream_reset: the upstream ended the connection (GOAWAY)");
   }
   while (!c->dead && c->c.open && c->c.queued < CE_CONN_HIGH_WATER) {
     const uint8_t *data;
@@ -2133,42 +2366,31 @@ void ce_h2conn_process(ce_conn_t *c) {
     }
   }
   c->c.in_len = 0;
-  if (h->up == NULL) {
-    h->down_stalled = false;
-    h1_pump(h);
-    size_t held = h->down_held;
-    flush(h);
-    /* Bytes the workspace took make room in the budget: the stalled
-     * upstreams go on at once (the write's completion would do it too). */
-    if (!c->dead && h->down_stalled && h->down_held < held) {
-      h->down_stalled = false;
-      h1_pump(h);
-      flush(h);
-    }
-    if (c->dead)
-      return;
-    goto client_side;
-  }
-  /* The upstream's frames. */
-  if (c->u.in_len > 0 && h->up != NULL) {
-    ssize_t n = nghttp2_session_mem_recv(h->up, (const uint8_t *)c->u.in, c->u.in_len);
-    if (n < 0) {
-      char reason[120];
-      snprintf(reason, sizeof(reason), "upstream_bad_response: %s", nghttp2_strerror((int)n));
-      nghttp2_session_terminate_session(h->up, NGHTTP2_PROTOCOL_ERROR);
-      flush(h);
-      upstream_gone(h, reason);
-    }
-  }
-  c->u.in_len = 0;
-  if (h->up != NULL && c->u.eof)
-    upstream_gone(h, "upstream_reset: connection closed");
-  if (h->up != NULL && !nghttp2_session_want_read(h->up) && !nghttp2_session_want_write(h->up))
-    upstream_gone(h, "upstream_reset: the upstream ended the connection (GOAWAY)");
-  flush(h);
+  /* The h2 upstream connections' frames, then the HTTP/1.1 ones and the
+   * streams waiting for a connection (docs/http2.md §6). */
+  up_links(h);
   if (c->dead)
     return;
-client_side:
+  up_take_queue(h);
+  h->down_stalled = false;
+  h1_pump(h);
+  size_t held = h->down_held;
+  flush(h);
+  /* Bytes the workspace took make room in the budget: the stalled
+   * upstreams go on at once (the write's completion would do it too). */
+  if (!c->dead && h->down_stalled && h->down_held < held) {
+    h->down_stalled = false;
+    h1_pump(h);
+    flush(h);
+  }
+  /* A stream refused while frames were sent waits for a connection. */
+  if (!c->dead && h->h2up && h->qhead != NULL) {
+    up_take_queue(h);
+    h1_pump(h);
+    flush(h);
+  }
+  if (c->dead)
+    return;
   if (c->c.eof) {
     /* The workspace is gone: its streams with it. */
     for (h2s_t *s = h->streams; s != NULL; s = s->next)

@@ -10,6 +10,15 @@ handshake), IPv4 and IPv6. Answers by path:
              response trailers grpc-status: 0, grpc-message: ok
   /early     a 103 Early Hints (link: </style.css>; rel=preload), then
              200 "after hints\\n"
+  /goaway-once...
+             the first time this path (with its query) comes, once its
+             request ended: GOAWAY NO_ERROR with a last stream id below it
+             (the stream is refused, nothing of it processed) and the
+             connection closes; every later time 200 "h2 origin <path>
+             seen <n> body <bytes>\\n" (<n>: how many times the path came)
+  /goaway-error
+             once its request ended: GOAWAY INTERNAL_ERROR with a last
+             stream id below it, and the connection closes
   anything   200 "h2 origin <path>\\n"
 
 Run: /usr/bin/python3 h2_origin.py PORT CERT KEY
@@ -23,6 +32,11 @@ import time
 import h2.config
 import h2.connection
 import h2.events
+
+
+# /goaway-once paths seen, across connections.
+SEEN = {}
+SEEN_LOCK = threading.Lock()
 
 
 def serve(tls):
@@ -45,7 +59,28 @@ def serve(tls):
                 streams[ev.stream_id]["trailers"] = [(k.decode(), v.decode()) for k, v in ev.headers]
             elif isinstance(ev, h2.events.StreamEnded):
                 st = streams.pop(ev.stream_id)
-                if st["path"].startswith("/refuse"):
+                if st["path"].startswith("/goaway-once") or st["path"].startswith("/goaway-error"):
+                    with SEEN_LOCK:
+                        n = SEEN.get(st["path"], 0) + 1
+                        SEEN[st["path"]] = n
+                    if n == 1 or st["path"].startswith("/goaway-error"):
+                        code = 2 if st["path"].startswith("/goaway-error") else 0
+                        conn.close_connection(error_code=code, last_stream_id=max(ev.stream_id - 2, 0))
+                        tls.sendall(conn.data_to_send())
+                        # Closed once the client is done: a close with
+                        # bytes unread would be a reset, which may take the
+                        # GOAWAY with it.
+                        tls.settimeout(5)
+                        try:
+                            while tls.recv(65536):
+                                pass
+                        except OSError:
+                            pass
+                        return
+                    body = ("h2 origin %s seen %d body %d\n" % (st["path"], n, st["size"])).encode()
+                    conn.send_headers(ev.stream_id, [(":status", "200"), ("content-length", str(len(body)))])
+                    conn.send_data(ev.stream_id, body, end_stream=True)
+                elif st["path"].startswith("/refuse"):
                     # RST_STREAM REFUSED_STREAM: nothing was processed.
                     conn.reset_stream(ev.stream_id, error_code=7)
                 elif st["path"].startswith("/trailers"):

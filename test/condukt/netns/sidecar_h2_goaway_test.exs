@@ -1,0 +1,285 @@
+defmodule Condukt.Netns.SidecarH2GoawayTest do
+  # An h2 upstream that ends its connections with GOAWAY (docs/http2.md §6
+  # "GOAWAY"): nginx with keepalive_requests 5 sends GOAWAY after every
+  # fifth stream of a connection. The streams it accepted finish on the old
+  # connection, the others and every new stream go to a new h2 connection:
+  # the clients see only 200s, and nginx sees HTTP/2 for every request.
+  use Condukt.Test.Netns.Case, async: false
+
+  alias Condukt.Test.Netns.{ControlPeer, Sidecar, Tier}
+
+  defp policy, do: [rules: [allow: ~w(allowed.test)], default: :deny]
+
+  # servers/h2_origin.py (h2 only): its /goaway-once paths are refused by
+  # a GOAWAY the first time they come.
+  @h2_only 8093
+
+  setup_all do
+    tb = Testbed.start()
+    limit_nginx_requests!(tb, 5)
+    {crt, key} = tb.pki.server
+    py = Tier.tool!("python3")
+    origin = Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "h2_origin.py"), "#{@h2_only}", crt, key])
+    :ok = Testbed.wait_listening(tb, :inet, tcp: ["0.0.0.0:#{@h2_only}"], pids: [origin])
+    sc = Sidecar.start(tb, policy(), ports: [443, @h2_only])
+    on_exit(fn -> Sidecar.stop(sc) end)
+    %{tb: tb, sc: sc}
+  end
+
+  setup %{sc: sc} do
+    {:ok, peer} = ControlPeer.start_link(sc, self(), fn _ -> :allow end)
+    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 1}}, 5_000
+    on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
+    :ok
+  end
+
+  # nginx ends an h2 connection with GOAWAY after `n` streams (as after
+  # 1000 by default), and its access log names the connection of each
+  # request. A reload: the new workers have the new configuration.
+  defp limit_nginx_requests!(tb, n) do
+    conf = Path.join([tb.dir, "nginx", "nginx.conf"])
+
+    text =
+      conf
+      |> File.read!()
+      |> String.replace("keepalive_timeout 30s;", "keepalive_timeout 30s;\n  keepalive_requests #{n};")
+      |> String.replace(~s("protocol":"$server_protocol",), ~s("protocol":"$server_protocol","conn":"$connection",))
+
+    assert text =~ "keepalive_requests #{n};" and text =~ ~s("conn":"$connection")
+    File.write!(conf, text)
+    {master, _} = Integer.parse(File.read!(Path.join([tb.dir, "nginx", "nginx.pid"])))
+    old = children(master)
+    assert old != []
+    {_, 0} = System.cmd("kill", ["-HUP", "#{master}"])
+    :ok = Cmd.poll(fn -> Enum.all?(old, &(not Cmd.alive?(&1))) and children(master) != [] end, 15_000)
+  end
+
+  defp children(pid) do
+    case File.read("/proc/#{pid}/task/#{pid}/children") do
+      {:ok, text} -> text |> String.split() |> Enum.map(&String.to_integer/1)
+      _ -> []
+    end
+  end
+
+  defp tag, do: "t=#{System.unique_integer([:positive])}"
+
+  # Every event of the requests whose query is q, until `n` closing ones.
+  defp events_for(q, n \\ 1, acc \\ []) do
+    receive do
+      {:egress_event, %{"query" => ^q} = ev} ->
+        n = if ev["event"] in ~w(request_closed request_failed request_denied), do: n - 1, else: n
+        if n == 0, do: Enum.reverse([ev | acc]), else: events_for(q, n, [ev | acc])
+    after
+      15_000 -> flunk("events for #{q}: #{inspect(Enum.reverse(acc))}")
+    end
+  end
+
+  # nginx's entries for requests whose URI contains `q` (the log is
+  # written when a request ends: polled until `n` are there).
+  defp nginx_entries(tb, q, n) do
+    get = fn -> Enum.filter(Testbed.access_log(tb), &String.contains?(&1["uri"] || "", q)) end
+    Cmd.poll(fn -> length(get.()) >= n end, 10_000)
+    get.()
+  end
+
+  # Events until `n` closing events for requests whose query contains q.
+  defp closing_events(q, n, acc \\ []) do
+    if length(acc) == n do
+      Enum.reverse(acc)
+    else
+      receive do
+        {:egress_event, %{"event" => e, "query" => query} = ev}
+        when e in ~w(request_closed request_failed request_denied) ->
+          if String.contains?(query || "", q), do: closing_events(q, n, [ev | acc]), else: closing_events(q, n, acc)
+      after
+        15_000 -> flunk("#{length(acc)} of #{n} closing events for #{q}: #{inspect(acc)}")
+      end
+    end
+  end
+
+  defp h2_raw(tb, sc, spec) do
+    argv = [Tier.tool!("python3"), Path.join(tb.bin_dir, "h2_raw.py"), Condukt.JSON.encode!(spec)]
+    {out, status} = Testbed.exec_in(tb, :pod, argv, ca: sc.ca_cert, timeout: 60_000)
+    assert status == 0, out
+    out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
+  end
+
+  defp h2load(tb, sc, args) do
+    h2load = System.find_executable("h2load") || flunk("h2load (Debian nghttp2-client) is not installed")
+    {out, status} = Testbed.exec_in(tb, :pod, [h2load | args], ca: sc.ca_cert, timeout: 120_000)
+    assert status == 0, out
+    out
+  end
+
+  test "h2load, 50 streams one after the other on one connection: all 200, all h2 upstream", %{tb: tb, sc: sc} do
+    q = tag()
+    out = h2load(tb, sc, ["-n", "50", "-c", "1", "-m", "1", "https://allowed.test/?#{q}"])
+    assert out =~ "requests: 50 total, 50 started, 50 done, 50 succeeded, 0 failed", out
+    assert out =~ "status codes: 50 2xx", out
+
+    entries = nginx_entries(tb, q, 50)
+    assert length(entries) == 50
+    assert Enum.all?(entries, &(&1["protocol"] == "HTTP/2.0" and &1["status"] == "200")), inspect(entries)
+    # Five streams per nginx connection: ten connections, one after the other.
+    conns = entries |> Enum.frequencies_by(& &1["conn"]) |> Map.values()
+    assert Enum.sort(conns) == List.duplicate(5, 10), inspect(conns)
+
+    events = closing_events(q, 50)
+    assert Enum.all?(events, &(&1["event"] == "request_closed" and &1["status"] == 200)), inspect(events)
+  end
+
+  test "h2load, 100 streams 10 at a time: the streams a GOAWAY refused are sent again, each once",
+       %{tb: tb, sc: sc} do
+    q = tag()
+    out = h2load(tb, sc, ["-n", "100", "-c", "1", "-m", "10", "https://allowed.test/?#{q}"])
+    assert out =~ "requests: 100 total, 100 started, 100 done, 100 succeeded, 0 failed", out
+    assert out =~ "status codes: 100 2xx", out
+
+    # Every request reached nginx once, over h2, at most 5 per connection.
+    entries = nginx_entries(tb, q, 100)
+    assert length(entries) == 100, inspect(length(entries))
+    assert Enum.all?(entries, &(&1["protocol"] == "HTTP/2.0" and &1["status"] == "200"))
+    assert entries |> Enum.frequencies_by(& &1["conn"]) |> Map.values() |> Enum.all?(&(&1 <= 5))
+
+    events = closing_events(q, 100)
+    assert Enum.all?(events, &(&1["event"] == "request_closed" and &1["status"] == 200)), inspect(events)
+  end
+
+  test "streams in flight at the GOAWAY finish on the old connection; the others go to a new one",
+       %{tb: tb, sc: sc} do
+    q = tag()
+    # Eight streams at once, each answered after 1 s: nginx takes five and
+    # sends GOAWAY on the fifth, while all five are still running.
+    paths = for i <- 1..8, do: "/slow?ms=1000&i=#{i}&#{q}"
+    out = h2_raw(tb, sc, %{host: "allowed.test", mode: "paths", paths: paths})
+    assert out["goaway"] == nil, inspect(out)
+
+    for i <- 1..8 do
+      assert %{"status" => 200, "ended" => true, "body" => "slow\n"} = out["streams"]["#{2 * i - 1}"], inspect(out)
+    end
+
+    entries = nginx_entries(tb, q, 8)
+    assert length(entries) == 8
+    assert Enum.all?(entries, &(&1["protocol"] == "HTTP/2.0" and &1["status"] == "200")), inspect(entries)
+    assert entries |> Enum.frequencies_by(& &1["conn"]) |> Map.values() |> Enum.sort() == [3, 5], inspect(entries)
+
+    events = closing_events(q, 8)
+    assert Enum.all?(events, &(&1["event"] == "request_closed" and &1["status"] == 200)), inspect(events)
+  end
+
+  test "an HTTP/1.1 client's keep-alive requests: one workspace connection, a new h2 upstream after each GOAWAY",
+       %{tb: tb, sc: sc} do
+    q = tag()
+
+    script = """
+    import http.client, json, os, ssl
+    ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+    c = http.client.HTTPSConnection("allowed.test", 443, context=ctx)
+    res, socks = [], set()
+    for i in range(20):
+        c.request("GET", "/?i=%d&#{q}" % i)
+        r = c.getresponse()
+        body = r.read().decode()
+        socks.add(id(c.sock))
+        res.append([r.status, r.will_close, body])
+    print(json.dumps({"res": res, "socks": len(socks)}))
+    """
+
+    {out, status} = Testbed.exec_in(tb, :pod, [Tier.tool!("python3"), "-c", script], ca: sc.ca_cert, timeout: 60_000)
+    assert status == 0, out
+    got = out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
+    assert got["socks"] == 1, inspect(got)
+
+    assert Enum.all?(got["res"], fn [st, close, body] -> st == 200 and close == false and body =~ "allowed.test" end),
+           inspect(got)
+
+    entries = nginx_entries(tb, q, 20)
+    assert length(entries) == 20
+    assert Enum.all?(entries, &(&1["protocol"] == "HTTP/2.0" and &1["status"] == "200")), inspect(entries)
+    conns = entries |> Enum.frequencies_by(& &1["conn"]) |> Map.values()
+    assert Enum.sort(conns) == List.duplicate(5, 4), inspect(conns)
+
+    events = closing_events(q, 20)
+    assert Enum.all?(events, &(&1["event"] == "request_closed" and &1["status"] == 200)), inspect(events)
+  end
+
+  describe "a stream the GOAWAY refused (h2_origin.py /goaway-once)" do
+    test "h2 workspace: sent again over a new connection, one request_allowed", %{tb: tb, sc: sc} do
+      q = tag()
+      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h2_only, mode: "paths", paths: ["/goaway-once"], query: q})
+      assert %{"status" => 200, "ended" => true} = st = out["streams"]["1"], inspect(out)
+      assert st["body"] == "h2 origin /goaway-once?#{q} seen 2 body 0\n"
+      events = events_for(q)
+      assert Enum.map(events, & &1["event"]) == ~w(request_opened request_allowed request_closed), inspect(events)
+    end
+
+    test "h2 workspace: a refused stream whose body went is a 502 that says why", %{tb: tb, sc: sc} do
+      q = tag()
+
+      out =
+        h2_raw(tb, sc, %{
+          host: "allowed.test",
+          port: @h2_only,
+          mode: "uploads",
+          paths: ["/goaway-once"],
+          size: 1000,
+          query: q
+        })
+
+      assert %{"status" => 502} = out["streams"]["1"], inspect(out)
+      last = List.last(events_for(q))
+      assert last["event"] == "request_failed"
+      assert last["reason"] =~ "upstream_refused: the upstream refused the stream after 1000 bytes", inspect(last)
+    end
+
+    test "h2 workspace: after a GOAWAY with an error no new connection: the next stream is a 502 that says why",
+         %{tb: tb, sc: sc} do
+      q = tag()
+
+      out =
+        h2_raw(tb, sc, %{
+          host: "allowed.test",
+          port: @h2_only,
+          mode: "uploads",
+          paths: ["/goaway-error", "/after"],
+          size: 1,
+          query: q
+        })
+
+      assert %{"status" => 502} = out["streams"]["1"], inspect(out)
+      assert %{"status" => 502} = out["streams"]["3"], inspect(out)
+      [first, second] = Enum.filter(events_for(q, 2), &(&1["event"] == "request_failed"))
+      assert first["path"] == "/goaway-error" and first["reason"] =~ "upstream_refused", inspect(first)
+      assert second["path"] == "/after", inspect(second)
+      assert second["reason"] == "upstream_unreachable: the upstream sent GOAWAY INTERNAL_ERROR", inspect(second)
+    end
+
+    test "HTTP/1.1 workspace: sent again over a new h2 connection, one request_allowed", %{tb: tb, sc: sc} do
+      q = tag()
+      r = Client.run(tb, :curl, "https://allowed.test:#{@h2_only}/goaway-once?#{q}", ca: sc.ca_cert, http: :h1)
+      assert r.ok and r.status == 200, inspect(r)
+      assert r.body == "h2 origin /goaway-once?#{q} seen 2 body 0\n"
+      events = events_for(q)
+      assert Enum.map(events, & &1["event"]) == ~w(request_opened request_allowed request_closed), inspect(events)
+    end
+
+    test "HTTP/1.1 workspace: a refused stream whose body was read is a 502 that says why", %{tb: tb, sc: sc} do
+      q = tag()
+
+      r =
+        Client.run(tb, :curl, "https://allowed.test:#{@h2_only}/goaway-once?#{q}",
+          method: "POST",
+          body: String.duplicate("b", 1000),
+          ca: sc.ca_cert,
+          http: :h1
+        )
+
+      assert r.status == 502, inspect(r)
+      last = List.last(events_for(q))
+      assert last["event"] == "request_failed"
+
+      assert last["reason"] =~ "upstream_refused: the upstream refused the stream after the request body was read",
+             inspect(last)
+    end
+  end
+end
