@@ -1384,6 +1384,10 @@ static void finish_exchange(ce_conn_t *c) {
   emit(c, "request_closed", NULL);
   bool keep = c->resp_keep_alive && c->req_done && !c->c.eof && !c->proxy->draining;
   end_request(c);
+  /* A rest point: the TLS engines give back the room of their largest
+   * read and write (docs/proxy.md "Memory of an idle connection"). */
+  ce_tlsconn_trim(c->c.tls);
+  ce_tlsconn_trim(c->u.tls);
   /* Bytes after a complete response (a HEAD or 304 answered with a body,
    * a Content-Length shorter than what came) would be read as the next
    * request's response (RFC 9112 §6.3 leaves no way to frame them): such
