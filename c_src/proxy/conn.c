@@ -119,6 +119,21 @@ static void consume(side_t *s, size_t n) {
   s->in_len -= n;
 }
 
+/* An input buffer for s, from the proxy's pool (docs/proxy.md "Memory").
+ * False when none can be had: the caller fails the connection. */
+static bool take_input(side_t *s) {
+  if (s->in == NULL)
+    s->in = ce_bufpool_get(&s->conn->proxy->inbufs);
+  return s->in != NULL;
+}
+
+void ce_conn_release_input(side_t *s) {
+  if (s->in == NULL || s->in_len > 0)
+    return;
+  ce_bufpool_put(&s->conn->proxy->inbufs, s->in);
+  s->in = NULL;
+}
+
 /* ---- closing ------------------------------------------------------------- */
 
 static void maybe_free(ce_conn_t *c) {
@@ -136,10 +151,9 @@ static void maybe_free(ce_conn_t *c) {
   ce_h1h2_free(c->h1h2);
   ce_tlsconn_free(c->c.tls);
   ce_tlsconn_free(c->u.tls);
-  free(c->c.in);
-  free(c->u.in);
-  free(c->c.rbuf);
-  free(c->u.rbuf);
+  c->c.in_len = c->u.in_len = 0;
+  ce_conn_release_input(&c->c);
+  ce_conn_release_input(&c->u);
   if (c->addrs != NULL)
     uv_freeaddrinfo(c->addrs);
   free(c);
@@ -187,6 +201,7 @@ static void upstream_reset(ce_conn_t *c) {
   c->u.close_notify = false;
   c->u.shut = c->u.shut_done = false;
   c->u.in_len = 0;
+  ce_conn_release_input(&c->u);
   c->u.close_after_flush = false;
   c->up_h2 = false;
   c->up_host[0] = '\0';
@@ -581,27 +596,25 @@ static void reject_head(ce_conn_t *c, int status, const char *why) {
 
 /* ---- heads ------------------------------------------------------------- */
 
-/* The most bytes a forwarded head can take: the parsed head's own bound
- * plus the few fields the proxy adds. */
-#define CE_CONN_HEAD_OUT_MAX (CE_H1_MAX_HEAD_BYTES + 256u)
-
 /* The request head as sent upstream (http1/writer.h): origin-form target,
- * Host first, hop-by-hop fields dropped, framing chosen by the proxy. */
+ * Host first, hop-by-hop fields dropped, framing chosen by the proxy.
+ * Written in the proxy's head scratch (CE_CONN_HEAD_OUT_MAX: the parsed
+ * head's own bound plus the few fields the proxy adds), kept as an
+ * exact-size copy. */
 static int build_upstream_head(ce_conn_t *c, const ce_h1_head_t *h) {
-  char *buf = malloc(CE_CONN_HEAD_OUT_MAX);
-  if (buf == NULL)
-    return CE_ENOMEM;
   ce_h1_writer_t w;
-  ce_h1_writer_init(&w, buf, CE_CONN_HEAD_OUT_MAX);
+  ce_h1_writer_init(&w, c->proxy->head_buf, CE_CONN_HEAD_OUT_MAX);
   unsigned flags = (h->framing == CE_H1_BODY_CHUNKED ? CE_H1_W_CHUNKED : 0) |
                    (h->upgrade && h->upgrade_websocket ? CE_H1_W_UPGRADE : 0);
   int rc = ce_h1_write_request_head(&w, h, NULL, 0, flags);
-  if (rc != CE_OK) {
-    free(buf);
+  if (rc != CE_OK)
     return rc;
-  }
+  char *copy = malloc(w.len);
+  if (copy == NULL)
+    return CE_ENOMEM;
+  memcpy(copy, c->proxy->head_buf, w.len);
   free(c->up_head);
-  c->up_head = buf;
+  c->up_head = copy;
   c->up_head_len = w.len;
   return CE_OK;
 }
@@ -1373,15 +1386,11 @@ static int forward_response_head(ce_conn_t *c, const ce_h1_head_t *h) {
     if (!c->resp_keep_alive)
       flags |= CE_H1_W_CLOSE;
   }
-  char *buf = malloc(CE_CONN_HEAD_OUT_MAX);
-  if (buf == NULL)
-    return CE_ENOMEM;
   ce_h1_writer_t w;
-  ce_h1_writer_init(&w, buf, CE_CONN_HEAD_OUT_MAX);
+  ce_h1_writer_init(&w, c->proxy->head_buf, CE_CONN_HEAD_OUT_MAX);
   int rc = ce_h1_write_response_head(&w, h, flags);
   if (rc == CE_OK)
-    side_write(&c->c, buf, w.len);
-  free(buf);
+    side_write(&c->c, c->proxy->head_buf, w.len);
   return rc;
 }
 
@@ -1391,6 +1400,10 @@ static void finish_exchange(ce_conn_t *c) {
   emit(c, "request_closed", NULL);
   bool keep = c->resp_keep_alive && c->req_done && !c->c.eof && !c->proxy->draining;
   end_request(c);
+  /* A rest point: the TLS engines give back the room of their largest
+   * read and write (docs/proxy.md "Memory of an idle connection"). */
+  ce_tlsconn_trim(c->c.tls);
+  ce_tlsconn_trim(c->u.tls);
   /* Bytes after a complete response (a HEAD or 304 answered with a body,
    * a Content-Length shorter than what came) would be read as the next
    * request's response (RFC 9112 §6.3 leaves no way to frame them): such
@@ -1800,18 +1813,17 @@ static void process_hello(ce_conn_t *c) {
 
 /* ---- reading ------------------------------------------------------------- */
 
+/* Every read goes into the proxy's one read buffer: on_read_common feeds
+ * the bytes to TLS or copies them into the side's input before it
+ * returns. A plain side reads no more than its input has room for. */
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   ce_conn_t *c = h->data;
   side_t *s = (h == (uv_handle_t *)&c->c.tcp) ? &c->c : &c->u;
-  if (s->tls != NULL) {
-    *buf = uv_buf_init(s->rbuf, CE_CONN_READ_CHUNK);
-    return;
-  }
-  size_t room = CE_CONN_INPUT_MAX - s->in_len;
-  if (room > CE_CONN_READ_CHUNK)
-    room = CE_CONN_READ_CHUNK;
-  *buf = uv_buf_init(s->in + s->in_len, (unsigned)room);
+  size_t room = CE_CONN_READ_CHUNK;
+  if (s->tls == NULL && CE_CONN_INPUT_MAX - s->in_len < room)
+    room = CE_CONN_INPUT_MAX - s->in_len;
+  *buf = uv_buf_init(c->proxy->read_buf, (unsigned)room);
 }
 
 /* Moves decrypted bytes into the input buffer while there is room. */
@@ -1819,6 +1831,11 @@ static void pump_tls_input(side_t *s) {
   ce_conn_t *c = s->conn;
   if (s->tls == NULL || !s->handshaken || c->dead)
     return;
+  if (s->in_len < CE_CONN_INPUT_MAX && !s->eof && !take_input(s)) {
+    report_failed(c, "out_of_memory");
+    conn_abort(c);
+    return;
+  }
   while (s->in_len < CE_CONN_INPUT_MAX && !s->eof) {
     size_t n = 0;
     int rc = ce_tlsconn_read(s->tls, (uint8_t *)s->in + s->in_len, CE_CONN_INPUT_MAX - s->in_len, &n);
@@ -1914,7 +1931,14 @@ static void on_read_common(side_t *s, ssize_t nread, const uv_buf_t *buf) {
   if (c->state == ST_EXCHANGE || c->state == ST_TUNNEL || c->state == ST_H2)
     arm(c, c->proxy->opts->idle_ms);
   if (s->tls == NULL) {
-    s->in_len += (size_t)nread; /* read straight into the input buffer */
+    /* on_alloc bounded nread by the input's room. */
+    if (!take_input(s)) {
+      report_failed(c, "out_of_memory");
+      conn_abort(c);
+      return;
+    }
+    memcpy(s->in + s->in_len, buf->base, (size_t)nread);
+    s->in_len += (size_t)nread;
   } else {
     if (ce_tlsconn_feed(s->tls, (const uint8_t *)buf->base, (size_t)nread) != CE_OK) {
       report_failed(c, "out_of_memory");
@@ -2038,6 +2062,9 @@ static void conn_process(ce_conn_t *c) {
       c->again = true;
   } while (c->again && !c->dead);
   c->processing = false;
+  /* Drained inputs go back to the pool: an idle connection holds none. */
+  ce_conn_release_input(&c->c);
+  ce_conn_release_input(&c->u);
   update_reading(c);
 }
 
@@ -2045,14 +2072,7 @@ static void conn_process(ce_conn_t *c) {
 
 void ce_conn_accept(ce_proxy_t *p, uv_stream_t *listener) {
   ce_conn_t *c = calloc(1, sizeof(*c));
-  char *cin = malloc(CE_CONN_INPUT_MAX), *uin = malloc(CE_CONN_INPUT_MAX);
-  char *cr = malloc(CE_CONN_READ_CHUNK), *ur = malloc(CE_CONN_READ_CHUNK);
-  if (c == NULL || cin == NULL || uin == NULL || cr == NULL || ur == NULL) {
-    free(c);
-    free(cin);
-    free(uin);
-    free(cr);
-    free(ur);
+  if (c == NULL) {
     /* Accept and drop so the listener does not spin on a pending socket. */
     uv_tcp_t tmp;
     uv_tcp_init(p->loop, &tmp);
@@ -2067,10 +2087,6 @@ void ce_conn_accept(ce_proxy_t *p, uv_stream_t *listener) {
   c->c.conn = c->u.conn = c;
   c->c.name = "client";
   c->u.name = "upstream";
-  c->c.in = cin;
-  c->u.in = uin;
-  c->c.rbuf = cr;
-  c->u.rbuf = ur;
   c->decide_rule = -1;
   ce_clienthello_init(&c->hello_state);
   uv_tcp_init(p->loop, &c->c.tcp);

@@ -20,6 +20,7 @@
 #ifndef CE_PROXY_CONN_H
 #define CE_PROXY_CONN_H
 
+#include "http1/parser.h"
 #include "proxy/proxy.h"
 
 /* Plaintext input buffered per side: a whole request or response head
@@ -32,6 +33,14 @@
 
 /* Bytes of one socket read. */
 #define CE_CONN_READ_CHUNK (64u * 1024u)
+
+/* A head the proxy writes: the largest head it accepts plus what it adds. */
+#define CE_CONN_HEAD_OUT_MAX (CE_H1_MAX_HEAD_BYTES + 256u)
+
+/* Empty input buffers the proxy keeps for reuse (ce_proxy_t.inbufs): a
+ * busy connection does not allocate one per request, and at most this many
+ * × CE_CONN_INPUT_MAX bytes are held by no connection. */
+#define CE_CONN_SPARE_INPUTS 8u
 
 /* A denied request with a body up to this size is read and discarded so
  * that the connection can be kept alive; a larger one closes it. */

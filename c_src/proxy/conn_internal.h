@@ -47,9 +47,9 @@ typedef struct side {
   bool handshaken;
   uint32_t gen;            /* bumped when the handle closes; writes carry it */
   size_t queued;           /* bytes given to uv_write on this handle, not yet written */
-  char *in;                /* CE_CONN_INPUT_MAX bytes of plaintext input */
+  char *in;                /* plaintext input: NULL while empty, else a
+                              CE_CONN_INPUT_MAX-byte buffer of proxy->inbufs */
   size_t in_len;
-  char *rbuf;              /* CE_CONN_READ_CHUNK bytes for TLS reads */
 } side_t;
 
 typedef struct {
@@ -164,6 +164,9 @@ void ce_conn_check_target(const ce_conn_t *c, const char *auth, size_t len, cons
 void ce_conn_process(ce_conn_t *c);
 /* Moves a TLS side's decrypted bytes into its input buffer. */
 void ce_conn_pump_tls_input(side_t *s);
+/* Gives an empty input buffer back to the proxy's pool (docs/proxy.md
+ * "Memory"); a side with bytes keeps it. */
+void ce_conn_release_input(side_t *s);
 /* The private-address rule for an upstream address (why set when not). */
 bool ce_conn_upstream_addr_ok(ce_conn_t *c, const struct sockaddr *sa, char *why, size_t cap);
 /* A handle (or lookup) of h2conn.c counted in c->handles is done: may

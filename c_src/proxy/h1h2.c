@@ -48,10 +48,12 @@ struct ce_h1h2 {
   /* The current exchange's stream (0: none). */
   int32_t sid;
   bool open;               /* the stream is open in the session */
-  char *up;                /* request body not yet sent: H1H2_BUF bytes */
+  char *up;                /* request body not yet sent: H1H2_BUF bytes of a
+                              buffer of proxy->inbufs, NULL while empty */
   size_t up_len;
   /* Response fields being collected (head, interim head or trailers). */
-  char *fbuf;              /* H1H2_MAX_HEADER_LIST bytes */
+  char *fbuf;              /* H1H2_MAX_HEADER_LIST bytes of a buffer of
+                              proxy->inbufs, NULL while no field is held */
   size_t fused;
   ce_h2h_field_t f[CE_H1_MAX_FIELDS];
   size_t fn;
@@ -78,10 +80,29 @@ static int32_t cur_sid(nghttp2_session *session, h1h2_t *h, int32_t stream_id) {
   return h->sid != 0 && stream_id == h->sid ? stream_id : 0;
 }
 
+static void set_fail(h1h2_t *h, const char *reason) {
+  if (h->fail[0] == '\0')
+    snprintf(h->fail, sizeof(h->fail), "%s", reason);
+}
+
+_Static_assert(H1H2_BUF <= CE_CONN_INPUT_MAX && H1H2_MAX_HEADER_LIST <= CE_CONN_INPUT_MAX,
+               "h1h2's buffers come from the proxy's input pool");
+
+/* The fields are done with: their buffer goes back to the pool. */
 static void fields_reset(h1h2_t *h) {
   h->fused = 0;
   h->fn = 0;
   h->foverflow = false;
+  ce_bufpool_put(&h->c->proxy->inbufs, h->fbuf);
+  h->fbuf = NULL;
+}
+
+/* The request body buffer is empty: back to the pool. */
+static void up_release(h1h2_t *h) {
+  if (h->up_len > 0)
+    return;
+  ce_bufpool_put(&h->c->proxy->inbufs, h->up);
+  h->up = NULL;
 }
 
 /* ---- callbacks ---------------------------------------------------------- */
@@ -94,6 +115,10 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
   if (h->fn == CE_H1_MAX_FIELDS || namelen + valuelen > H1H2_MAX_HEADER_LIST - h->fused) {
     h->foverflow = true;
     return 0;
+  }
+  if (h->fbuf == NULL && (h->fbuf = ce_bufpool_get(&h->c->proxy->inbufs)) == NULL) {
+    set_fail(h, "out_of_memory");
+    return NGHTTP2_ERR_CALLBACK_FAILURE;
   }
   char *p = h->fbuf + h->fused;
   memcpy(p, name, namelen);
@@ -122,25 +147,17 @@ static const ce_h2h_field_t *field(const h1h2_t *h, const char *name) {
   return NULL;
 }
 
-static void set_fail(h1h2_t *h, const char *reason) {
-  if (h->fail[0] == '\0')
-    snprintf(h->fail, sizeof(h->fail), "%s", reason);
-}
 
 /* Writes a head for the workspace; false when it cannot be expressed. */
 static bool write_head(h1h2_t *h, int status, unsigned flags) {
   ce_conn_t *c = h->c;
-  char *buf = malloc(CE_H1_MAX_HEAD_BYTES + 256u);
-  if (buf == NULL)
-    return false;
   ce_h1_writer_t w;
-  ce_h1_writer_init(&w, buf, CE_H1_MAX_HEAD_BYTES + 256u);
+  ce_h1_writer_init(&w, c->proxy->head_buf, CE_CONN_HEAD_OUT_MAX);
   int rc = ce_h2h_write_response(&w, status, h->f, h->fn, flags);
   if (rc == CE_OK) {
-    ce_conn_side_write(&c->c, buf, w.len);
+    ce_conn_side_write(&c->c, c->proxy->head_buf, w.len);
     c->req.bytes_in += w.len;
   }
-  free(buf);
   return rc == CE_OK;
 }
 
@@ -278,6 +295,7 @@ static ssize_t body_read(nghttp2_session *session, int32_t stream_id, uint8_t *b
     h->up_len -= n;
     c->req.bytes_out += n;
     ce_reqinfo_add_preview(&c->req, (const char *)buf, n, c->proxy->opts->body_preview);
+    up_release(h);
   }
   if (h->up_len == 0 && c->req_done) {
     *data_flags |= NGHTTP2_DATA_FLAG_EOF;
@@ -294,12 +312,10 @@ static int start(ce_conn_t *c) {
     return CE_ENOMEM;
   h->c = c;
   c->h1h2 = h;
-  h->up = malloc(H1H2_BUF);
-  h->fbuf = malloc(H1H2_MAX_HEADER_LIST);
   nghttp2_session_callbacks *cb = NULL;
   nghttp2_option *opt = NULL;
   int rc = CE_ENOMEM;
-  if (h->up == NULL || h->fbuf == NULL || nghttp2_session_callbacks_new(&cb) != 0 || nghttp2_option_new(&opt) != 0)
+  if (nghttp2_session_callbacks_new(&cb) != 0 || nghttp2_option_new(&opt) != 0)
     goto out;
   nghttp2_option_set_no_auto_window_update(opt, 1);
   nghttp2_option_set_max_outbound_ack(opt, 1000);
@@ -332,8 +348,9 @@ void ce_h1h2_free(struct ce_h1h2 *h) {
   if (h == NULL)
     return;
   nghttp2_session_del(h->s);
-  free(h->up);
-  free(h->fbuf);
+  h->up_len = 0;
+  up_release(h);
+  fields_reset(h);
   free(h);
 }
 
@@ -388,6 +405,7 @@ int ce_h1h2_begin(ce_conn_t *c) {
   }
   h1h2_t *h = c->h1h2;
   h->up_len = 0;
+  up_release(h);
   fields_reset(h);
   h->head_sent = h->chunked_out = h->close_out = h->no_body = h->trailers = h->ended = h->continued = false;
   h->fail[0] = '\0';
@@ -395,11 +413,12 @@ int ce_h1h2_begin(ce_conn_t *c) {
   h->refused = h->body_taken = false;
   ce_h1_head_t *hd = malloc(sizeof(*hd));
   ce_h2h_field_t *f = malloc(sizeof(*f) * (CE_H1_MAX_FIELDS + 5u));
-  char *names = malloc(CE_H1_MAX_HEAD_BYTES);
+  /* The lower-cased names in the head scratch: nghttp2 copies them. */
+  char *names = c->proxy->head_buf;
   nghttp2_nv *nva = malloc(sizeof(*nva) * (CE_H1_MAX_FIELDS + 5u));
   int rc = CE_ENOMEM;
   const char *why = NULL;
-  if (hd == NULL || f == NULL || names == NULL || nva == NULL)
+  if (hd == NULL || f == NULL || nva == NULL)
     goto out;
   rc = CE_EINVAL;
   if (ce_h1_parse_request(c->up_head, c->up_head_len, hd, &why) != CE_OK)
@@ -429,7 +448,6 @@ int ce_h1h2_begin(ce_conn_t *c) {
 out:
   free(hd);
   free(f);
-  free(names);
   free(nva);
   return rc;
 }
@@ -452,6 +470,10 @@ static bool take_body(h1h2_t *h) {
       return false;
     }
     if (dl > 0) {
+      if (h->up == NULL && (h->up = ce_bufpool_get(&c->proxy->inbufs)) == NULL) {
+        ce_conn_failed_mid_response(c, "out_of_memory");
+        return false;
+      }
       memcpy(h->up + h->up_len, data, dl);
       h->up_len += dl;
     }
@@ -507,6 +529,7 @@ void ce_h1h2_process(ce_conn_t *c) {
         free(buf);
       }
     }
+    fields_reset(h); /* the trailers went out: an idle connection holds no field buffer */
     if (h->open) {
       nghttp2_submit_rst_stream(h->s, NGHTTP2_FLAG_NONE, h->sid, NGHTTP2_CANCEL);
       h->unconsumed_conn += h->unconsumed;

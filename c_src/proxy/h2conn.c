@@ -170,7 +170,6 @@ struct ce_h2conn {
   h2s_t *qhead, *qtail;
   size_t qlen;
   ce_h1_head_t *head;      /* scratch for a parsed response head */
-  char *names;             /* lower-cased response field names */
   size_t down_held;        /* Σ down.cap over the streams (CE_H2_DOWN_BUDGET) */
   bool down_stalled;       /* an HTTP/1.1 upstream waits for the budget */
 };
@@ -1292,21 +1291,14 @@ static bool h1_start(h2s_t *s) {
     f[i].value = s->rq.buf + s->rq.f[i].vo;
     f[i].value_len = s->rq.f[i].vl;
   }
-  char *buf = malloc(CE_H1_MAX_HEAD_BYTES + 256u);
-  if (buf == NULL) {
-    fail_502(s, "out_of_memory");
-    return false;
-  }
   ce_h1_writer_t w;
-  ce_h1_writer_init(&w, buf, CE_H1_MAX_HEAD_BYTES + 256u);
+  ce_h1_writer_init(&w, c->proxy->head_buf, CE_CONN_HEAD_OUT_MAX);
   int rc = ce_h2h_write_request(&w, f, s->rq.n, s->h1_chunked);
   if (rc != CE_OK) {
-    free(buf);
     fail_with(s, 400, "bad_request: the request cannot be expressed in HTTP/1.1");
     return false;
   }
-  ce_conn_side_write(s->slot->s, buf, w.len);
-  free(buf);
+  ce_conn_side_write(s->slot->s, c->proxy->head_buf, w.len);
   /* The head is written (s->req keeps what the events show): only the
    * method matters from here on, for the response's framing. */
   size_t ml = 0;
@@ -1445,7 +1437,7 @@ static bool h1_read_response(h2s_t *s) {
       /* Interim responses go to the workspace as non-final HEADERS
        * (docs/http2.md §3, §6), as the HTTP/1.1 path forwards them. */
       ce_h2h_field_t f[CE_H1_MAX_FIELDS];
-      long k = ce_h2h_response_fields(hd, f, CE_H1_MAX_FIELDS, h->names, CE_H1_MAX_HEAD_BYTES);
+      long k = ce_h2h_response_fields(hd, f, CE_H1_MAX_FIELDS, c->proxy->head_buf, CE_H1_MAX_HEAD_BYTES);
       if (k >= 0) {
         nghttp2_nv nva[CE_H1_MAX_FIELDS + 1];
         char st[8];
@@ -1464,7 +1456,7 @@ static bool h1_read_response(h2s_t *s) {
       return true;
     }
     ce_h2h_field_t f[CE_H1_MAX_FIELDS];
-    long k = ce_h2h_response_fields(hd, f, CE_H1_MAX_FIELDS, h->names, CE_H1_MAX_HEAD_BYTES);
+    long k = ce_h2h_response_fields(hd, f, CE_H1_MAX_FIELDS, c->proxy->head_buf, CE_H1_MAX_HEAD_BYTES);
     if (k < 0) {
       h1_broke(s, "upstream_bad_response: header list too large");
       return true;
@@ -1694,7 +1686,8 @@ static void slot_failed(h1slot_t *sl, int status, const char *reason) {
 static void own_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   h1slot_t *sl = slot_of_handle(hd);
-  *buf = uv_buf_init(sl->own.rbuf, CE_CONN_READ_CHUNK);
+  /* The proxy's one read buffer: own_read feeds the bytes to TLS at once. */
+  *buf = uv_buf_init(sl->h->c->proxy->read_buf, CE_CONN_READ_CHUNK);
 }
 
 static void own_handshake(h1slot_t *sl) {
@@ -1893,12 +1886,6 @@ static void own_connect(h1slot_t *sl) {
   ce_conn_t *c = sl->h->c;
   if (sl->resolving || sl->own.closing)
     return; /* the last attempt's lookup or handle is still going away */
-  if (sl->own.in == NULL)
-    sl->own.in = malloc(CE_CONN_INPUT_MAX);
-  if (sl->own.rbuf == NULL)
-    sl->own.rbuf = malloc(CE_CONN_READ_CHUNK);
-  if (sl->own.in == NULL || sl->own.rbuf == NULL)
-    return;
   if (!sl->timer_init) {
     uv_timer_init(c->proxy->loop, &sl->timer);
     sl->timer.data = sl;
@@ -2042,6 +2029,7 @@ void ce_h2conn_update_reading(ce_conn_t *c) {
     return;
   for (size_t i = 1; i < CE_H2_H1_POOL; i++) {
     side_t *u = &h->slots[i].own;
+    ce_conn_release_input(u); /* drained: back to the pool */
     if (!u->open || !u->connected)
       continue;
     bool want = !u->eof && u->in_len < CE_CONN_INPUT_MAX - 1;
@@ -2178,8 +2166,7 @@ int ce_h2conn_start(ce_conn_t *c) {
    * streams are translated (docs/http2.md §6). */
   h->h2up = c->up_h2;
   h->head = malloc(sizeof(*h->head));
-  h->names = malloc(CE_H1_MAX_HEAD_BYTES);
-  if (h->head == NULL || h->names == NULL || new_sessions(h) != CE_OK)
+  if (h->head == NULL || new_sessions(h) != CE_OK)
     return CE_ENOMEM;
   CE_TRACE_D("proxy", 'c', c->id, "h2 with the workspace and the upstream");
   return CE_OK;
@@ -2201,14 +2188,13 @@ void ce_h2conn_free(struct ce_h2conn *h) {
     if (sl->conn_slot)
       continue;
     ce_tlsconn_free(sl->own.tls);
-    free(sl->own.in);
-    free(sl->own.rbuf);
+    sl->own.in_len = 0;
+    ce_conn_release_input(&sl->own);
     if (sl->addrs != NULL)
       uv_freeaddrinfo(sl->addrs);
   }
   nghttp2_session_del(h->srv);
   free(h->head);
-  free(h->names);
   free(h);
 }
 

@@ -20,6 +20,7 @@
 
 #include "control/control.h"
 #include "policy/policy.h"
+#include "proxy/bufpool.h"
 #include "proxy/options.h"
 #include "tls/ca.h"
 
@@ -62,6 +63,16 @@ typedef struct ce_proxy {
 
   ce_decision_entry_t *decisions;   /* CE_DECISION_CACHE_SIZE slots */
   size_t decision_count;
+
+  /* Memory the connections share (docs/proxy.md "Memory"), allocated at
+   * start: one buffer every socket read goes into (its bytes are fed to
+   * TLS or copied into an input buffer within the read callback), one
+   * scratch for each head the proxy writes (used and done within one call),
+   * and the input buffers, taken when bytes arrive and given back when
+   * empty, so that an idle connection holds none. */
+  char *read_buf;          /* CE_CONN_READ_CHUNK bytes */
+  char *head_buf;          /* CE_CONN_HEAD_OUT_MAX bytes */
+  ce_bufpool_t inbufs;     /* CE_CONN_INPUT_MAX-byte buffers */
 } ce_proxy_t;
 
 /* conn.c: takes an accepted connection from a listener. */

@@ -282,7 +282,10 @@ int ce_cmd_proxy(int argc, char **argv) {
   if (read_token(opts.token_path, token, sizeof(token), &token_len) != CE_EXIT_OK)
     goto fail;
   p->decisions = calloc(CE_DECISION_CACHE_SIZE, sizeof(*p->decisions));
-  if (p->decisions == NULL) {
+  ce_bufpool_init(&p->inbufs, CE_CONN_INPUT_MAX, CE_CONN_SPARE_INPUTS);
+  p->read_buf = malloc(CE_CONN_READ_CHUNK);
+  p->head_buf = malloc(CE_CONN_HEAD_OUT_MAX);
+  if (p->decisions == NULL || p->read_buf == NULL || p->head_buf == NULL) {
     fprintf(stderr, PROG ": out of memory\n");
     goto fail;
   }
@@ -334,6 +337,9 @@ fail:
     uv_loop_close(p->loop);
   }
   free(p->decisions);
+  free(p->read_buf);
+  free(p->head_buf);
+  ce_bufpool_clear(&p->inbufs);
   SSL_CTX_free(p->client_ctx);
   SSL_CTX_free(p->server_ctx);
   ce_leaf_cache_free(p->leaves);

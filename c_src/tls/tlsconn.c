@@ -17,6 +17,7 @@
 #include "tls/tlsconn.h"
 
 #include <limits.h>
+#include <openssl/buffer.h>
 #include <openssl/err.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -343,6 +344,36 @@ size_t ce_tlsconn_take_out(ce_tlsconn_t *t, uint8_t *buf, size_t cap) {
   int want = cap > INT_MAX ? INT_MAX : (int)cap;
   int got = BIO_read(t->wbio, buf, want);
   return got > 0 ? (size_t)got : 0;
+}
+
+/* The room of an empty memory BIO, 0 when it holds bytes. */
+static size_t empty_bio_room(BIO *b) {
+  if (BIO_ctrl_pending(b) != 0)
+    return 0;
+  BUF_MEM *bm = NULL;
+  BIO_get_mem_ptr(b, &bm);
+  return bm != NULL ? bm->max : 0;
+}
+
+void ce_tlsconn_trim(ce_tlsconn_t *t) {
+  if (t == NULL)
+    return;
+  if (empty_bio_room(t->rbio) > CE_TLSCONN_BIO_KEEP) {
+    BIO *nb = BIO_new(BIO_s_mem());
+    if (nb != NULL) {
+      BIO_set_mem_eof_return(nb, -1);
+      SSL_set0_rbio(t->ssl, nb); /* frees the old one */
+      t->rbio = nb;
+    }
+  }
+  if (empty_bio_room(t->wbio) > CE_TLSCONN_BIO_KEEP) {
+    BIO *nb = BIO_new(BIO_s_mem());
+    if (nb != NULL) {
+      SSL_set0_wbio(t->ssl, nb);
+      t->wbio = nb;
+    }
+  }
+  clear_errors();
 }
 
 const char *ce_tlsconn_error(const ce_tlsconn_t *t) { return t->error; }

@@ -83,6 +83,17 @@ void ce_tlsconn_shutdown(ce_tlsconn_t *t);
 size_t ce_tlsconn_pending_out(ce_tlsconn_t *t);
 size_t ce_tlsconn_take_out(ce_tlsconn_t *t, uint8_t *buf, size_t cap);
 
+/* A memory BIO keeps the largest buffer it ever held (OpenSSL grows it
+ * and never shrinks it, zero-filled): after one large read or write a
+ * connection would keep that much ciphertext room for its whole life.
+ * This swaps each empty BIO holding more than CE_TLSCONN_BIO_KEEP bytes of
+ * room for a fresh one (the SSL and its state are untouched; bytes still
+ * queued keep their BIO). For the proxy's rest points (the end of an
+ * exchange), not the data path: a fresh BIO grows again. A failed
+ * allocation keeps the old BIO. */
+#define CE_TLSCONN_BIO_KEEP (32u * 1024u)
+void ce_tlsconn_trim(ce_tlsconn_t *t);
+
 /* After CE_ETLS: a one-line description, owned by t and valid until it is
  * freed, such as "certificate verify failed: hostname mismatch",
  * "the peer sent fatal alert unknown_ca (48)" or "TLS failure: wrong

@@ -2,6 +2,7 @@
  * entirely in memory (take_out -> feed), with the session CA, a leaf from
  * the cache, and the two contexts of context.c. */
 #include <criterion/criterion.h>
+#include <openssl/buffer.h>
 #include <openssl/err.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "tls/context.h"
 #include "tls/fixtures.h"
 #include "tls/tlsconn.h"
+#include "support/failalloc.h"
 
 #define MOZILLA_PEM CE_SOURCE_ROOT "/priv/ca-certificates/mozilla.pem"
 
@@ -182,6 +184,70 @@ Test(tlsconn, handshake_and_data_both_ways) {
   /* No session tickets from the server. */
   cr_assert_eq(ce_tlsconn_pending_out(s), 0u);
   cr_assert_eq(ERR_peek_error(), 0ul);
+  ce_tlsconn_free(c);
+  ce_tlsconn_free(s);
+}
+
+static size_t bio_room(BIO *b) {
+  BUF_MEM *bm = NULL;
+  BIO_get_mem_ptr(b, &bm);
+  return bm != NULL ? bm->max : 0;
+}
+
+/* ce_tlsconn_trim: the room of a large transfer is given back, bytes still
+ * queued stay, and the connection goes on both ways. */
+Test(tlsconn, trim_gives_back_bio_room_and_keeps_queued_bytes) {
+  ce_tlsconn_t *s = server_for("example.com", WIRE(H11));
+  ce_tlsconn_t *c = client_for(env.trusting, "example.com", WIRE(H11));
+  connected(c, s);
+  transfer(s, c, 200 * 1024);
+  cr_assert_gt(bio_room(SSL_get_wbio(ce_tlsconn_ssl(s))), CE_TLSCONN_BIO_KEEP);
+  cr_assert_gt(bio_room(SSL_get_rbio(ce_tlsconn_ssl(c))), CE_TLSCONN_BIO_KEEP);
+  ce_tlsconn_trim(s);
+  ce_tlsconn_trim(c);
+  ce_tlsconn_trim(NULL);
+  cr_expect_leq(bio_room(SSL_get_wbio(ce_tlsconn_ssl(s))), CE_TLSCONN_BIO_KEEP);
+  cr_expect_leq(bio_room(SSL_get_rbio(ce_tlsconn_ssl(c))), CE_TLSCONN_BIO_KEEP);
+  transfer(c, s, 5);
+  transfer(s, c, 70 * 1024);
+
+  /* Queued ciphertext (a write not yet taken) is not dropped by a trim. */
+  static const uint8_t msg[] = "still here";
+  cr_assert_eq(ce_tlsconn_write(s, msg, sizeof(msg)), CE_OK);
+  size_t queued = ce_tlsconn_pending_out(s);
+  cr_assert_gt(queued, 0u);
+  ce_tlsconn_trim(s);
+  cr_expect_eq(ce_tlsconn_pending_out(s), queued);
+  shuttle(s, c);
+  /* ... nor fed ciphertext the client has not read yet. */
+  ce_tlsconn_trim(c);
+  uint8_t got[sizeof(msg)];
+  size_t n = 0;
+  cr_assert_eq(ce_tlsconn_read(c, got, sizeof(got), &n), CE_OK);
+  cr_expect_eq(n, sizeof(msg));
+  cr_expect_eq(memcmp(got, msg, sizeof(msg)), 0);
+  cr_assert_eq(ERR_peek_error(), 0ul);
+  ce_tlsconn_free(c);
+  ce_tlsconn_free(s);
+}
+
+/* A trim whose fresh BIO cannot be allocated keeps the old one. */
+Test(tlsconn, trim_without_memory_keeps_the_old_bio) {
+  cr_assert(ce_failalloc_openssl_hooked(), "OpenSSL's allocator is not routed through the counter");
+  ce_tlsconn_t *s = server_for("example.com", WIRE(H11));
+  ce_tlsconn_t *c = client_for(env.trusting, "example.com", WIRE(H11));
+  connected(c, s);
+  transfer(s, c, 100 * 1024);
+  size_t before = bio_room(SSL_get_wbio(ce_tlsconn_ssl(s)));
+  cr_assert_gt(before, CE_TLSCONN_BIO_KEEP);
+  ce_failalloc_arm_from(0);
+  ce_tlsconn_trim(s);
+  ce_failalloc_disarm();
+  cr_expect_gt(ce_failalloc_failures(), 0u);
+  cr_expect_eq(bio_room(SSL_get_wbio(ce_tlsconn_ssl(s))), before);
+  cr_expect_eq(ERR_peek_error(), 0ul);
+  transfer(s, c, 1000);
+  transfer(c, s, 1000);
   ce_tlsconn_free(c);
   ce_tlsconn_free(s);
 }

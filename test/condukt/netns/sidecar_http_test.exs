@@ -229,6 +229,93 @@ defmodule Condukt.Netns.SidecarHttpTest do
     end
   end
 
+  describe "buffers released between requests" do
+    # An idle keep-alive connection holds no input buffer (they come from
+    # the loop's pool while they hold bytes, docs/proxy.md "Memory of an
+    # idle connection"): each request below arrives after its connection's
+    # buffers went back, with large heads and bodies that fill them again
+    # (on 443 the upstream speaks h2, so h1h2.c's buffers too).
+    test "one connection serves many requests with large heads, bodies and chunked answers, pausing between",
+         %{tb: tb, sc: sc} do
+      script = ~S'''
+      import random
+      q = sys.argv[2]
+      rnd = random.Random(7)
+      out = {}
+      for port in (80, 443):
+          s = connect("allowed.test", port)
+          local = s.getsockname()
+          r = Reader(s)
+          seq = []
+          for i in range(24):
+              # Three fields of 3000 bytes each (nginx's h2 bounds: 4 KiB a
+              # field, 16 KiB a head), fresh values each time (no HPACK reuse).
+              vals = ["".join(rnd.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(3000)) for _ in range(3)]
+              extra = "".join("X-Big-%d: %s\r\n" % (k, v) for k, v in enumerate(vals))
+              kind = i % 3
+              if kind == 0:
+                  s.sendall(request("GET", "/echo?%s-%d-%d" % (q, port, i), "allowed.test", extra))
+              elif kind == 1:
+                  body = bytes(rnd.getrandbits(8) for _ in range(150000))
+                  s.sendall(request("POST", "/echo?%s-%d-%d" % (q, port, i), "allowed.test",
+                                    extra + "Content-Length: %d\r\n" % len(body)) + body)
+              else:
+                  s.sendall(request("GET", "/chunked?n=8&size=30000&%s-%d-%d" % (q, port, i), "allowed.test", extra))
+              status, headers = r.head()
+              h = dict(headers)
+              if "chunked" in h.get("transfer-encoding", ""):
+                  data = b""
+                  while True:
+                      size = int(r.line().split(b";")[0], 16)
+                      if size == 0:
+                          while r.line() != b"":
+                              pass
+                          break
+                      data += r.exact(size)
+                      r.exact(2)
+              else:
+                  data = r.exact(int(h.get("content-length", "0")))
+              item = {"status": status, "size": len(data), "kind": kind}
+              if kind != 2:
+                  try:
+                      echo = json.loads(data)
+                  except ValueError:
+                      echo = {}
+                  item["fields_ok"] = all(["x-big-%d" % k, v] in echo.get("headers", []) for k, v in enumerate(vals))
+                  if kind == 1:
+                      item["body_ok"] = echo.get("body_sha256") == hashlib.sha256(body).hexdigest() and echo.get("body_size") == len(body)
+              seq.append(item)
+              time.sleep(0.03)
+          out[str(port)] = {"seq": seq, "same_socket": s.getsockname() == local}
+          s.close()
+      print(json.dumps(out))
+      '''
+
+      q = tag()
+      out = py(tb, sc, script, [q])
+
+      for port <- [80, 443] do
+        %{"seq" => seq, "same_socket" => true} = out["#{port}"]
+        assert length(seq) == 24
+
+        for item <- seq do
+          assert item["status"] == 200, inspect({port, item})
+
+          case item["kind"] do
+            0 -> assert item["fields_ok"], inspect({port, item})
+            1 -> assert item["fields_ok"] and item["body_ok"], inspect({port, item})
+            2 -> assert item["size"] == 8 * 30000, inspect({port, item})
+          end
+        end
+
+        for i <- 0..23 do
+          query = if rem(i, 3) == 2, do: "n=8&size=30000&#{q}-#{port}-#{i}", else: "#{q}-#{port}-#{i}"
+          assert List.last(events_for(sc, query))["event"] == "request_closed", "#{port} #{i}"
+        end
+      end
+    end
+  end
+
   ## 3. Pipelining
 
   describe "pipelining" do
