@@ -18,12 +18,29 @@ int64_t ce_now_us(void) {
 }
 
 void ce_format_time(int64_t us, char *out, size_t cap) {
-  time_t secs = (time_t)(us / 1000000);
-  struct tm tm;
-  gmtime_r(&secs, &tm);
-  char base[32];
-  strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
-  snprintf(out, cap, "%s.%06dZ", base, (int)(us % 1000000));
+  /* An event has up to four timestamps, mostly within the same second:
+   * the date and time part of the last second is kept (per thread). */
+  static _Thread_local int64_t cached_secs = -1;
+  static _Thread_local char cached_base[32];
+  int64_t secs = us / 1000000;
+  if (us < 0 || secs != cached_secs) {
+    time_t t = (time_t)secs;
+    struct tm tm;
+    char base[32];
+    if (gmtime_r(&t, &tm) == NULL || strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm) == 0)
+      base[0] = '\0';
+    if (us < 0) {
+      snprintf(out, cap, "%s.%06dZ", base, (int)(us % 1000000));
+      return;
+    }
+    memcpy(cached_base, base, sizeof(base));
+    cached_secs = secs;
+  }
+  char frac[9] = {'.', 0, 0, 0, 0, 0, 0, 'Z', '\0'};
+  int64_t f = us % 1000000;
+  for (int i = 6; i >= 1; i--, f /= 10)
+    frac[i] = (char)('0' + f % 10);
+  snprintf(out, cap, "%s%s", cached_base, frac);
 }
 
 bool ce_header_redacted(const char *name, size_t len, const ce_proxy_options_t *opts) {

@@ -479,6 +479,21 @@ Test(event, time_format) {
   char buf[40];
   ce_format_time(1763788179123456LL, buf, sizeof(buf));
   cr_expect_str_eq(buf, "2025-11-22T05:09:39.123456Z");
+  /* The same second (its date and time are kept), the next, and back. */
+  ce_format_time(1763788179000007LL, buf, sizeof(buf));
+  cr_expect_str_eq(buf, "2025-11-22T05:09:39.000007Z");
+  ce_format_time(1763788180999999LL, buf, sizeof(buf));
+  cr_expect_str_eq(buf, "2025-11-22T05:09:40.999999Z");
+  ce_format_time(1763788179500000LL, buf, sizeof(buf));
+  cr_expect_str_eq(buf, "2025-11-22T05:09:39.500000Z");
+  ce_format_time(0, buf, sizeof(buf));
+  cr_expect_str_eq(buf, "1970-01-01T00:00:00.000000Z");
+  ce_format_time(951782400000000LL, buf, sizeof(buf)); /* a leap day */
+  cr_expect_str_eq(buf, "2000-02-29T00:00:00.000000Z");
+  /* Cut to the buffer, NUL-terminated. */
+  char small[12];
+  ce_format_time(1763788179123456LL, small, sizeof(small));
+  cr_expect_str_eq(small, "2025-11-22T");
 }
 
 Test(event, a_path_that_ends_its_buffer_without_a_nul_is_copied_within_bounds) {
