@@ -943,19 +943,6 @@ static void ask_timer_cb(uv_timer_t *t) {
              false);
 }
 
-/* The members of a jansson object as a frame's members (ce_control_emit and
- * ce_control_ask); anything but an object fails the text with CE_EINVAL. */
-typedef struct {
-  const json_t *obj;
-  const char *key; /* the envelope's: "seq" or "id" */
-} json_fields_t;
-
-static void write_json_fields(ce_jsonw_t *w, const void *arg) {
-  const json_fields_t *f = arg;
-  bool first = false; /* "type" is already written */
-  ce_jsonw_members(w, f->obj, "type", f->key, &first);
-}
-
 uint64_t ce_control_ask_with(ce_control_t *ctl, ce_control_write_fn write, const void *arg,
                              uint32_t timeout_ms, ce_control_decision_cb cb, void *data) {
   if (ctl->closing)
@@ -1006,8 +993,9 @@ uint64_t ce_control_ask_with(ce_control_t *ctl, ce_control_write_fn write, const
 
 uint64_t ce_control_ask(ce_control_t *ctl, json_t *request, uint32_t timeout_ms,
                         ce_control_decision_cb cb, void *data) {
-  json_fields_t f = {request, "id"};
-  uint64_t id = ce_control_ask_with(ctl, write_json_fields, &f, timeout_ms, cb, data);
+  /* Anything but an object fails the ask with CE_EINVAL. */
+  ce__json_fields_t f = {request, "id"};
+  uint64_t id = ce_control_ask_with(ctl, ce__line_write_json_fields, &f, timeout_ms, cb, data);
   json_decref(request);
   return id;
 }
@@ -1046,8 +1034,9 @@ void ce_control_emit_with(ce_control_t *ctl, ce_control_write_fn write, const vo
 }
 
 void ce_control_emit(ce_control_t *ctl, json_t *event) {
-  json_fields_t f = {event, "seq"};
-  ce_control_emit_with(ctl, write_json_fields, &f);
+  /* Anything but an object is counted as dropped. */
+  ce__json_fields_t f = {event, "seq"};
+  ce_control_emit_with(ctl, ce__line_write_json_fields, &f);
   json_decref(event);
 }
 

@@ -301,24 +301,19 @@ int ce__line_encode_frame_with(const char *type, const char *key, uint64_t num,
   return line_finish(&w, out);
 }
 
-typedef struct {
-  const json_t *fields;
-  const char *key;
-} fields_arg_t;
-
-/* Every member of the object but "type" and the envelope's key. */
-static void write_fields(ce_jsonw_t *w, const void *arg) {
-  const fields_arg_t *a = arg;
+void ce__line_write_json_fields(ce_jsonw_t *w, const void *arg) {
+  const ce__json_fields_t *f = arg;
   bool first = false; /* "type" is already written */
-  ce_jsonw_members(w, a->fields, "type", a->key, &first);
+  ce_jsonw_members(w, f->obj, "type", f->key, &first);
 }
 
 int ce__line_encode_frame(const char *type, const char *key, uint64_t num, bool num_as_string,
                           const json_t *fields, ce__line_t **out) {
   if (!json_is_object(fields))
     return CE_EINVAL;
-  fields_arg_t a = {fields, key};
-  return ce__line_encode_frame_with(type, key, num, num_as_string, write_fields, &a, out);
+  ce__json_fields_t f = {fields, key};
+  return ce__line_encode_frame_with(type, key, num, num_as_string, ce__line_write_json_fields, &f,
+                                    out);
 }
 
 ce__line_t *ce__line_ref(ce__line_t *line) {

@@ -57,6 +57,15 @@ int ce__line_encode_frame_with(const char *type, const char *key, uint64_t num,
                                bool num_as_string, ce_control_write_fn write, const void *arg,
                                ce__line_t **out);
 
+/* A ce_control_write_fn for a jansson object: arg is a ce__json_fields_t;
+ * writes every member of obj but "type" and key, and fails the text with
+ * CE_EINVAL when obj is not an object. */
+typedef struct {
+  const json_t *obj;
+  const char *key;
+} ce__json_fields_t;
+void ce__line_write_json_fields(ce_jsonw_t *w, const void *arg);
+
 /* Takes another reference; returns line for convenience. */
 ce__line_t *ce__line_ref(ce__line_t *line);
 
