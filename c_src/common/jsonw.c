@@ -112,23 +112,24 @@ bool ce_utf8_valid(const char *s, size_t n) {
   return true;
 }
 
-void ce_jsonw_string(ce_jsonw_t *w, const char *s, size_t n) {
-  if (w->err != CE_OK)
-    return;
-  if (!ce_utf8_valid(s, n)) {
-    fail(w, CE_EINVAL);
-    return;
-  }
+/* Writes s[0..n) escaped, without quotes; with lossy, every byte >= 0x80
+ * as U+FFFD. */
+static void escaped(ce_jsonw_t *w, const char *s, size_t n, bool lossy) {
   static const char hex[] = "0123456789ABCDEF"; /* jansson writes \u001F */
-  /* The worst case is 6 bytes per input byte (\u00XX) plus the quotes;
-   * reserve per run rather than for the worst case, so a long plain
-   * string near max is not refused for escapes it does not have. */
-  ce_jsonw_raw(w, "\"", 1);
+  /* The worst case is 6 bytes per input byte (\u00XX); reserve per run
+   * rather than for the worst case, so a long plain string near max is
+   * not refused for escapes it does not have. */
   size_t start = 0;
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)s[i];
-    if (c >= 0x20 && c != '"' && c != '\\')
+    if (c >= 0x20 && c != '"' && c != '\\' && (c < 0x80 || !lossy))
       continue;
+    if (c >= 0x80) {
+      ce_jsonw_raw(w, s + start, i - start);
+      start = i + 1;
+      ce_jsonw_raw(w, "\xef\xbf\xbd", 3);
+      continue;
+    }
     ce_jsonw_raw(w, s + start, i - start);
     start = i + 1;
     char esc[6] = {'\\', 0, 0, 0, 0, 0};
@@ -152,7 +153,31 @@ void ce_jsonw_string(ce_jsonw_t *w, const char *s, size_t n) {
     ce_jsonw_raw(w, esc, elen);
   }
   ce_jsonw_raw(w, s + start, n - start);
+}
+
+void ce_jsonw_string(ce_jsonw_t *w, const char *s, size_t n) {
+  if (w->err != CE_OK)
+    return;
+  if (!ce_utf8_valid(s, n)) {
+    fail(w, CE_EINVAL);
+    return;
+  }
   ce_jsonw_raw(w, "\"", 1);
+  escaped(w, s, n, false);
+  ce_jsonw_raw(w, "\"", 1);
+}
+
+void ce_jsonw_string_lossy(ce_jsonw_t *w, const char *s, size_t n) {
+  if (w->err != CE_OK)
+    return;
+  ce_jsonw_raw(w, "\"", 1);
+  escaped(w, s, n, !ce_utf8_valid(s, n));
+  ce_jsonw_raw(w, "\"", 1);
+}
+
+void ce_jsonw_fail(ce_jsonw_t *w, int err) {
+  if (err != CE_OK)
+    fail(w, err);
 }
 
 void ce_jsonw_int(ce_jsonw_t *w, int64_t v) {

@@ -55,6 +55,16 @@ void ce_jsonw_raw(ce_jsonw_t *w, const char *s, size_t n);
  * U+10FFFF). NUL bytes are written as \u0000. */
 void ce_jsonw_string(ce_jsonw_t *w, const char *s, size_t n);
 
+/* As ce_jsonw_string, but text that is not valid UTF-8 is written with
+ * each byte >= 0x80 as U+FFFD (the bytes below 0x80 as they are, escaped)
+ * instead of being refused: header values are bytes (obs-text), and the
+ * event that carries them must still be valid JSON. */
+void ce_jsonw_string_lossy(ce_jsonw_t *w, const char *s, size_t n);
+
+/* Sets the sticky error (err != CE_OK; the first error wins): a caller
+ * that writes members through a callback fails the whole text with it. */
+void ce_jsonw_fail(ce_jsonw_t *w, int err);
+
 void ce_jsonw_int(ce_jsonw_t *w, int64_t v);
 void ce_jsonw_uint(ce_jsonw_t *w, uint64_t v);
 

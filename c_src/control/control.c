@@ -943,28 +943,13 @@ static void ask_timer_cb(uv_timer_t *t) {
              false);
 }
 
-/* Builds the decision_request line; returns the status the ask fails with
- * when it cannot be sent. */
-static int ask_encode(ask_t *a, json_t *request) {
-  if (!json_is_object(request))
-    return CE_EINVAL;
-  int rc = ce__line_encode_frame("decision_request", "id", a->id, true, request, &a->line);
-  if (rc == CE_ETOOBIG)
-    rc = CE_EINVAL;
-  return rc;
-}
-
-uint64_t ce_control_ask(ce_control_t *ctl, json_t *request, uint32_t timeout_ms,
-                        ce_control_decision_cb cb, void *data) {
-  if (ctl->closing) {
-    json_decref(request);
+uint64_t ce_control_ask_with(ce_control_t *ctl, ce_control_write_fn write, const void *arg,
+                             uint32_t timeout_ms, ce_control_decision_cb cb, void *data) {
+  if (ctl->closing)
     return 0;
-  }
   ask_t *a = calloc(1, sizeof(*a));
-  if (a == NULL) {
-    json_decref(request);
+  if (a == NULL)
     return 0;
-  }
   a->ctl = ctl;
   a->id = ++ctl->next_id;
   a->cb = cb;
@@ -981,11 +966,14 @@ uint64_t ce_control_ask(ce_control_t *ctl, json_t *request, uint32_t timeout_ms,
   ctl->asks_tail = a;
 
   int status = CE_OK;
-  if (ctl->pending >= CE_CONTROL_MAX_PENDING_ASKS)
+  if (ctl->pending >= CE_CONTROL_MAX_PENDING_ASKS) {
     status = CE_EUNAVAIL;
-  else
-    status = ask_encode(a, request);
-  json_decref(request);
+  } else {
+    status = ce__line_encode_frame_with("decision_request", "id", a->id, true, write, arg,
+                                        &a->line);
+    if (status == CE_ETOOBIG)
+      status = CE_EINVAL;
+  }
 
   if (status != CE_OK) {
     /* Failures are delivered by a zero timer, so the callback never runs
@@ -1003,6 +991,15 @@ uint64_t ce_control_ask(ce_control_t *ctl, json_t *request, uint32_t timeout_ms,
   return a->id;
 }
 
+uint64_t ce_control_ask(ce_control_t *ctl, json_t *request, uint32_t timeout_ms,
+                        ce_control_decision_cb cb, void *data) {
+  /* Anything but an object fails the ask with CE_EINVAL. */
+  ce__json_fields_t f = {request, "id"};
+  uint64_t id = ce_control_ask_with(ctl, ce__line_write_json_fields, &f, timeout_ms, cb, data);
+  json_decref(request);
+  return id;
+}
+
 void ce_control_cancel(ce_control_t *ctl, uint64_t id) {
   ask_t *a = ask_find(ctl, id);
   if (a != NULL)
@@ -1011,16 +1008,13 @@ void ce_control_cancel(ce_control_t *ctl, uint64_t id) {
 
 /* ---- events ------------------------------------------------------------------ */
 
-void ce_control_emit(ce_control_t *ctl, json_t *event) {
-  if (ctl->closing) {
-    json_decref(event);
+void ce_control_emit_with(ce_control_t *ctl, ce_control_write_fn write, const void *arg) {
+  if (ctl->closing)
     return;
-  }
   ctl->events++;
   uint64_t seq = ++ctl->seq;
   ce__line_t *line = NULL;
-  int rc = ce__line_encode_frame("event", "seq", seq, false, event, &line);
-  json_decref(event);
+  int rc = ce__line_encode_frame_with("event", "seq", seq, false, write, arg, &line);
   if (rc != 0) {
     ctl->dropped++;
     ctl->stdout_dropped++;
@@ -1037,6 +1031,13 @@ void ce_control_emit(ce_control_t *ctl, json_t *event) {
   else
     ring_push(ctl, line);
   ce__line_unref(line);
+}
+
+void ce_control_emit(ce_control_t *ctl, json_t *event) {
+  /* Anything but an object is counted as dropped. */
+  ce__json_fields_t f = {event, "seq"};
+  ce_control_emit_with(ctl, ce__line_write_json_fields, &f);
+  json_decref(event);
 }
 
 /* ---- start -------------------------------------------------------------------- */

@@ -31,6 +31,8 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "common/jsonw.h"
+
 #define CE_CONTROL_PROTOCOL_VERSION 1
 #define CE_CONTROL_MAX_FRAME (1024u * 1024u)      /* one NDJSON line, '\n' included */
 #define CE_CONTROL_HELLO_TIMEOUT_MS 5000u
@@ -108,6 +110,18 @@ int ce_control_port(const ce_control_t *ctl);
  * dropped (and logged to stderr). After ce_control_close it only frees. */
 void ce_control_emit(ce_control_t *ctl, json_t *event);
 
+/* Writes the members of a frame after its envelope, each as ,"name":value
+ * (common/jsonw.h); it may fail the frame with ce_jsonw_fail(). It must not
+ * write members named "type" or the envelope's key ("seq", "id"), and must
+ * not call ce_control_* functions. */
+typedef void (*ce_control_write_fn)(ce_jsonw_t *w, const void *arg);
+
+/* ce_control_emit without an object: the event's members are written as
+ * text by write(w, arg), straight into the line (the proxy's events,
+ * proxy/event.h). The same seq, order and bounds; a failed or too long
+ * text is counted as dropped. */
+void ce_control_emit_with(ce_control_t *ctl, ce_control_write_fn write, const void *arg);
+
 /* The answer to a decision request. status is CE_OK with allow/cacheable
  * set from the peer and reason the peer's reason (NULL when it gave none
  * or an empty one), or a failure with allow false and reason NULL:
@@ -132,6 +146,13 @@ typedef void (*ce_control_decision_cb)(void *data, int status, bool allow,
  */
 uint64_t ce_control_ask(ce_control_t *ctl, json_t *request, uint32_t timeout_ms,
                         ce_control_decision_cb cb, void *data);
+
+/* ce_control_ask with the request's members written as text by
+ * write(w, arg) (see ce_control_write_fn), called before it returns. A
+ * failed or too long text fails the ask with CE_EINVAL (CE_ENOMEM when
+ * memory ran out), delivered through cb as for ce_control_ask. */
+uint64_t ce_control_ask_with(ce_control_t *ctl, ce_control_write_fn write, const void *arg,
+                             uint32_t timeout_ms, ce_control_decision_cb cb, void *data);
 
 /* Forgets a pending ask (its requester went away); cb will not be called.
  * Unknown ids, and asks already answered, are ignored. A later answer from

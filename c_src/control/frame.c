@@ -281,10 +281,9 @@ int ce__line_encode(const json_t *obj, ce__line_t **out) {
   return line_finish(&w, out);
 }
 
-int ce__line_encode_frame(const char *type, const char *key, uint64_t num, bool num_as_string,
-                          const json_t *fields, ce__line_t **out) {
-  if (!json_is_object(fields))
-    return CE_EINVAL;
+int ce__line_encode_frame_with(const char *type, const char *key, uint64_t num,
+                               bool num_as_string, ce_control_write_fn write, const void *arg,
+                               ce__line_t **out) {
   char inline_buf[LINE_INLINE];
   ce_jsonw_t w;
   ce_jsonw_init(&w, inline_buf, sizeof(inline_buf), CE_CONTROL_MAX_FRAME);
@@ -296,10 +295,25 @@ int ce__line_encode_frame(const char *type, const char *key, uint64_t num, bool 
   ce_jsonw_uint(&w, num);
   if (num_as_string)
     ce_jsonw_raw(&w, "\"", 1);
-  bool first = false; /* "type" is already written */
-  ce_jsonw_members(&w, fields, "type", key, &first);
+  if (ce_jsonw_error(&w) == CE_OK)
+    write(&w, arg);
   ce_jsonw_raw(&w, "}", 1);
   return line_finish(&w, out);
+}
+
+void ce__line_write_json_fields(ce_jsonw_t *w, const void *arg) {
+  const ce__json_fields_t *f = arg;
+  bool first = false; /* "type" is already written */
+  ce_jsonw_members(w, f->obj, "type", f->key, &first);
+}
+
+int ce__line_encode_frame(const char *type, const char *key, uint64_t num, bool num_as_string,
+                          const json_t *fields, ce__line_t **out) {
+  if (!json_is_object(fields))
+    return CE_EINVAL;
+  ce__json_fields_t f = {fields, key};
+  return ce__line_encode_frame_with(type, key, num, num_as_string, ce__line_write_json_fields, &f,
+                                    out);
 }
 
 ce__line_t *ce__line_ref(ce__line_t *line) {

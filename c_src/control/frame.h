@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "control/control.h"
+
 typedef struct {
   size_t refs;
   size_t len;   /* bytes in data, the final '\n' included */
@@ -42,6 +44,27 @@ int ce__line_encode(const json_t *obj, ce__line_t **out);
  */
 int ce__line_encode_frame(const char *type, const char *key, uint64_t num, bool num_as_string,
                           const json_t *fields, ce__line_t **out);
+
+/*
+ * The same envelope, {"type":TYPE,KEY:NUM, then whatever write(w, arg)
+ * appends (members, each written as ,"name":value), then "}" and '\n'.
+ * write may fail the text with ce_jsonw_fail(). Returns CE_OK, the
+ * writer's error (CE_EINVAL for text that is not valid UTF-8 or a failure
+ * write chose), CE_ETOOBIG (longer than CE_CONTROL_MAX_FRAME), CE_ENOMEM.
+ * On failure *out is untouched.
+ */
+int ce__line_encode_frame_with(const char *type, const char *key, uint64_t num,
+                               bool num_as_string, ce_control_write_fn write, const void *arg,
+                               ce__line_t **out);
+
+/* A ce_control_write_fn for a jansson object: arg is a ce__json_fields_t;
+ * writes every member of obj but "type" and key, and fails the text with
+ * CE_EINVAL when obj is not an object. */
+typedef struct {
+  const json_t *obj;
+  const char *key;
+} ce__json_fields_t;
+void ce__line_write_json_fields(ce_jsonw_t *w, const void *arg);
 
 /* Takes another reference; returns line for convenience. */
 ce__line_t *ce__line_ref(ce__line_t *line);

@@ -63,12 +63,7 @@ static void resolve_upstream(ce_conn_t *c);
 /* ---- events -------------------------------------------------------------- */
 
 static void emit(ce_conn_t *c, const char *name, const char *reason) {
-  json_t *ev = ce_event_new(name, &c->req, reason);
-  if (ev == NULL) {
-    CE_TRACE_E("proxy", 'c', c->id, "out of memory building a %s event", name);
-    return;
-  }
-  ce_control_emit(c->proxy->control, ev);
+  ce_event_emit(c->proxy->control, name, &c->req, reason);
 }
 
 /* A request record for a failure that happens before any request head
@@ -985,17 +980,11 @@ static void ask_decider(ce_conn_t *c, int32_t rule) {
     decided(c, allow, allow ? NULL : reason);
     return;
   }
-  json_t *request = ce_event_new("decision_request", &c->req, NULL);
-  json_t *frame = request != NULL ? json_pack("{s:o s:{s:i s:s}}", "request", request, "rule", "index",
-                                              (json_int_t)rule, "kind", "decide")
-                                  : NULL;
-  if (frame == NULL) {
-    refuse_policy(c, rule, "decide", "decider_error");
-    return;
-  }
   set_state(c, ST_DECIDING);
   uv_timer_stop(&c->timer);
-  c->ask_id = ce_control_ask(c->proxy->control, frame, info.timeout_ms, on_decision, c);
+  /* A request that cannot be written (out of memory, too long) fails the
+   * ask: the callback denies with control_channel_unavailable. */
+  c->ask_id = ce_event_ask(c->proxy->control, &c->req, rule, info.timeout_ms, on_decision, c);
   /* No ask (out of memory, the channel closing): no callback will come. */
   if (c->ask_id == 0)
     decided(c, false, "control_channel_unavailable");
@@ -2231,11 +2220,6 @@ void ce_conn_h2_connect(ce_conn_t *c) {
 }
 
 void ce_conn_emit(ce_conn_t *c, const ce_reqinfo_t *r, const char *name, const char *reason) {
-  json_t *ev = ce_event_new(name, r, reason);
-  if (ev == NULL) {
-    CE_TRACE_E("proxy", 'c', c->id, "out of memory building a %s event", name);
-    return;
-  }
-  ce_control_emit(c->proxy->control, ev);
+  ce_event_emit(c->proxy->control, name, r, reason);
 }
 

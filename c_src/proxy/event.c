@@ -18,12 +18,29 @@ int64_t ce_now_us(void) {
 }
 
 void ce_format_time(int64_t us, char *out, size_t cap) {
-  time_t secs = (time_t)(us / 1000000);
-  struct tm tm;
-  gmtime_r(&secs, &tm);
-  char base[32];
-  strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
-  snprintf(out, cap, "%s.%06dZ", base, (int)(us % 1000000));
+  /* An event has up to four timestamps, mostly within the same second:
+   * the date and time part of the last second is kept (per thread). */
+  static _Thread_local int64_t cached_secs = -1;
+  static _Thread_local char cached_base[32];
+  int64_t secs = us / 1000000;
+  if (us < 0 || secs != cached_secs) {
+    time_t t = (time_t)secs;
+    struct tm tm;
+    char base[32];
+    if (gmtime_r(&t, &tm) == NULL || strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm) == 0)
+      base[0] = '\0';
+    if (us < 0) {
+      snprintf(out, cap, "%s.%06dZ", base, (int)(us % 1000000));
+      return;
+    }
+    memcpy(cached_base, base, sizeof(base));
+    cached_secs = secs;
+  }
+  char frac[9] = {'.', 0, 0, 0, 0, 0, 0, 'Z', '\0'};
+  int64_t f = us % 1000000;
+  for (int i = 6; i >= 1; i--, f /= 10)
+    frac[i] = (char)('0' + f % 10);
+  snprintf(out, cap, "%s%s", cached_base, frac);
 }
 
 bool ce_header_redacted(const char *name, size_t len, const ce_proxy_options_t *opts) {
@@ -50,59 +67,69 @@ void ce_reqinfo_clear(ce_reqinfo_t *r) {
   free(r->path);
   free(r->query);
   free(r->body_preview);
-  json_decref(r->headers);
-  json_decref(r->response_headers);
+  free(r->headers);
+  free(r->response_headers);
   memset(r, 0, sizeof(*r));
   r->matched_rule = -1;
 }
 
-/* Header values are bytes; JSON strings must be UTF-8. Values that are not
- * valid UTF-8 (obs-text) are carried with each such byte as U+FFFD so that
- * the event is still valid JSON. */
-static json_t *text_value(const char *s, size_t n) {
-  json_t *v = json_stringn(s, n);
-  if (v != NULL)
-    return v;
-  char *copy = malloc(n * 3 + 1);
-  if (copy == NULL)
-    return NULL;
-  size_t w = 0;
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (c < 0x80) {
-      copy[w++] = (char)c;
-    } else {
-      copy[w++] = (char)0xef;
-      copy[w++] = (char)0xbf;
-      copy[w++] = (char)0xbd;
-    }
-  }
-  v = json_stringn(copy, w);
-  free(copy);
-  return v;
-}
+/* Header lists up to this size are written on the stack and then copied
+ * into one exact-size allocation. */
+#define FIELDS_INLINE 4096u
 
-static json_t *fields_json(const ce_h1_head_t *head, const ce_proxy_options_t *opts) {
-  json_t *arr = json_array();
-  if (arr == NULL)
-    return NULL;
+/* The JSON text of a head's fields, [["name","value"],...]. Header values
+ * are bytes; JSON strings must be UTF-8: names and values that are not
+ * valid UTF-8 (obs-text) are carried with each such byte as U+FFFD, so the
+ * event is still valid JSON. Returns CE_OK (*out, *out_len set), CE_ENOMEM
+ * or CE_ETOOBIG (longer than a frame). */
+static int fields_text(const ce_h1_head_t *head, const ce_proxy_options_t *opts, char **out,
+                       size_t *out_len) {
+  char inline_buf[FIELDS_INLINE];
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, inline_buf, sizeof(inline_buf), CE_CONTROL_MAX_FRAME);
+  ce_jsonw_raw(&w, "[", 1);
   for (size_t i = 0; i < head->field_count; i++) {
     const ce_h1_field_t *f = &head->fields[i];
-    bool redact = ce_header_redacted(f->name, f->name_len, opts);
-    /* json_array_append_new consumes its value, even NULL, and then fails. */
-    json_t *pair = json_array();
-    if (pair != NULL && (json_array_append_new(pair, text_value(f->name, f->name_len)) != 0 ||
-                         json_array_append_new(pair, redact ? json_string("[redacted]")
-                                                            : text_value(f->value, f->value_len)) != 0)) {
-      json_decref(pair);
-      pair = NULL;
-    }
-    if (pair == NULL || json_array_append_new(arr, pair) != 0) {
-      json_decref(arr);
-      return NULL;
+    ce_jsonw_raw(&w, i == 0 ? "[" : ",[", i == 0 ? 1 : 2);
+    ce_jsonw_string_lossy(&w, f->name, f->name_len);
+    if (ce_header_redacted(f->name, f->name_len, opts)) {
+      ce_jsonw_raw(&w, ",\"[redacted]\"]", 14);
+    } else {
+      ce_jsonw_raw(&w, ",", 1);
+      ce_jsonw_string_lossy(&w, f->value, f->value_len);
+      ce_jsonw_raw(&w, "]", 1);
     }
   }
-  return arr;
+  ce_jsonw_raw(&w, "]", 1);
+  int rc = ce_jsonw_error(&w);
+  if (rc == CE_OK) {
+    char *text = malloc(w.len);
+    if (text == NULL) {
+      rc = CE_ENOMEM;
+    } else {
+      memcpy(text, w.buf, w.len);
+      *out = text;
+      *out_len = w.len;
+    }
+  }
+  ce_jsonw_free(&w);
+  return rc;
+}
+
+/* Replaces one of the record's lists. A list too long for a frame leaves
+ * the list NULL and marks the record, whose events are then dropped; out
+ * of memory leaves it NULL (an empty list or null in the events). */
+static int set_fields(ce_reqinfo_t *r, char **list, size_t *list_len, const ce_h1_head_t *head,
+                      const ce_proxy_options_t *opts) {
+  free(*list);
+  *list = NULL;
+  *list_len = 0;
+  int rc = fields_text(head, opts, list, list_len);
+  if (rc == CE_ETOOBIG) {
+    r->headers_err = CE_ETOOBIG;
+    return CE_OK;
+  }
+  return rc;
 }
 
 /* A NUL-terminated copy of s[0..n). Unlike strndup, it never looks past
@@ -144,18 +171,14 @@ int ce_reqinfo_set_request(ce_reqinfo_t *r, const ce_h1_head_t *head, const ce_p
     if (r->query == NULL)
       return CE_ENOMEM;
   }
-  json_decref(r->headers);
-  r->headers = fields_json(head, opts);
-  return r->headers != NULL ? CE_OK : CE_ENOMEM;
+  return set_fields(r, &r->headers, &r->headers_len, head, opts);
 }
 
 int ce_reqinfo_set_response(ce_reqinfo_t *r, const ce_h1_head_t *head, const ce_proxy_options_t *opts) {
   r->status = head->status;
-  json_decref(r->response_headers);
-  r->response_headers = fields_json(head, opts);
   if (r->responded_at_us == 0)
     r->responded_at_us = ce_now_us();
-  return r->response_headers != NULL ? CE_OK : CE_ENOMEM;
+  return set_fields(r, &r->response_headers, &r->response_headers_len, head, opts);
 }
 
 void ce_reqinfo_add_preview(ce_reqinfo_t *r, const char *data, size_t len, size_t cap) {
@@ -171,108 +194,203 @@ void ce_reqinfo_add_preview(ce_reqinfo_t *r, const char *data, size_t len, size_
   r->body_preview_len += take;
 }
 
-static json_t *time_or_null(int64_t us) {
-  if (us == 0)
-    return json_null();
+/* The literal text of a member's name with its leading comma and colon. */
+#define KEY(w, lit) ce_jsonw_raw((w), lit, sizeof(lit) - 1)
+
+static void time_or_null(ce_jsonw_t *w, int64_t us) {
+  if (us == 0) {
+    ce_jsonw_raw(w, "null", 4);
+    return;
+  }
+  /* "2026-11-22T05:09:39.123456Z": digits and punctuation, nothing to
+   * escape. */
   char buf[40];
-  ce_format_time(us, buf, sizeof(buf));
-  return json_string(buf);
+  buf[0] = '"';
+  ce_format_time(us, buf + 1, sizeof(buf) - 2);
+  size_t n = strlen(buf);
+  buf[n++] = '"';
+  ce_jsonw_raw(w, buf, n);
 }
 
-static json_t *maybe_string(const char *s) { return s != NULL ? json_string(s) : json_null(); }
+static void string_or_null(ce_jsonw_t *w, const char *s) {
+  if (s != NULL)
+    ce_jsonw_string(w, s, strlen(s));
+  else
+    ce_jsonw_raw(w, "null", 4);
+}
 
-static json_t *base64(const char *data, size_t len) {
+/* A member that is always a string (a record that lacks it is a bug). */
+static void string_or_fail(ce_jsonw_t *w, const char *s) {
+  if (s != NULL)
+    ce_jsonw_string(w, s, strlen(s));
+  else
+    ce_jsonw_fail(w, CE_EINVAL);
+}
+
+/* A NUL-terminated field that may have been cut inside a UTF-8 sequence
+ * (host, SNI): U+FFFD for its bytes rather than no event. */
+static void text_or_null(ce_jsonw_t *w, const char *s) {
+  if (s[0] != '\0')
+    ce_jsonw_string_lossy(w, s, strlen(s));
+  else
+    ce_jsonw_raw(w, "null", 4);
+}
+
+static void base64(ce_jsonw_t *w, const char *data, size_t len) {
   static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  size_t out_len = (len + 2) / 3 * 4;
-  char *out = malloc(out_len + 1);
-  if (out == NULL)
-    return NULL;
-  size_t w = 0;
+  char out[1024]; /* a multiple of 4 */
+  size_t o = 0;
+  ce_jsonw_raw(w, "\"", 1);
   for (size_t i = 0; i < len; i += 3) {
     uint32_t v = (uint32_t)(unsigned char)data[i] << 16;
     if (i + 1 < len)
       v |= (uint32_t)(unsigned char)data[i + 1] << 8;
     if (i + 2 < len)
       v |= (unsigned char)data[i + 2];
-    out[w++] = tbl[(v >> 18) & 63];
-    out[w++] = tbl[(v >> 12) & 63];
-    out[w++] = i + 1 < len ? tbl[(v >> 6) & 63] : '=';
-    out[w++] = i + 2 < len ? tbl[v & 63] : '=';
+    out[o++] = tbl[(v >> 18) & 63];
+    out[o++] = tbl[(v >> 12) & 63];
+    out[o++] = i + 1 < len ? tbl[(v >> 6) & 63] : '=';
+    out[o++] = i + 2 < len ? tbl[v & 63] : '=';
+    if (o == sizeof(out)) {
+      ce_jsonw_raw(w, out, o);
+      o = 0;
+    }
   }
-  json_t *s = json_stringn(out, w);
-  free(out);
-  return s;
+  ce_jsonw_raw(w, out, o);
+  ce_jsonw_raw(w, "\"", 1);
 }
 
-/* Sets key to v (consumed, even NULL) unless an earlier member failed. */
-static void put(json_t *ev, bool *ok, const char *key, json_t *v) {
-  if (!*ok) {
-    json_decref(v);
+/* The members in the order the jansson-built events had them (tests and
+ * readers of stdout compare lines). With lead, the first member has its
+ * comma too. */
+static void write_members(ce_jsonw_t *w, const char *name, const ce_reqinfo_t *r,
+                          const char *reason, bool lead) {
+  if (r->headers_err != CE_OK) {
+    ce_jsonw_fail(w, r->headers_err);
     return;
   }
-  /* json_object_set_new_nocheck: every key here is a literal ASCII name. */
-  if (json_object_set_new_nocheck(ev, key, v) != 0)
-    *ok = false;
-}
-
-json_t *ce_event_new(const char *name, const ce_reqinfo_t *r, const char *reason) {
-  char id[24], cid[24];
-  snprintf(id, sizeof(id), "%llu", (unsigned long long)r->id);
-  snprintf(cid, sizeof(cid), "%llu", (unsigned long long)r->connection_id);
   /* The seeds: matched_rule is the provenance of a decision, so only the
    * allowed and denied events carry it (and decision requests, which
    * carry their rule separately). */
   bool decision = strcmp(name, "request_allowed") == 0 || strcmp(name, "request_denied") == 0;
-  json_t *ev = json_object();
-  if (ev == NULL)
-    return NULL;
-  /* Built member by member (json_pack's format parser was a tenth of the
-   * proxy's CPU: bench/README.md). All or nothing: an event without its
-   * preview would read as a request without a body. */
-  bool ok = true;
-  put(ev, &ok, "event", json_string(name));
-  put(ev, &ok, "at", time_or_null(ce_now_us()));
-  put(ev, &ok, "id", json_string(id));
-  put(ev, &ok, "connection_id", json_string(cid));
-  put(ev, &ok, "scheme", json_string(r->scheme));
-  put(ev, &ok, "method", r->method[0] != '\0' ? json_string(r->method) : json_null());
-  put(ev, &ok, "host", r->host[0] != '\0' ? text_value(r->host, strlen(r->host)) : json_null());
-  put(ev, &ok, "port", json_integer((json_int_t)r->port));
-  put(ev, &ok, "path", maybe_string(r->path));
-  put(ev, &ok, "query", maybe_string(r->query));
-  put(ev, &ok, "http_version", json_string(r->http_version));
-  put(ev, &ok, "sni", r->sni[0] != '\0' ? text_value(r->sni, strlen(r->sni)) : json_null());
-  put(ev, &ok, "headers", r->headers != NULL ? json_incref(r->headers) : json_array());
-  put(ev, &ok, "status", r->status > 0 ? json_integer(r->status) : json_null());
-  put(ev, &ok, "response_headers",
-      r->response_headers != NULL ? json_incref(r->response_headers) : json_null());
-  put(ev, &ok, "bytes_in", json_integer((json_int_t)r->bytes_in));
-  put(ev, &ok, "bytes_out", json_integer((json_int_t)r->bytes_out));
-  put(ev, &ok, "opened_at", time_or_null(r->opened_at_us));
-  put(ev, &ok, "responded_at", time_or_null(r->responded_at_us));
-  put(ev, &ok, "closed_at", time_or_null(r->closed_at_us));
-  json_t *rule = json_null();
-  if (ok && decision && r->matched_rule >= 0) {
-    rule = json_object();
-    if (rule != NULL) {
-      bool rok = true;
-      put(rule, &rok, "index", json_integer((json_int_t)r->matched_rule));
-      put(rule, &rok, "kind", json_string(r->matched_kind));
-      if (!rok) {
-        json_decref(rule);
-        rule = NULL;
-      }
-    }
+  if (lead)
+    KEY(w, ",\"event\":");
+  else
+    KEY(w, "\"event\":");
+  ce_jsonw_string(w, name, strlen(name));
+  KEY(w, ",\"at\":");
+  time_or_null(w, ce_now_us());
+  /* The ids are strings: a uint64 does not fit every reader's numbers. */
+  KEY(w, ",\"id\":\"");
+  ce_jsonw_uint(w, r->id);
+  KEY(w, "\",\"connection_id\":\"");
+  ce_jsonw_uint(w, r->connection_id);
+  KEY(w, "\",\"scheme\":");
+  string_or_fail(w, r->scheme);
+  KEY(w, ",\"method\":");
+  if (r->method[0] != '\0')
+    ce_jsonw_string(w, r->method, strlen(r->method));
+  else
+    ce_jsonw_raw(w, "null", 4);
+  KEY(w, ",\"host\":");
+  text_or_null(w, r->host);
+  KEY(w, ",\"port\":");
+  ce_jsonw_uint(w, r->port);
+  KEY(w, ",\"path\":");
+  string_or_null(w, r->path);
+  KEY(w, ",\"query\":");
+  string_or_null(w, r->query);
+  KEY(w, ",\"http_version\":");
+  string_or_fail(w, r->http_version);
+  KEY(w, ",\"sni\":");
+  text_or_null(w, r->sni);
+  KEY(w, ",\"headers\":");
+  if (r->headers != NULL)
+    ce_jsonw_raw(w, r->headers, r->headers_len);
+  else
+    ce_jsonw_raw(w, "[]", 2);
+  KEY(w, ",\"status\":");
+  if (r->status > 0)
+    ce_jsonw_int(w, r->status);
+  else
+    ce_jsonw_raw(w, "null", 4);
+  KEY(w, ",\"response_headers\":");
+  if (r->response_headers != NULL)
+    ce_jsonw_raw(w, r->response_headers, r->response_headers_len);
+  else
+    ce_jsonw_raw(w, "null", 4);
+  KEY(w, ",\"bytes_in\":");
+  ce_jsonw_int(w, (int64_t)r->bytes_in); /* as jansson's json_int_t had it */
+  KEY(w, ",\"bytes_out\":");
+  ce_jsonw_int(w, (int64_t)r->bytes_out);
+  KEY(w, ",\"opened_at\":");
+  time_or_null(w, r->opened_at_us);
+  KEY(w, ",\"responded_at\":");
+  time_or_null(w, r->responded_at_us);
+  KEY(w, ",\"closed_at\":");
+  time_or_null(w, r->closed_at_us);
+  KEY(w, ",\"matched_rule\":");
+  if (decision && r->matched_rule >= 0) {
+    KEY(w, "{\"index\":");
+    ce_jsonw_int(w, r->matched_rule);
+    KEY(w, ",\"kind\":");
+    if (r->matched_kind == NULL)
+      ce_jsonw_fail(w, CE_EINVAL); /* a rule without its kind: a bug */
+    else
+      ce_jsonw_string(w, r->matched_kind, strlen(r->matched_kind));
+    ce_jsonw_raw(w, "}", 1);
+  } else {
+    ce_jsonw_raw(w, "null", 4);
   }
-  put(ev, &ok, "matched_rule", rule);
-  put(ev, &ok, "reason", maybe_string(reason));
-  if (r->stream_id > 0)
-    put(ev, &ok, "stream_id", json_integer(r->stream_id));
-  if (r->body_preview_len > 0)
-    put(ev, &ok, "body_preview", base64(r->body_preview, r->body_preview_len));
-  if (!ok) {
-    json_decref(ev);
-    return NULL;
+  KEY(w, ",\"reason\":");
+  string_or_null(w, reason);
+  if (r->stream_id > 0) {
+    KEY(w, ",\"stream_id\":");
+    ce_jsonw_int(w, r->stream_id);
   }
-  return ev;
+  if (r->body_preview_len > 0) {
+    KEY(w, ",\"body_preview\":");
+    base64(w, r->body_preview, r->body_preview_len);
+  }
+}
+
+void ce_event_write(ce_jsonw_t *w, const char *name, const ce_reqinfo_t *r, const char *reason) {
+  write_members(w, name, r, reason, true);
+}
+
+void ce_event_write_decision_request(ce_jsonw_t *w, const ce_reqinfo_t *r, int32_t rule) {
+  KEY(w, ",\"request\":{");
+  write_members(w, "decision_request", r, NULL, false);
+  KEY(w, "},\"rule\":{\"index\":");
+  ce_jsonw_int(w, rule);
+  KEY(w, ",\"kind\":\"decide\"}");
+}
+
+typedef struct {
+  const char *name;
+  const ce_reqinfo_t *r;
+  const char *reason;
+  int32_t rule;
+} event_arg_t;
+
+static void write_event(ce_jsonw_t *w, const void *arg) {
+  const event_arg_t *a = arg;
+  ce_event_write(w, a->name, a->r, a->reason);
+}
+
+static void write_request(ce_jsonw_t *w, const void *arg) {
+  const event_arg_t *a = arg;
+  ce_event_write_decision_request(w, a->r, a->rule);
+}
+
+void ce_event_emit(ce_control_t *ctl, const char *name, const ce_reqinfo_t *r,
+                   const char *reason) {
+  event_arg_t a = {name, r, reason, -1};
+  ce_control_emit_with(ctl, write_event, &a);
+}
+
+uint64_t ce_event_ask(ce_control_t *ctl, const ce_reqinfo_t *r, int32_t rule,
+                      uint32_t timeout_ms, ce_control_decision_cb cb, void *data) {
+  event_arg_t a = {"decision_request", r, NULL, rule};
+  return ce_control_ask_with(ctl, write_request, &a, timeout_ms, cb, data);
 }

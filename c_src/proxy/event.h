@@ -3,18 +3,22 @@
  *
  * A ce_reqinfo_t collects what the proxy learns about one request as it
  * goes: the head the workspace sent, the decision, the response head, the
- * byte counts and the timestamps. Each lifecycle step turns it into one
- * JSON object for ce_control_emit(). Header values named in the redaction
- * list are replaced by "[redacted]" when the record is filled, so a
- * secret never reaches an event, stdout or the BEAM.
+ * byte counts and the timestamps. Each lifecycle step writes it as one
+ * event, as JSON text straight into the control channel's line
+ * (ce_event_emit; no JSON objects on the way: bench/README.md, "Events as
+ * text"). Header values named in the redaction list are replaced by
+ * "[redacted]" when the record is filled, so a secret never reaches an
+ * event, stdout or the BEAM.
  */
 #ifndef CE_PROXY_EVENT_H
 #define CE_PROXY_EVENT_H
 
-#include <jansson.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
+#include "common/jsonw.h"
+#include "control/control.h"
 #include "http1/parser.h"
 #include "proxy/options.h"
 
@@ -29,9 +33,18 @@ typedef struct {
   char *query;               /* owned; NULL when there is none */
   const char *http_version;  /* "HTTP/1.1" (static) */
   char sni[256];             /* empty when none */
-  json_t *headers;           /* owned: [[name, value], ...] redacted */
+  /* The header lists are kept as their JSON text, [["name","value"],...],
+   * written once when the record is filled (redacted; bytes that are not
+   * UTF-8 as U+FFFD) and copied into every event; at most
+   * CE_CONTROL_MAX_FRAME bytes each. */
+  char *headers;             /* owned; NULL = none yet (the events say []) */
+  size_t headers_len;
   int status;                /* 0 until a response head arrived */
-  json_t *response_headers;  /* owned, redacted; NULL until a response */
+  char *response_headers;    /* owned; NULL until a response (null) */
+  size_t response_headers_len;
+  /* CE_ETOOBIG when a list did not fit in a frame: every event of the
+   * record is then dropped (counted by the channel), as one too long is. */
+  int headers_err;
   uint64_t bytes_in;         /* from upstream to the workspace (heads + bodies) */
   uint64_t bytes_out;        /* from the workspace to upstream (heads + bodies) */
   int64_t opened_at_us;      /* CLOCK_REALTIME microseconds; 0 = unknown */
@@ -56,9 +69,25 @@ int ce_reqinfo_set_response(ce_reqinfo_t *r, const ce_h1_head_t *head,
                             const ce_proxy_options_t *opts);
 void ce_reqinfo_add_preview(ce_reqinfo_t *r, const char *data, size_t len, size_t cap);
 
-/* The event object: {"event": name, "at": ..., "id": ..., ...}. reason may
- * be NULL. Returns NULL only when out of memory. */
-json_t *ce_event_new(const char *name, const ce_reqinfo_t *r, const char *reason);
+/* Writes the event's members, {"event": name, "at": ..., "id": ..., ...}
+ * without the braces, each as ,"name":value (ce_control_write_fn). reason
+ * may be NULL. Fails the text (ce_jsonw_fail) when the record cannot be
+ * carried: a header list too long, a path or method that is not UTF-8. */
+void ce_event_write(ce_jsonw_t *w, const char *name, const ce_reqinfo_t *r, const char *reason);
+
+/* The members of a decision_request frame: ,"request":{the event
+ * "decision_request"},"rule":{"index":rule,"kind":"decide"}. */
+void ce_event_write_decision_request(ce_jsonw_t *w, const ce_reqinfo_t *r, int32_t rule);
+
+/* Emits the event (ce_control_emit_with): never fails; an event that
+ * cannot be written is counted as dropped by the channel. */
+void ce_event_emit(ce_control_t *ctl, const char *name, const ce_reqinfo_t *r,
+                   const char *reason);
+
+/* Asks the decider about the record (ce_control_ask_with; the same return
+ * and callback contract). */
+uint64_t ce_event_ask(ce_control_t *ctl, const ce_reqinfo_t *r, int32_t rule,
+                      uint32_t timeout_ms, ce_control_decision_cb cb, void *data);
 
 /* Microseconds since the epoch (CLOCK_REALTIME). */
 int64_t ce_now_us(void);

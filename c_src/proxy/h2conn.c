@@ -768,15 +768,7 @@ static void stream_ask(h2s_t *s, int32_t rule) {
     s->ask_wait = true;
     return;
   }
-  json_t *request = ce_event_new("decision_request", &s->req, NULL);
-  json_t *frame = request != NULL ? json_pack("{s:o s:{s:i s:s}}", "request", request, "rule", "index",
-                                              (json_int_t)rule, "kind", "decide")
-                                  : NULL;
-  if (frame == NULL) {
-    stream_decided(s, false, "decider_error");
-    return;
-  }
-  s->ask_id = ce_control_ask(c->proxy->control, frame, info.timeout_ms, on_stream_decision, s);
+  s->ask_id = ce_event_ask(c->proxy->control, &s->req, rule, info.timeout_ms, on_stream_decision, s);
   if (s->ask_id == 0) {
     stream_decided(s, false, "control_channel_unavailable");
     return;

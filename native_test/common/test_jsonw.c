@@ -198,3 +198,64 @@ Test(jsonw, allocation_failures) {
     ce_jsonw_free(&w);
   }
 }
+
+/* Writes s with ce_jsonw_string_lossy and checks the exact text. */
+static void expect_lossy(const char *s, size_t n, const char *want) {
+  char buf[256];
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, buf, sizeof(buf), 4096);
+  ce_jsonw_string_lossy(&w, s, n);
+  cr_assert_eq(ce_jsonw_error(&w), CE_OK);
+  cr_assert_eq(w.len, strlen(want), "%.*s, want %s", (int)w.len, w.buf, want);
+  cr_assert_eq(memcmp(w.buf, want, w.len), 0, "%.*s, want %s", (int)w.len, w.buf, want);
+  json_t *back = json_loadb(w.buf, w.len, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+  cr_assert_not_null(back, "not valid JSON: %.*s", (int)w.len, w.buf);
+  json_decref(back);
+  ce_jsonw_free(&w);
+}
+
+Test(jsonw, lossy_strings_replace_bytes_that_are_not_utf8) {
+  /* Valid UTF-8 is written as ce_jsonw_string writes it. */
+  expect_lossy("caf\xc3\xa9 \xe2\x82\xac", 9, "\"caf\xc3\xa9 \xe2\x82\xac\"");
+  expect_lossy("a\"b\\\n\x01", 6, "\"a\\\"b\\\\\\n\\u0001\"");
+  expect_lossy("", 0, "\"\"");
+  /* Otherwise every byte >= 0x80 is U+FFFD, valid sequences included (as
+   * the jansson-built events had it); the rest is escaped as usual. */
+  expect_lossy("caf\xe9", 4, "\"caf\xef\xbf\xbd\"");
+  expect_lossy("\xc3\xa9\xff", 3, "\"\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\"");
+  expect_lossy("\"\xe9\x01\\", 4, "\"\\\"\xef\xbf\xbd\\u0001\\\\\"");
+  expect_lossy("a\0\xc3", 3, "\"a\\u0000\xef\xbf\xbd\"");
+  expect_lossy("\xed\xa0\x80", 3, "\"\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\""); /* a surrogate */
+}
+
+Test(jsonw, lossy_strings_are_bounded) {
+  /* 3 bytes out per byte in: 100 bytes of Latin-1 need 302. */
+  char in[100];
+  memset(in, '\xe9', sizeof(in));
+  char buf[64];
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, buf, sizeof(buf), 301);
+  ce_jsonw_string_lossy(&w, in, sizeof(in));
+  cr_assert_eq(ce_jsonw_error(&w), CE_ETOOBIG);
+  ce_jsonw_free(&w);
+  ce_jsonw_init(&w, buf, sizeof(buf), 302);
+  ce_jsonw_string_lossy(&w, in, sizeof(in));
+  cr_assert_eq(ce_jsonw_error(&w), CE_OK);
+  cr_assert_eq(w.len, 302);
+  ce_jsonw_free(&w);
+}
+
+Test(jsonw, fail_is_sticky_and_first_wins) {
+  char buf[64];
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, buf, sizeof(buf), sizeof(buf));
+  ce_jsonw_raw(&w, "{", 1);
+  ce_jsonw_fail(&w, CE_OK); /* not an error: nothing changes */
+  cr_assert_eq(ce_jsonw_error(&w), CE_OK);
+  ce_jsonw_fail(&w, CE_ETOOBIG);
+  ce_jsonw_fail(&w, CE_EINVAL);
+  cr_assert_eq(ce_jsonw_error(&w), CE_ETOOBIG);
+  ce_jsonw_string_lossy(&w, "x", 1);
+  ce_jsonw_raw(&w, "}", 1);
+  cr_assert_eq(w.len, 1);
+}

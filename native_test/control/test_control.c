@@ -314,6 +314,42 @@ static void emit_n(int first, int count) {
     ce_control_emit(ctl, json_pack("{s:s, s:i}", "event", "request_opened", "n", i));
 }
 
+/* ---- members written as text ------------------------------------------- */
+
+/* ,"event":"request_opened","host":ARG,"port":443 */
+static void write_text(ce_jsonw_t *w, const void *arg) {
+  ce_jsonw_raw(w, ",\"event\":\"request_opened\",\"host\":", 33);
+  ce_jsonw_string(w, arg, strlen(arg));
+  ce_jsonw_raw(w, ",\"port\":443", 11);
+}
+
+static void write_failing(ce_jsonw_t *w, const void *arg) {
+  ce_jsonw_raw(w, ",\"a\":1", 6);
+  ce_jsonw_fail(w, CE_EINVAL);
+}
+
+static void write_huge(ce_jsonw_t *w, const void *arg) {
+  static char chunk[64 * 1024];
+  memset(chunk, 'x', sizeof(chunk));
+  ce_jsonw_raw(w, ",\"pad\":\"", 8);
+  for (size_t i = 0; i <= CE_CONTROL_MAX_FRAME / sizeof(chunk); i++)
+    ce_jsonw_raw(w, chunk, sizeof(chunk));
+  ce_jsonw_raw(w, "\"", 1);
+}
+
+/* The next line's exact text, without its '\n' (the caller frees). */
+static char *client_read_text(client_t *c) {
+  cr_assert(pump_until(client_has_line, c, WAIT_MS), "no line within %d ms", WAIT_MS);
+  char *nl = memchr(c->buf, '\n', c->len);
+  cr_assert_not_null(nl, "closed instead of a line");
+  size_t n = (size_t)(nl - c->buf);
+  char *text = strndup(c->buf, n);
+  cr_assert_not_null(text);
+  memmove(c->buf, nl + 1, c->len - n - 1);
+  c->len -= n + 1;
+  return text;
+}
+
 /* ---- decisions ---------------------------------------------------------- */
 
 typedef struct {
@@ -341,6 +377,8 @@ static void on_answer(void *data, int status, bool allow, const char *reason,
     /* Calls after close only free; they must not crash or call back. */
     ce_control_emit(ctl, json_object());
     cr_assert_eq(ce_control_ask(ctl, json_object(), 10, on_answer, a), 0);
+    ce_control_emit_with(ctl, write_text, "x");
+    cr_assert_eq(ce_control_ask_with(ctl, write_text, "x", 10, on_answer, a), 0);
   }
 }
 
@@ -789,6 +827,30 @@ Test(control, bad_events_counted_as_dropped) {
   stop();
 }
 
+Test(control, events_written_as_text) {
+  start();
+  client_t *c = connect_ctl();
+  authenticate(c);
+  ce_control_emit_with(ctl, write_text, "api.example.com");
+  ce_control_emit_with(ctl, write_failing, NULL); /* seq 2: dropped */
+  ce_control_emit_with(ctl, write_huge, NULL);    /* seq 3: over 1 MiB, dropped */
+  ce_control_emit_with(ctl, write_text, "caf\xe9"); /* seq 4: not UTF-8, dropped */
+  ce_control_emit_with(ctl, write_text, "b\"\n");
+  char *line = client_read_text(c);
+  cr_assert_str_eq(line, "{\"type\":\"event\",\"seq\":1,\"event\":\"request_opened\","
+                         "\"host\":\"api.example.com\",\"port\":443}");
+  free(line);
+  line = client_read_text(c);
+  cr_assert_str_eq(line, "{\"type\":\"event\",\"seq\":5,\"event\":\"request_opened\","
+                         "\"host\":\"b\\\"\\n\",\"port\":443}");
+  free(line);
+  ce_control_stats_t s = stats();
+  cr_assert_eq(s.events, 5);
+  cr_assert_eq(s.dropped, 3);
+  client_free(c);
+  stop();
+}
+
 /* Reads everything from a non-blocking pipe end into buf. */
 static size_t drain_pipe(int fd, char *buf, size_t cap, size_t have) {
   for (;;) {
@@ -1124,6 +1186,39 @@ Test(control, bad_requests_fail_asynchronously) {
   cr_assert_eq(a.status, CE_EINVAL);
   cr_assert_eq(b.status, CE_EINVAL);
   cr_assert_eq(stats().pending_asks, 0);
+  stop();
+}
+
+Test(control, asks_written_as_text) {
+  start();
+  client_t *c = connect_ctl();
+  authenticate(c);
+  answer_t a = {0}, bad = {0}, huge = {0};
+  uint64_t id = ce_control_ask_with(ctl, write_text, "api.example.com", 5000, on_answer, &a);
+  cr_assert_gt(id, 0);
+  char *line = client_read_text(c);
+  char want[256];
+  snprintf(want, sizeof(want),
+           "{\"type\":\"decision_request\",\"id\":\"%llu\",\"event\":\"request_opened\","
+           "\"host\":\"api.example.com\",\"port\":443}",
+           (unsigned long long)id);
+  cr_assert_str_eq(line, want);
+  free(line);
+  /* Text that cannot be sent fails the ask, later, with CE_EINVAL. */
+  cr_assert_gt(ce_control_ask_with(ctl, write_failing, NULL, 5000, on_answer, &bad), id);
+  cr_assert_gt(ce_control_ask_with(ctl, write_huge, NULL, 5000, on_answer, &huge), id);
+  cr_assert_eq(bad.calls + huge.calls, 0, "called before ce_control_ask_with returned");
+  cr_assert(pump_until(answered, &bad, WAIT_MS));
+  cr_assert(pump_until(answered, &huge, WAIT_MS));
+  cr_assert_eq(bad.status, CE_EINVAL);
+  cr_assert_eq(huge.status, CE_EINVAL);
+  cr_assert_not(bad.allow);
+  send_decision(c, id, "\"decision\":\"allow\"");
+  cr_assert(pump_until(answered, &a, WAIT_MS));
+  cr_assert_eq(a.status, CE_OK);
+  cr_assert(a.allow);
+  ping_pong(c); /* nothing else was sent to the peer */
+  client_free(c);
   stop();
 }
 

@@ -330,3 +330,67 @@ Test(frame, line_nested_too_deep) {
   cr_assert_eq(line, (ce__line_t *)0x1);
   json_decref(root);
 }
+
+/* ---- frames written as text (ce__line_encode_frame_with) ------------------ */
+
+static void write_members(ce_jsonw_t *w, const void *arg) {
+  ce_jsonw_raw(w, ",\"event\":", 9);
+  ce_jsonw_string(w, arg, strlen(arg));
+  ce_jsonw_raw(w, ",\"port\":443", 11);
+}
+
+static void write_nothing(ce_jsonw_t *w, const void *arg) {}
+
+static void write_failure(ce_jsonw_t *w, const void *arg) {
+  ce_jsonw_raw(w, ",\"a\":1", 6);
+  ce_jsonw_fail(w, *(const int *)arg);
+}
+
+static void write_too_much(ce_jsonw_t *w, const void *arg) {
+  char chunk[4096];
+  memset(chunk, 'x', sizeof(chunk));
+  ce_jsonw_raw(w, ",\"pad\":\"", 8);
+  for (size_t i = 0; i <= CE_CONTROL_MAX_FRAME / sizeof(chunk); i++)
+    ce_jsonw_raw(w, chunk, sizeof(chunk));
+  ce_jsonw_raw(w, "\"", 1);
+}
+
+Test(frame, frame_written_as_text) {
+  ce__line_t *line = NULL;
+  cr_assert_eq(ce__line_encode_frame_with("event", "seq", 7, false, write_members,
+                                          "request_\"opened\"", &line),
+               CE_OK);
+  const char *want =
+      "{\"type\":\"event\",\"seq\":7,\"event\":\"request_\\\"opened\\\"\",\"port\":443}\n";
+  cr_assert_eq(line->len, strlen(want));
+  cr_assert_eq(memcmp(line->data, want, line->len), 0, "%.*s", (int)line->len, line->data);
+  ce__line_unref(line);
+
+  cr_assert_eq(ce__line_encode_frame_with("decision_request", "id", UINT64_MAX, true,
+                                          write_nothing, NULL, &line),
+               CE_OK);
+  want = "{\"type\":\"decision_request\",\"id\":\"18446744073709551615\"}\n";
+  cr_assert_eq(line->len, strlen(want));
+  cr_assert_eq(memcmp(line->data, want, line->len), 0, "%.*s", (int)line->len, line->data);
+  ce__line_unref(line);
+
+  /* Text that is not UTF-8 is refused as jansson refuses it. */
+  line = (ce__line_t *)0x1;
+  cr_assert_eq(ce__line_encode_frame_with("event", "seq", 1, false, write_members, "caf\xe9",
+                                          &line),
+               CE_EINVAL);
+  cr_assert_eq(line, (ce__line_t *)0x1, "*out written on failure");
+}
+
+Test(frame, frame_written_as_text_fails_closed) {
+  ce__line_t *line = (ce__line_t *)0x1;
+  int err = CE_EINVAL;
+  cr_assert_eq(ce__line_encode_frame_with("event", "seq", 1, false, write_failure, &err, &line),
+               CE_EINVAL);
+  err = CE_ETOOBIG;
+  cr_assert_eq(ce__line_encode_frame_with("event", "seq", 1, false, write_failure, &err, &line),
+               CE_ETOOBIG);
+  cr_assert_eq(ce__line_encode_frame_with("event", "seq", 1, false, write_too_much, NULL, &line),
+               CE_ETOOBIG);
+  cr_assert_eq(line, (ce__line_t *)0x1, "*out written on failure");
+}
