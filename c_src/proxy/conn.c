@@ -511,11 +511,14 @@ static void plain(char *dst, size_t cap, const char *src) {
   dst[w] = '\0';
 }
 
-/* Refuses the current request: event, then 403/4xx in words. */
-static void refuse(ce_conn_t *c, int status, const char *event_reason, const char *text) {
+/* Refuses the current request: the event (request_denied, or
+ * request_failed for one already allowed), then 403/4xx in words. */
+static void refuse_as(ce_conn_t *c, const char *event, int status, const char *event_reason, const char *text) {
   c->req.closed_at_us = ce_now_us();
   c->req.status = status;
-  emit(c, "request_denied", event_reason);
+  if (strcmp(event, "request_failed") == 0)
+    c->failed_reported = true;
+  emit(c, event, event_reason);
   /* A request whose body has not been read cannot be followed by another
    * on this connection unless the body is small enough to skip. A client
    * that sent Expect: 100-continue gets no 100 from a refusal and need not
@@ -542,6 +545,10 @@ static void refuse(ce_conn_t *c, int status, const char *event_reason, const cha
   } else {
     close_after_flush(c);
   }
+}
+
+static void refuse(ce_conn_t *c, int status, const char *event_reason, const char *text) {
+  refuse_as(c, "request_denied", status, event_reason, text);
 }
 
 static void deny_text(ce_conn_t *c, char *out, size_t cap, const char *who, const char *reason) {
@@ -573,6 +580,15 @@ static void refuse_request(ce_conn_t *c, int status, const char *reason, const c
   plain(d, sizeof(d), detail);
   snprintf(text, sizeof(text), "condukt: %s\n", d);
   refuse(c, status, reason, text);
+}
+
+/* Refuses a request already allowed (the private-address rule on its
+ * retried connect): request_failed with the reason, the same answer. */
+static void refuse_failed(ce_conn_t *c, int status, const char *reason, const char *detail) {
+  char text[900], d[700];
+  plain(d, sizeof(d), detail);
+  snprintf(text, sizeof(text), "condukt: %s\n", d);
+  refuse_as(c, "request_failed", status, reason, text);
 }
 
 /* An error before the head could be read fully: 400/431 and close. */
@@ -735,10 +751,11 @@ static void on_connected(uv_connect_t *req, int status) {
   /* A pre-connect and a connection for an HTTP/1.1 workspace ask for h2
    * first (docs/http2.md §1, §6: an h2-only upstream is reached by
    * translation); the HTTP/1.1 upstreams of an h2 workspace's streams and
-   * a WebSocket upgrade (no extended CONNECT here) ask for HTTP/1.1 only. */
+   * a WebSocket upgrade (no extended CONNECT here) ask for HTTP/1.1 only,
+   * except the new connection after an h2 upstream's GOAWAY (h2_offer). */
   static const unsigned char alpn_h1[] = "\x08http/1.1";
   static const unsigned char alpn_both[] = "\x02h2\x08http/1.1";
-  bool both = c->preconnecting || (!c->h2_connecting && !c->req_upgrade);
+  bool both = c->preconnecting || (c->h2_connecting ? c->h2_offer : !c->req_upgrade);
   const unsigned char *alpn = both ? alpn_both : alpn_h1;
   size_t alpn_len = both ? sizeof(alpn_both) - 1 : sizeof(alpn_h1) - 1;
   if (ce_tls_client_ssl_new(c->proxy->client_ctx, c->up_host, alpn, alpn_len, &ssl) != CE_OK ||
@@ -851,20 +868,29 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     preconnect_done(c, false);
     return;
   }
+  /* A request connected again after its stream was refused (its
+   * request_allowed went out): tied to the request, never to the next. */
+  bool retry = c->retrying != 0 && c->have_req && c->retrying == c->req.id;
+  c->retrying = 0;
   if (keep == NULL && h2_connect_end(c, 403, why[0] != '\0' ? why : "upstream_unreachable: no address"))
     return;
   if (keep == NULL) {
-    /* Every address is private and nothing names it: a policy refusal. */
-    refuse_request(c, 403, why[0] != '\0' ? why : "upstream_unreachable: no address",
-                   "the network policy of this sandbox refused the request: the host resolves to a private, "
-                   "loopback or link-local address that the policy does not name");
+    /* Every address is private and nothing names it: a policy refusal;
+     * for a retried request, that was allowed already, a failure (as
+     * the h2 path's fail_queue). */
+    const char *reason = why[0] != '\0' ? why : "upstream_unreachable: no address";
+    const char *detail = "the network policy of this sandbox refused the request: the host resolves to a private, "
+                         "loopback or link-local address that the policy does not name";
+    if (retry)
+      refuse_failed(c, 403, reason, detail);
+    else
+      refuse_request(c, 403, reason, detail);
     return;
   }
   c->addrs = keep;
   c->next_addr = keep;
-  if (!c->preconnecting && !c->h2_connecting && !c->retrying)
+  if (!c->preconnecting && !c->h2_connecting && !retry)
     emit(c, "request_allowed", NULL);
-  c->retrying = false;
   connect_next(c);
 }
 
@@ -2193,14 +2219,15 @@ void ce_conn_failed_mid_response(ce_conn_t *c, const char *reason) { upstream_fa
 void ce_conn_finish_exchange(ce_conn_t *c) { finish_exchange(c); }
 void ce_conn_retry_exchange(ce_conn_t *c) {
   upstream_reset(c);
-  c->retrying = true;
+  c->retrying = c->req.id;
   trace(c, "the upstream refused the stream; connecting again for %s", c->req.host);
   connect_upstream(c);
 }
 
-void ce_conn_h2_connect(ce_conn_t *c) {
+void ce_conn_h2_connect(ce_conn_t *c, bool offer_h2) {
   if (c->dead || c->h2_connecting)
     return;
+  c->h2_offer = offer_h2;
   if (c->u.open)
     upstream_reset(c);
   if (c->addrs != NULL) {

@@ -129,10 +129,11 @@ struct ce_conn {
   bool up_h2;              /* the upstream negotiated h2 */
   struct ce_h2conn *h2;    /* the sessions, in ST_H2 */
   bool h2_connecting;      /* ST_H2: connecting an HTTP/1.1 upstream for streams */
+  bool h2_offer;           /* ... offering h2 too (after an h2 upstream's GOAWAY) */
   bool hard_deadline;      /* the timer runs to a fixed end: nothing re-arms it */
   struct ce_h1h2 *h1h2;    /* HTTP/1.1 path over an h2 upstream (h1h2.c), with c->u */
   uint64_t h1h2_retried;   /* the request (id) sent again after its stream was refused */
-  bool retrying;           /* connecting again for it: request_allowed was said */
+  uint64_t retrying;       /* the request (id) being connected again: request_allowed was said */
 };
 
 /* conn.c, for h2conn.c. */
@@ -176,8 +177,10 @@ void ce_conn_release(ce_conn_t *c);
 void ce_conn_touch(ce_conn_t *c);
 /* ST_H2 without an h2 upstream: (re)connects the SNI host for HTTP/1.1
  * (resolve, private-address rule, marked socket, verified TLS offering
- * http/1.1) under the connect timeout; ends in ce_h2conn_upstream_done. */
-void ce_conn_h2_connect(ce_conn_t *c);
+ * http/1.1, or h2 and http/1.1 with offer_h2: after an h2 upstream's
+ * GOAWAY, docs/http2.md §6) under the connect timeout; ends in
+ * ce_h2conn_upstream_done (which reads the ALPN that was picked). */
+void ce_conn_h2_connect(ce_conn_t *c, bool offer_h2);
 
 /* The current HTTP/1.1 exchange failed on the upstream's side: 502 in
  * words when no response head went out, else the connection ends. */

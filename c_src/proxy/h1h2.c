@@ -59,6 +59,7 @@ struct ce_h1h2 {
   size_t fn;
   bool foverflow;
   bool head_sent;          /* the final head went to the workspace */
+  bool final_seen;         /* a final (or unreadable) head came: the upstream processed the request */
   bool chunked_out;        /* ... chunked */
   bool close_out;          /* ... delimited by the close */
   bool no_body;            /* HEAD, 204, 304 */
@@ -221,9 +222,12 @@ static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, v
   bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
   if (frame->hd.type == NGHTTP2_HEADERS) {
     if (h->foverflow) {
+      h->final_seen = true; /* its status is unknown: never sent again */
       set_fail(h, "upstream_bad_response: header list too large");
     } else if (!h->head_sent) {
       int status = status_of(h);
+      if (status < 100 || status >= 200)
+        h->final_seen = true;
       if (status >= 100 && status < 200) {
         /* An interim response (100 Continue, 103 Early Hints) goes to an
          * HTTP/1.1 workspace as it would from an HTTP/1.1 upstream; never
@@ -277,7 +281,7 @@ static int on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
     set_fail(h, reason);
     /* RST_STREAM REFUSED_STREAM, or above the last stream id of a GOAWAY
      * (RFC 9113 §8.7): the request may go again (ce_h1h2_process). */
-    h->refused = error_code == NGHTTP2_REFUSED_STREAM && !h->head_sent;
+    h->refused = error_code == NGHTTP2_REFUSED_STREAM && !h->head_sent && !h->final_seen;
   }
   return 0;
 }
@@ -410,7 +414,7 @@ int ce_h1h2_begin(ce_conn_t *c) {
   h->head_sent = h->chunked_out = h->close_out = h->no_body = h->trailers = h->ended = h->continued = false;
   h->fail[0] = '\0';
   h->unconsumed = 0;
-  h->refused = h->body_taken = false;
+  h->refused = h->body_taken = h->final_seen = false;
   ce_h1_head_t *hd = malloc(sizeof(*hd));
   ce_h2h_field_t *f = malloc(sizeof(*f) * (CE_H1_MAX_FIELDS + 5u));
   /* The lower-cased names in the head scratch: nghttp2 copies them. */

@@ -147,6 +147,7 @@ typedef struct h1slot {
   nghttp2_session *sess;   /* its client session; NULL for HTTP/1.1 */
   bool goaway;             /* it sent GOAWAY: no new streams, closed once its streams end */
   int32_t goaway_last;     /* ... its last stream id */
+  bool goaway_error;       /* ... one of its GOAWAYs carried an error: nothing it refused goes again */
   bool want_h2;            /* connecting: offer h2 (then http/1.1) */
 } h1slot_t;
 
@@ -171,6 +172,7 @@ struct ce_h2conn {
   size_t qlen;
   ce_h1_head_t *head;      /* scratch for a parsed response head */
   size_t down_held;        /* Σ down.cap over the streams (CE_H2_DOWN_BUDGET) */
+  uint64_t blocked_at;     /* since when (ms) the queue waits with every connection draining, or 0 */
   bool down_stalled;       /* an HTTP/1.1 upstream waits for the budget */
 };
 
@@ -607,9 +609,17 @@ static void deny_text(h2s_t *s, char *text, size_t cap, const char *who, const c
 
 /* ---- HTTP/1.1 upstream: the queue ------------------------------------------------- */
 
+/* The streams that may wait: over HTTP/1.1, CE_H2_H1_QUEUE; for an h2
+ * upstream, every stream the workspace may have open (the queue holds
+ * streams that exist anyway: no memory of its own), so that the streams a
+ * GOAWAY refused all find room (docs/http2.md §6). */
+static bool h1_queue_full(const h2_t *h) {
+  return h->qlen >= (h->h2up ? CE_H2_MAX_STREAMS : CE_H2_H1_QUEUE);
+}
+
 static void h1_enqueue(h2s_t *s) {
   h2_t *h = s->h;
-  if (h->qlen >= CE_H2_H1_QUEUE) {
+  if (h1_queue_full(h)) {
     fail_with(s, 503, "upstream_busy: too many streams wait for the upstream connection");
     return;
   }
@@ -1137,17 +1147,22 @@ static int up_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, v
      * finish on this connection, which closes after them; nghttp2 closes
      * the others (REFUSED_STREAM, up_stream_close sends them again) and
      * new streams wait for a new connection. Only a NO_ERROR GOAWAY gets
-     * one: an error says the upstream gave up on us. */
+     * one: an error says the upstream gave up on us. An error from a
+     * connection that was already draining (a second GOAWAY) ends only
+     * that connection's streams, not the current connection's. */
     h1slot_t *sl = slot_of_session(h, session);
+    uint32_t code = frame->goaway.error_code;
+    bool was_current = sl == NULL || !sl->goaway;
     if (sl != NULL) {
       sl->goaway = true;
       sl->goaway_last = frame->goaway.last_stream_id;
+      if (code != NGHTTP2_NO_ERROR)
+        sl->goaway_error = true;
     }
-    uint32_t code = frame->goaway.error_code;
     CE_TRACE_D("proxy", 'c', h->c->id, "h2: upstream connection %d sent GOAWAY %s, last stream %d",
                sl != NULL ? (int)(sl - h->slots) : -1, nghttp2_http2_strerror(code),
                (int)frame->goaway.last_stream_id);
-    if (code != NGHTTP2_NO_ERROR && h->up_fail[0] == '\0')
+    if (code != NGHTTP2_NO_ERROR && was_current && h->up_fail[0] == '\0')
       snprintf(h->up_fail, sizeof(h->up_fail), "upstream_unreachable: the upstream sent GOAWAY %s",
                nghttp2_http2_strerror(code));
     return 0;
@@ -1209,11 +1224,19 @@ static int up_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
      * id > 0: progress, as after nginx's keepalive_requests); else once. */
     h1slot_t *rsl = slot_of_session(h, session);
     bool progress = rsl != NULL && rsl->goaway && stream_id > rsl->goaway_last && rsl->goaway_last > 0;
+    /* A full queue (an HTTP/1.1 connection took over meanwhile): the
+     * workspace is told REFUSED_STREAM below and may retry itself. */
     if ((!s->retried || progress) && s->up_sent == 0 && s->rq.n > 0 && !s->rq.overflow &&
-        h->up_fail[0] == '\0' && !h->draining && !h->failed && !h->closing) {
+        (rsl == NULL || !rsl->goaway_error) && h->up_fail[0] == '\0' && !h->draining && !h->failed &&
+        !h->closing && !h1_queue_full(h)) {
       s->retried = true;
       CE_TRACE_D("proxy", 'c', h->c->id, "h2: stream %d refused by the upstream; sending it again",
                  (int)s->cid);
+      /* Until a connection takes it again: it may be served over
+       * HTTP/1.1 if the new connection picks that (stream_submit sets
+       * both again for an h2 one). */
+      s->on_h2 = false;
+      s->uslot = NULL;
       h1_enqueue(s);
       return 0;
     }
@@ -1909,7 +1932,7 @@ static void own_connect(h1slot_t *sl) {
 
 static void slot_connect(h1slot_t *sl) {
   if (sl->conn_slot)
-    ce_conn_h2_connect(sl->h->c);
+    ce_conn_h2_connect(sl->h->c, sl->want_h2);
   else
     own_connect(sl);
 }
@@ -1928,8 +1951,67 @@ static bool slot_serve(h1slot_t *sl) {
   return !c->dead;
 }
 
+/* Streams wait for an h2 connection while none can be opened: every slot
+ * holds a connection draining after its GOAWAY (kept by long streams),
+ * and none is coming. */
+static bool queue_blocked(const h2_t *h) {
+  if (!h->h2up || h->qhead == NULL)
+    return false;
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
+    const h1slot_t *sl = &h->slots[i];
+    if (sl->sess == NULL || !sl->goaway)
+      return false;
+  }
+  return true;
+}
+
+/* The queue's deadline (docs/http2.md §6 "GOAWAY"): streams that waited
+ * the connect timeout while every connection drained fail with 503. */
+static void queue_timeout(uv_timer_t *t) {
+  h1slot_t *sl = t->data;
+  h2_t *h = sl->h;
+  ce_conn_t *c = h->c;
+  if (c->dead)
+    return;
+  if (!queue_blocked(h)) {
+    h->blocked_at = 0;
+    return;
+  }
+  uint64_t limit = c->proxy->opts->connect_ms, waited = now_ms() - h->blocked_at;
+  if (waited < limit) {
+    uv_timer_start(t, queue_timeout, limit - waited, 0);
+    return;
+  }
+  h->blocked_at = 0;
+  CE_TRACE_D("proxy", 'c', c->id, "h2: every upstream connection drains; the waiting streams fail");
+  fail_queue(h, 503,
+             "upstream_busy: every upstream connection is draining after a GOAWAY; no new one could be opened "
+             "within the connect timeout");
+  ce_conn_process(c);
+}
+
+/* The queue is blocked: its deadline runs on an own slot's timer (idle
+ * while its connection is up; a slot that connects again restarts it for
+ * its connect, and then the queue is no longer blocked). */
+static void queue_wait(h2_t *h) {
+  if (!queue_blocked(h))
+    return;
+  if (h->blocked_at == 0)
+    h->blocked_at = now_ms();
+  for (size_t i = 1; i < CE_H2_H1_POOL; i++) {
+    h1slot_t *sl = &h->slots[i];
+    if (!sl->timer_init || sl->timer_closing || sl->connecting)
+      continue;
+    if (!uv_is_active((uv_handle_t *)&sl->timer))
+      uv_timer_start(&sl->timer, queue_timeout, h->c->proxy->opts->connect_ms, 0);
+    return;
+  }
+}
+
 static void h1_pump(h2_t *h) {
   ce_conn_t *c = h->c;
+  if (h->blocked_at != 0 && !queue_blocked(h))
+    h->blocked_at = 0;
   for (size_t i = 0; i < CE_H2_H1_POOL && !c->dead; i++) {
     h1slot_t *sl = &h->slots[i];
     if (sl->sess != NULL)
@@ -1988,18 +2070,20 @@ static void h1_pump(h2_t *h) {
     if (coming >= h->qlen)
       return;
     /* After a GOAWAY of an h2 upstream: one new connection at a time,
-     * an own one (offering h2), never slot 0 (conn.c's offers http/1.1). */
+     * offering h2 (slot 0 too, once its first connection is gone). */
     if (h->h2up && (coming > 0 || up_current(h) != NULL))
       return;
     h1slot_t *idle = NULL;
     for (size_t i = 0; i < CE_H2_H1_POOL && idle == NULL; i++) {
       h1slot_t *sl = &h->slots[i];
-      if (sl->cur == NULL && sl->sess == NULL && !slot_connecting(sl) && !slot_open(sl) && !sl->resolving &&
-          !sl->own.closing && !sl->cooldown && !(h->h2up && sl->conn_slot))
+      bool busy = sl->conn_slot ? (c->resolving || c->u.closing) : (sl->resolving || sl->own.closing);
+      if (sl->cur == NULL && sl->sess == NULL && !slot_connecting(sl) && !slot_open(sl) && !busy && !sl->cooldown)
         idle = sl;
     }
-    if (idle == NULL)
+    if (idle == NULL) {
+      queue_wait(h);
       return;
+    }
     idle->want_h2 = h->h2up;
     slot_connect(idle);
     if (!slot_connecting(idle))
@@ -2009,9 +2093,31 @@ static void h1_pump(h2_t *h) {
 
 void ce_h2conn_upstream_done(ce_conn_t *c, int status, const char *reason) {
   h2_t *h = c->h2;
-  if (h == NULL || status == 0)
+  if (h == NULL)
     return;
-  slot_failed(&h->slots[0], status, reason);
+  h1slot_t *sl = &h->slots[0];
+  bool want_h2 = sl->want_h2;
+  sl->want_h2 = false;
+  if (status != 0) {
+    slot_failed(sl, status, reason);
+    return;
+  }
+  if (!want_h2)
+    return;
+  /* Slot 0 connected again after a GOAWAY (docs/http2.md §6): h2, or
+   * HTTP/1.1 from now on if that is what the upstream picked. */
+  size_t n = 0;
+  const char *p = c->u.tls != NULL ? ce_tlsconn_alpn(c->u.tls, &n) : NULL;
+  if (p != NULL && n == 2 && memcmp(p, "h2", 2) == 0) {
+    if (up_session_new(h, &sl->sess) != CE_OK) {
+      ce_conn_upstream_reset(c);
+      slot_failed(sl, 502, "out_of_memory");
+      return;
+    }
+    CE_TRACE_D("proxy", 'c', c->id, "h2: upstream connection 0 ready (h2)");
+    return;
+  }
+  h->h2up = false;
 }
 
 /* Own slots' reading: while their input has room (as conn.c's update_reading). */
@@ -2216,6 +2322,7 @@ static void up_gone(h1slot_t *sl, const char *reason) {
   sl->sess = NULL;
   sl->goaway = false;
   sl->goaway_last = 0;
+  sl->goaway_error = false;
   if (sl->conn_slot)
     ce_conn_upstream_reset(h->c);
   else
@@ -2223,10 +2330,12 @@ static void up_gone(h1slot_t *sl, const char *reason) {
 }
 
 /* A session that failed: its connection goes, and (fail closed) no new
- * h2 connection replaces it: new streams get 502 with the reason. */
+ * h2 connection replaces it: new streams get 502 with the reason. Only
+ * the current connection's failure says so: a draining one's (after its
+ * GOAWAY) ends only its own streams. */
 static void up_failed(h1slot_t *sl, const char *reason) {
   h2_t *h = sl->h;
-  if (h->up_fail[0] == '\0')
+  if (!sl->goaway && h->up_fail[0] == '\0')
     snprintf(h->up_fail, sizeof(h->up_fail), "%s", reason);
   up_gone(sl, reason);
 }

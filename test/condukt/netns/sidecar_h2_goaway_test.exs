@@ -13,6 +13,7 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
   # servers/h2_origin.py (h2 only): its /goaway-once paths are refused by
   # a GOAWAY the first time they come.
   @h2_only 8093
+  @connect_ms 4000
 
   setup_all do
     tb = Testbed.start()
@@ -21,7 +22,9 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
     py = Tier.tool!("python3")
     origin = Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "h2_origin.py"), "#{@h2_only}", crt, key])
     :ok = Testbed.wait_listening(tb, :inet, tcp: ["0.0.0.0:#{@h2_only}"], pids: [origin])
-    sc = Sidecar.start(tb, policy(), ports: [443, @h2_only])
+    # A short connect timeout: it is also how long streams wait while every
+    # upstream connection drains ("every slot draining" below).
+    sc = Sidecar.start(tb, policy(), ports: [443, @h2_only], extra_args: ["--connect-timeout-ms", "#{@connect_ms}"])
     on_exit(fn -> Sidecar.stop(sc) end)
     %{tb: tb, sc: sc}
   end
@@ -140,6 +143,21 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
     assert length(entries) == 100, inspect(length(entries))
     assert Enum.all?(entries, &(&1["protocol"] == "HTTP/2.0" and &1["status"] == "200"))
     assert entries |> Enum.frequencies_by(& &1["conn"]) |> Map.values() |> Enum.all?(&(&1 <= 5))
+
+    events = closing_events(q, 100)
+    assert Enum.all?(events, &(&1["event"] == "request_closed" and &1["status"] == 200)), inspect(events)
+  end
+
+  test "h2load, 100 streams at once: every stream a GOAWAY refused waits for a new connection (no 503)",
+       %{tb: tb, sc: sc} do
+    q = tag()
+    out = h2load(tb, sc, ["-n", "100", "-c", "1", "-m", "100", "https://allowed.test/?#{q}"])
+    assert out =~ "requests: 100 total, 100 started, 100 done, 100 succeeded, 0 failed", out
+    assert out =~ "status codes: 100 2xx", out
+
+    entries = nginx_entries(tb, q, 100)
+    assert length(entries) == 100, inspect(length(entries))
+    assert Enum.all?(entries, &(&1["protocol"] == "HTTP/2.0" and &1["status"] == "200"))
 
     events = closing_events(q, 100)
     assert Enum.all?(events, &(&1["event"] == "request_closed" and &1["status"] == 200)), inspect(events)
@@ -280,6 +298,111 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
 
       assert last["reason"] =~ "upstream_refused: the upstream refused the stream after the request body was read",
              inspect(last)
+    end
+
+    test "HTTP/1.1 workspace: the retried lookup finds a private address: request_failed; the next request is allowed",
+         %{tb: tb, sc: sc} do
+      q1 = tag()
+      q2 = tag()
+      flag = Path.join(System.tmp_dir!(), "goaway-next-#{System.unique_integer([:positive])}")
+
+      # The origin answers /goaway-wait with a GOAWAY refusing it 2 s after
+      # it came: meanwhile allowed.test resolves to a link-local address,
+      # so the request's new connection is refused. The second request
+      # waits for the flag (the address is back).
+      script = """
+      import http.client, json, os, ssl, time
+      ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+      c = http.client.HTTPSConnection("allowed.test", #{@h2_only}, context=ctx)
+      res = []
+      c.request("GET", "/goaway-wait?#{q1}")
+      r = c.getresponse(); b = r.read().decode(); res.append([r.status, r.will_close, b])
+      while not os.path.exists("#{flag}"):
+          time.sleep(0.05)
+      c.request("GET", "/count?#{q2}")
+      r = c.getresponse(); b = r.read().decode(); res.append([r.status, r.will_close, b])
+      print(json.dumps(res))
+      """
+
+      hosts = Path.join(["/etc/netns", tb.pod_ns, "hosts"])
+      orig = File.read!(hosts)
+
+      try do
+        task =
+          Task.async(fn ->
+            Testbed.exec_in(tb, :pod, [Tier.tool!("python3"), "-c", script], ca: sc.ca_cert, timeout: 60_000)
+          end)
+
+        assert_receive {:egress_event, %{"event" => "request_opened", "query" => ^q1}}, 15_000
+        assert_receive {:egress_event, %{"event" => "request_allowed", "query" => ^q1}}, 15_000
+        File.write!(hosts, "169.254.169.254 allowed.test\n" <> String.replace(orig, " allowed.test", ""))
+        first = events_for(q1)
+        File.write!(hosts, orig)
+        File.write!(flag, "")
+        {out, status} = Task.await(task, 60_000)
+        assert status == 0, out
+
+        [[st1, close1, _], [st2, _, body2]] =
+          out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
+
+        # An allowed request that then could not be sent: request_failed,
+        # 403 in words; the connection goes on (a GET has no body to skip).
+        assert st1 == 403 and close1 == false, out
+        assert Enum.map(first, & &1["event"]) == ~w(request_failed), inspect(first)
+        assert List.last(first)["reason"] =~ "169.254.169.254", inspect(first)
+        assert List.last(first)["status"] == 403, inspect(first)
+
+        # The next request on the same connection is evaluated and said so.
+        assert st2 == 200 and body2 == "h2 origin /count?#{q2} seen 1\n", out
+        second = events_for(q2)
+        assert Enum.map(second, & &1["event"]) == ~w(request_opened request_allowed request_closed), inspect(second)
+      after
+        File.write!(hosts, orig)
+        File.rm(flag)
+      end
+    end
+  end
+
+  describe "long streams on draining connections (h2_origin.py /goaway-hold)" do
+    test "every slot draining: the stream that cannot get a connection fails with 503 after the connect timeout",
+         %{tb: tb, sc: sc} do
+      q = tag()
+      # Each connection serves one held stream and refuses the others: six
+      # connections (the pool) each hold one, the seventh stream has none.
+      paths = for i <- 1..7, do: "/goaway-hold?ms=#{@connect_ms + 4000}&i=#{i}"
+      t0 = System.monotonic_time(:millisecond)
+      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h2_only, mode: "paths", paths: paths, query: q})
+      streams = for i <- 1..7, do: out["streams"]["#{2 * i - 1}"]
+      {held, busy} = Enum.split_with(streams, &(&1["status"] == 200))
+      assert length(held) == 6 and Enum.all?(held, &(&1["body"] == "held\ndone\n")), inspect(out)
+      assert [%{"status" => 503, "ended" => true} = failed] = busy, inspect(out)
+      assert failed["body"] =~ "upstream_busy: every upstream connection is draining", inspect(out)
+
+      events = closing_events(q, 7)
+      assert Enum.count(events, &(&1["event"] == "request_closed" and &1["status"] == 200)) == 6, inspect(events)
+      [ev] = Enum.filter(events, &(&1["event"] == "request_failed"))
+      assert ev["status"] == 503 and ev["reason"] =~ "upstream_busy: every upstream connection is draining", inspect(ev)
+      # Within the held streams' time, not after one of them ended.
+      assert System.monotonic_time(:millisecond) - t0 < 2 * (@connect_ms + 4000), inspect(out)
+    end
+
+    test "an error GOAWAY from a draining connection does not fail the next stream", %{tb: tb, sc: sc} do
+      q = tag()
+
+      out =
+        h2_raw(tb, sc, %{
+          host: "allowed.test",
+          port: @h2_only,
+          mode: "uploads",
+          paths: ["/goaway-hold?ms=1000&err=1", "/after"],
+          size: 1,
+          query: q
+        })
+
+      assert %{"status" => 200, "ended" => true, "body" => "held\ndone\n"} = out["streams"]["1"], inspect(out)
+      assert %{"status" => 200, "ended" => true} = out["streams"]["3"], inspect(out)
+      events = closing_events(q, 2)
+      assert Enum.all?(events, &(&1["event"] == "request_closed" and &1["status"] == 200)), inspect(events)
     end
   end
 end

@@ -19,6 +19,19 @@ handshake), IPv4 and IPv6. Answers by path:
   /goaway-error
              once its request ended: GOAWAY INTERNAL_ERROR with a last
              stream id below it, and the connection closes
+  /goaway-wait...
+             the first time this path (with its query) comes: 2 s later,
+             GOAWAY NO_ERROR refusing it (as /goaway-once); every later
+             time 200 "h2 origin <path> seen <n>\n"
+  /goaway-hold?ms=N...
+             once its request ended: the head (200), GOAWAY NO_ERROR with
+             this stream as the last (it is served, the connection takes
+             no other), "held\n"; N ms later "done\n" and the end of the
+             stream, then the connection closes once the client closes it;
+             with err=1 a second GOAWAY (INTERNAL_ERROR) comes before "done\n"
+  /count...  200 "h2 origin <path> seen <n>\n" (<n>: how many times it came)
+  /count-refuse...
+             RST_STREAM REFUSED_STREAM, counted like /count
   anything   200 "h2 origin <path>\\n"
 
 Run: /usr/bin/python3 h2_origin.py PORT CERT KEY
@@ -32,6 +45,7 @@ import time
 import h2.config
 import h2.connection
 import h2.events
+from hyperframe.frame import GoAwayFrame
 
 
 # /goaway-once paths seen, across connections.
@@ -59,7 +73,38 @@ def serve(tls):
                 streams[ev.stream_id]["trailers"] = [(k.decode(), v.decode()) for k, v in ev.headers]
             elif isinstance(ev, h2.events.StreamEnded):
                 st = streams.pop(ev.stream_id)
-                if st["path"].startswith("/goaway-once") or st["path"].startswith("/goaway-error"):
+                if st["path"].startswith("/goaway-hold"):
+                    hold(tls, conn, ev.stream_id, st["path"])
+                    return
+                elif st["path"].startswith("/goaway-wait"):
+                    with SEEN_LOCK:
+                        n = SEEN.get(st["path"], 0) + 1
+                        SEEN[st["path"]] = n
+                    if n == 1:
+                        time.sleep(2)
+                        conn.close_connection(error_code=0, last_stream_id=max(ev.stream_id - 2, 0))
+                        tls.sendall(conn.data_to_send())
+                        tls.settimeout(5)
+                        try:
+                            while tls.recv(65536):
+                                pass
+                        except OSError:
+                            pass
+                        return
+                    body = ("h2 origin %s seen %d\n" % (st["path"], n)).encode()
+                    conn.send_headers(ev.stream_id, [(":status", "200"), ("content-length", str(len(body)))])
+                    conn.send_data(ev.stream_id, body, end_stream=True)
+                elif st["path"].startswith("/count"):
+                    with SEEN_LOCK:
+                        n = SEEN.get(st["path"], 0) + 1
+                        SEEN[st["path"]] = n
+                    if st["path"].startswith("/count-refuse"):
+                        conn.reset_stream(ev.stream_id, error_code=7)
+                    else:
+                        body = ("h2 origin %s seen %d\n" % (st["path"], n)).encode()
+                        conn.send_headers(ev.stream_id, [(":status", "200"), ("content-length", str(len(body)))])
+                        conn.send_data(ev.stream_id, body, end_stream=True)
+                elif st["path"].startswith("/goaway-once") or st["path"].startswith("/goaway-error"):
                     with SEEN_LOCK:
                         n = SEEN.get(st["path"], 0) + 1
                         SEEN[st["path"]] = n
@@ -102,6 +147,39 @@ def serve(tls):
                 tls.sendall(conn.data_to_send())
                 return
         tls.sendall(conn.data_to_send())
+
+
+def hold(tls, conn, sid, path):
+    """/goaway-hold: served on a connection that takes no other stream
+    (its GOAWAY names it as the last one), held open for ms=N."""
+    ms, err = 5000, False
+    for kv in path.partition("?")[2].split("&"):
+        if kv.startswith("ms="):
+            ms = int(kv[3:])
+        err = err or kv.startswith("err=1")
+    conn.send_headers(sid, [(":status", "200")])
+    conn.send_data(sid, b"held\n")
+    tls.sendall(conn.data_to_send())
+    # The GOAWAY goes as a raw frame: the h2 state machine takes no DATA
+    # after its own close_connection().
+    goaway = GoAwayFrame(0)
+    goaway.last_stream_id = sid
+    goaway.error_code = 0
+    tls.sendall(goaway.serialize())
+    time.sleep(ms / 1000.0)
+    if err:
+        # A second GOAWAY, with an error, before the held stream ends (a
+        # server whose drain timed out): it ends this connection only.
+        goaway.error_code = 2
+        tls.sendall(goaway.serialize())
+    conn.send_data(sid, b"done\n", end_stream=True)
+    tls.sendall(conn.data_to_send())
+    tls.settimeout(10)
+    try:
+        while tls.recv(65536):
+            pass
+    except OSError:
+        pass
 
 
 def handle(sock, ctx):
