@@ -318,13 +318,13 @@ defmodule Bench.Interceptor do
   # a connection's conntrack entry is made, and a client's new connection
   # whose addresses and ports match an entry left by the previous
   # interceptor keeps that entry's NAT: conntrack ignores a SYN that hits
-  # an ESTABLISHED entry and does not re-decide. After a Squid round the pod
-  # holds hundreds of ESTABLISHED, un-NATed entries of Squid's upstream
-  # connections to allowed.test:443 (their sockets already in TIME-WAIT,
-  # whose ports the client's connect() may take again with tcp_tw_reuse).
-  # Without the flush such a SYN went past a peer's REDIRECT straight to
-  # nginx, or, under the sidecar's fail-closed filter rules, hit their final
-  # `REJECT --reject-with tcp-reset`: the client's ECONNREFUSED.
+  # an ESTABLISHED entry and does not re-decide. After a full-mode Squid
+  # round the pod holds hundreds of ESTABLISHED, un-NATed entries of Squid's
+  # upstream connections to allowed.test:443, left so after Squid closed
+  # them. Without the flush a client SYN from one of their source ports went
+  # past a peer's REDIRECT straight to nginx, or, under the sidecar's
+  # fail-closed filter rules, hit their final `REJECT --reject-with
+  # tcp-reset`: the client's ECONNREFUSED (bench/README.md, the decide path).
   defp flush_conntrack(tb) do
     Cmd.run(["/usr/sbin/ip", "netns", "exec", tb.pod_ns, "/usr/sbin/conntrack", "-F"], stderr: :discard)
     :ok
