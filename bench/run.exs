@@ -118,7 +118,7 @@ result =
       for round <- 1..cfg.rounds, kind <- cfg.kinds, reduce: results do
         acc ->
           log.("round #{round}/#{cfg.rounds}: #{kind}")
-          Bench.Interceptor.flush_conntrack(tb)
+          # start/3 flushes the pod's conntrack table (stale NAT decisions).
           ic = Bench.Interceptor.start(kind, tb)
 
           # Every measurement through a proxy checks, with the REDIRECT

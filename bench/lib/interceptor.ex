@@ -116,6 +116,10 @@ defmodule Bench.Interceptor do
   # CPU 0. `start/3` returns a map with
   #   :name, :ca (the bundle the clients trust), :pid (the process whose
   #   tree is the proxy, nil for direct), :dir, and what `stop/1` needs.
+  #
+  # Every start, whoever calls it (the main rounds, the decide rounds, the
+  # profile), flushes the pod's conntrack table once the new redirection is
+  # in place: see flush_conntrack/1.
 
   alias Condukt.Sandbox.NetworkPolicy
   alias Condukt.Test.Netns.{Cmd, Testbed}
@@ -130,6 +134,7 @@ defmodule Bench.Interceptor do
   def start(kind, tb, opts \\ [])
 
   def start("direct", tb, _opts) do
+    flush_conntrack(tb)
     %{name: "direct", ca: tb.ca_cert, pid: nil, dir: nil, tb: tb}
   end
 
@@ -158,6 +163,7 @@ defmodule Bench.Interceptor do
     File.chmod!(ca_cert, 0o644)
 
     Bench.Os.pod!(tb, [bin, "netfilter-setup", "--proxy-port", "15001", "--mark", @mark])
+    flush_conntrack(tb)
 
     control = "unix:" <> Path.join(dir, "control.sock")
 
@@ -203,6 +209,7 @@ defmodule Bench.Interceptor do
     ic = %{name: "mitmproxy", ca: Path.join(conf, "mitmproxy-ca-cert.pem"), pid: pid, dir: dir, tb: tb}
     await_listening!(ic, ["127.0.0.1:#{port}"], [Path.join(dir, "mitmdump.err"), Path.join(dir, "mitmdump.out")])
     redirect!(tb, @mitm_uid, port, port)
+    flush_conntrack(tb)
     ic
   end
 
@@ -270,6 +277,7 @@ defmodule Bench.Interceptor do
     ])
 
     redirect!(tb, @squid_uid, http, https)
+    flush_conntrack(tb)
     ic
   end
 
@@ -304,13 +312,20 @@ defmodule Bench.Interceptor do
     |> Enum.sum()
   end
 
-  @doc """
-  Flushes the pod's connection tracking table. NAT is decided when a
-  connection's conntrack entry is made; an entry left by the previous
-  interceptor (or by a direct run) with the same addresses and ports could
-  otherwise carry a new connection past the new REDIRECT.
-  """
-  def flush_conntrack(tb) do
+  # Flushes the pod's connection tracking table; every start/3 calls it
+  # once its redirection is installed (and before the clients run), so that
+  # any entry made afterwards gets the new NAT decision. NAT is decided when
+  # a connection's conntrack entry is made, and a client's new connection
+  # whose addresses and ports match an entry left by the previous
+  # interceptor keeps that entry's NAT: conntrack ignores a SYN that hits
+  # an ESTABLISHED entry and does not re-decide. After a full-mode Squid
+  # round the pod holds hundreds of ESTABLISHED, un-NATed entries of Squid's
+  # upstream connections to allowed.test:443, left so after Squid closed
+  # them. Without the flush a client SYN from one of their source ports went
+  # past a peer's REDIRECT straight to nginx, or, under the sidecar's
+  # fail-closed filter rules, hit their final `REJECT --reject-with
+  # tcp-reset`: the client's ECONNREFUSED (bench/README.md, the decide path).
+  defp flush_conntrack(tb) do
     Cmd.run(["/usr/sbin/ip", "netns", "exec", tb.pod_ns, "/usr/sbin/conntrack", "-F"], stderr: :discard)
     :ok
   end
