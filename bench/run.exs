@@ -7,6 +7,8 @@
 #                         [--only direct,condukt,...] [--no-decide] [--[no-]profile]
 #                         [--out DIR]
 
+Code.require_file(Path.join([__DIR__, "..", "test", "support", "system_tools.ex"]))
+
 for file <- ~w(cmd tier pki nginx client testbed) do
   Code.require_file(Path.join([__DIR__, "..", "test", "support", "netns", file <> ".ex"]))
 end

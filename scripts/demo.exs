@@ -12,6 +12,8 @@
 #
 # Needs root (network namespaces, iptables). Works offline.
 
+Code.require_file(Path.join([__DIR__, "..", "test", "support", "system_tools.ex"]))
+
 for file <- ~w(cmd tier pki nginx client testbed) do
   Code.require_file(Path.join([__DIR__, "..", "test", "support", "netns", file <> ".ex"]))
 end
