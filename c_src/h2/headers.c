@@ -234,16 +234,6 @@ int ce_h2h_write_response(ce_h1_writer_t *w, int status, const ce_h2h_field_t *f
   return rc;
 }
 
-/* RFC 9110 §6.5.1: fields a trailer section must not carry. */
-static bool not_a_trailer(const char *name, size_t len) {
-  static const char *const no[] = {"content-length", "host", "content-type", "content-encoding",
-                                   "content-range", "authorization", "set-cookie", "cookie"};
-  for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
-    if (name_is(name, len, no[i]))
-      return true;
-  return false;
-}
-
 int ce_h2h_write_trailers(ce_h1_writer_t *w, const ce_h2h_field_t *f, size_t n) {
   if (w->err != 0)
     return w->err;
@@ -251,8 +241,7 @@ int ce_h2h_write_trailers(ce_h1_writer_t *w, const ce_h2h_field_t *f, size_t n) 
   append(w, "0\r\n", 3);
   for (size_t i = 0; i < n && w->err == 0; i++) {
     const ce_h2h_field_t *x = &f[i];
-    if (x->name_len == 0 || x->name[0] == ':' || ce_h2h_hop_by_hop(x->name, x->name_len) ||
-        not_a_trailer(x->name, x->name_len))
+    if (x->name_len == 0 || x->name[0] == ':' || !ce_h1_trailer_allowed(x->name, x->name_len))
       continue;
     size_t before = w->len;
     if (ce_h1_write_field(w, x->name, x->name_len, x->value, x->value_len) == CE_EINVAL) {
@@ -270,33 +259,15 @@ int ce_h2h_write_trailers(ce_h1_writer_t *w, const ce_h2h_field_t *f, size_t n) 
 
 long ce_h2h_trailer_fields(const char *buf, size_t len, ce_h2h_field_t *out, size_t cap, char *names,
                            size_t names_cap) {
-  size_t k = 0, used = 0, p = 0;
-  while (p < len) {
-    const char *line = buf + p;
-    const char *end = memchr(line, '\n', len - p);
-    size_t ll = end != NULL ? (size_t)(end - line) + 1 : len - p;
-    p += ll;
-    size_t body = ll;
-    while (body > 0 && (line[body - 1] == '\n' || line[body - 1] == '\r'))
-      body--;
-    const char *colon = memchr(line, ':', body);
-    if (colon == NULL || colon == line)
+  size_t k = 0, used = 0, pos = 0;
+  ce_h1_field_t x;
+  while (ce_h1_trailer_next(buf, len, &pos, &x)) {
+    if (!ce_h1_trailer_allowed(x.name, x.name_len))
       continue;
-    size_t nl = (size_t)(colon - line);
-    const char *v = colon + 1;
-    size_t vl = body - nl - 1;
-    while (vl > 0 && (v[0] == ' ' || v[0] == '\t')) {
-      v++;
-      vl--;
-    }
-    while (vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
-      vl--;
-    if (ce_h2h_hop_by_hop(line, nl) || not_a_trailer(line, nl))
-      continue;
-    const char *nm = lower_name(line, nl, names, names_cap, &used);
+    const char *nm = lower_name(x.name, x.name_len, names, names_cap, &used);
     if (k == cap || nm == NULL)
       return -1;
-    out[k++] = (ce_h2h_field_t){nm, nl, v, vl};
+    out[k++] = (ce_h2h_field_t){nm, x.name_len, x.value, x.value_len};
   }
   return (long)k;
 }

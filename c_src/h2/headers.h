@@ -86,9 +86,9 @@ int ce_h2h_write_response(ce_h1_writer_t *w, int status, const ce_h2h_field_t *f
 
 /*
  * Writes the end of a chunked body with trailers: "0" CRLF, the trailer
- * fields f[0..n) minus pseudo-headers, the connection-specific ones and
- * those that must not be trailers (content-length, host, framing), then
- * CRLF. A field the writer refuses is left out. Returns CE_OK or
+ * fields f[0..n) minus pseudo-headers and those ce_h1_trailer_allowed
+ * refuses (connection-specific, and those RFC 9110 §6.5.1 keeps out of
+ * trailers: content-length, host, ...), then CRLF. A field the writer refuses is left out. Returns CE_OK or
  * CE_ETOOBIG (nothing written then).
  */
 int ce_h2h_write_trailers(ce_h1_writer_t *w, const ce_h2h_field_t *f, size_t n);
@@ -98,7 +98,7 @@ int ce_h2h_write_trailers(ce_h1_writer_t *w, const ce_h2h_field_t *f, size_t n);
  * the body decoder kept it (ce_h1_body_keep_trailers: validated field
  * lines, each ending in CRLF): names lower-cased into names[0..names_cap),
  * values without surrounding whitespace (pointing into buf), minus the
- * fields ce_h2h_write_trailers leaves out. Returns the count, or -1 when
+ * fields ce_h1_trailer_allowed refuses (as ce_h2h_write_trailers). Returns the count, or -1 when
  * out or names is too small.
  */
 long ce_h2h_trailer_fields(const char *buf, size_t len, ce_h2h_field_t *out, size_t cap, char *names,

@@ -914,6 +914,33 @@ void ce_h1_body_keep_trailers(ce_h1_body_t *body, char *buf) {
   body->kept = 0;
 }
 
+bool ce_h1_trailer_next(const char *buf, size_t len, size_t *pos, ce_h1_field_t *f) {
+  while (*pos < len) {
+    const char *line = buf + *pos;
+    const char *nl = memchr(line, '\n', len - *pos);
+    size_t ll = nl != NULL ? (size_t)(nl - line) + 1 : len - *pos;
+    *pos += ll;
+    size_t body = ll;
+    while (body > 0 && (line[body - 1] == '\n' || line[body - 1] == '\r'))
+      body--;
+    const char *colon = memchr(line, ':', body);
+    if (colon == NULL || colon == line)
+      continue;
+    size_t name_len = (size_t)(colon - line);
+    const char *v = colon + 1;
+    size_t vl = body - name_len - 1;
+    while (vl > 0 && ce__h1_is_ows((unsigned char)v[0])) {
+      v++;
+      vl--;
+    }
+    while (vl > 0 && ce__h1_is_ows((unsigned char)v[vl - 1]))
+      vl--;
+    *f = (ce_h1_field_t){line, name_len, v, vl};
+    return true;
+  }
+  return false;
+}
+
 /* One byte of a chunk-size line (CH_SIZE .. CH_EXT_VAL_AFTER_QUOTE). */
 static int chunk_line_byte(ce_h1_body_t *b, unsigned char c, const char **why) {
   if (c == '\n')

@@ -42,7 +42,8 @@
 #define CE_H1_MAX_CHUNK_LINE_BYTES (4u * 1024u)
 
 /* The trailer section after the last chunk, its final CRLF included
- * (RFC 9112 §7.1.2). Trailers are validated and dropped, never kept. */
+ * (RFC 9112 §7.1.2). Trailers are validated, then dropped unless the
+ * caller keeps them (ce_h1_body_keep_trailers) to forward them. */
 #define CE_H1_MAX_TRAILER_BYTES (16u * 1024u)
 
 typedef struct {
@@ -195,6 +196,16 @@ void ce_h1_body_init(ce_h1_body_t *body, ce_h1_framing_t framing,
  * Cannot fail.
  */
 void ce_h1_body_keep_trailers(ce_h1_body_t *body, char *buf);
+
+/*
+ * Walks a trailer section as ce_h1_body_keep_trailers keeps it (field
+ * lines, each ending in CRLF): from buf[*pos], fills *f with the next
+ * field (name as sent, value without surrounding OWS, both pointing into
+ * buf) and moves *pos past its line. Returns false at the end of
+ * buf[0..len). A line without a colon, or with an empty name, which the
+ * decoder never keeps, is skipped. Cannot fail.
+ */
+bool ce_h1_trailer_next(const char *buf, size_t len, size_t *pos, ce_h1_field_t *f);
 
 /*
  * Consumes body bytes from in[0..len). Sets *consumed to the bytes used and

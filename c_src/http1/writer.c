@@ -395,3 +395,34 @@ int ce_h1_write_last_chunk(ce_h1_writer_t *w) {
   put_str(w, "0\r\n\r\n");
   return finish(w, start);
 }
+
+bool ce_h1_trailer_allowed(const char *name, size_t name_len) {
+  static const char *const no[] = {
+      /* connection-specific (RFC 9110 §7.6.1), and this proxy's credentials */
+      "connection", "keep-alive", "proxy-connection", "te", "transfer-encoding", "trailer", "upgrade",
+      "proxy-authorization",
+      /* RFC 9110 §6.5.1: framing, routing, content handling, authentication */
+      "content-length", "host", "content-type", "content-encoding", "content-range", "authorization", "cookie",
+      "set-cookie"};
+  for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
+    if (ce__h1_ieq(name, name_len, no[i]))
+      return false;
+  return true;
+}
+
+int ce_h1_write_last_chunk_trailers(ce_h1_writer_t *w, const char *kept, size_t kept_len) {
+  if (w->err != 0)
+    return w->err;
+  size_t start = w->len;
+  put_str(w, "0\r\n");
+  size_t pos = 0;
+  ce_h1_field_t f;
+  while (w->err == 0 && kept != NULL && ce_h1_trailer_next(kept, kept_len, &pos, &f)) {
+    if (!ce_h1_trailer_allowed(f.name, f.name_len))
+      continue;
+    if (ce_h1_write_field(w, f.name, f.name_len, f.value, f.value_len) == CE_EINVAL)
+      w->err = 0; /* nothing of it was written: left out */
+  }
+  put_str(w, "\r\n");
+  return finish(w, start);
+}

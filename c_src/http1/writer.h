@@ -79,8 +79,9 @@ int ce_h1_write_field(ce_h1_writer_t *w, const char *name, size_t name_len,
  * (RFC 9110 §7.6.1): Connection and every field it names (but never
  * Content-Length, whose removal would desynchronise the next hop),
  * Keep-Alive, Proxy-Connection, TE, Upgrade (unless CE_H1_W_UPGRADE), and
- * Trailer (the body decoder drops trailers, so announcing them would be
- * false). For a request also Host (the request writer puts its own first)
+ * Trailer (the proxy filters the trailers it forwards, and drops them all
+ * for an HTTP/1.0 client, so the announcement could be false; RFC 9110
+ * §6.6.2 makes it optional). For a request also Host (the request writer puts its own first)
  * and Proxy-Authorization (the client's credentials for this proxy must not
  * reach the origin, RFC 9110 §11.7.2); with CE_H1_W_CHUNKED also
  * Content-Length.
@@ -136,6 +137,36 @@ int ce_h1_write_chunk_end(ce_h1_writer_t *w);
 
 /* "0" CRLF CRLF: the last chunk and an empty trailer section. */
 int ce_h1_write_last_chunk(ce_h1_writer_t *w);
+
+/*
+ * May a trailer field named name (any case) be forwarded? Not the
+ * connection-specific ones (Connection, Keep-Alive, Proxy-Connection, TE,
+ * Transfer-Encoding, Trailer, Upgrade), nor Proxy-Authorization (this
+ * proxy's credentials), nor those RFC 9110 §6.5.1 keeps out of a trailer
+ * section because a recipient may act on them as if they came in the
+ * head: framing (Content-Length), routing (Host), how the content is read
+ * (Content-Type, Content-Encoding, Content-Range) and authentication
+ * (Authorization, Cookie, Set-Cookie). Every path that forwards trailers
+ * (HTTP/1.1 and h2, both directions) filters with this one list. Cannot
+ * fail.
+ */
+bool ce_h1_trailer_allowed(const char *name, size_t name_len);
+
+/* Room ce_h1_write_last_chunk_trailers may need for a kept section of at
+ * most CE_H1_MAX_TRAILER_BYTES: a line can grow by one byte (": " after
+ * the colon), and a line is at least 4 bytes. */
+#define CE_H1_TRAILER_OUT_MAX (5u + 2u * CE_H1_MAX_TRAILER_BYTES)
+
+/*
+ * The end of a chunked body with the trailers of another one: "0" CRLF,
+ * the fields of kept[0..kept_len) (a trailer section as
+ * ce_h1_body_keep_trailers keeps it) that ce_h1_trailer_allowed lets
+ * through, in their order and spelling, each written afresh as
+ * name ": " value CRLF, then the final CRLF. A field the writer refuses is
+ * left out. With kept_len 0 it is ce_h1_write_last_chunk. Returns CE_OK or
+ * CE_ETOOBIG (nothing written then), or w->err when already set.
+ */
+int ce_h1_write_last_chunk_trailers(ce_h1_writer_t *w, const char *kept, size_t kept_len);
 
 /*
  * named[0..field_count) := does a Connection field of h name field i

@@ -88,7 +88,26 @@ static void end_request(ce_conn_t *c) {
   free(c->up_head);
   c->up_head = NULL;
   c->up_head_len = 0;
+  /* The decoders keep no pointer into a freed buffer: a body still being
+   * read (a connection closing) drops its trailers. */
+  free(c->req_trailers);
+  c->req_trailers = NULL;
+  ce_h1_body_keep_trailers(&c->req_body, NULL);
+  free(c->resp_trailers);
+  c->resp_trailers = NULL;
+  ce_h1_body_keep_trailers(&c->resp_body, NULL);
   c->failed_reported = false;
+}
+
+/* Keeps the trailer section of a chunked body to forward it (RFC 9110
+ * §6.5: trailers are end-to-end). *buf is freed by end_request. Without
+ * memory the trailers are dropped, as a recipient may (§6.5.1). */
+static void keep_trailers(ce_conn_t *c, ce_h1_body_t *body, char **buf) {
+  if (*buf == NULL)
+    *buf = malloc(CE_H1_MAX_TRAILER_BYTES);
+  if (*buf == NULL)
+    trace(c, "no memory for the trailers: they are dropped");
+  ce_h1_body_keep_trailers(body, *buf);
 }
 
 /* request_failed once per request; the record ends with it. */
@@ -1114,6 +1133,8 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
   c->method[mlen] = '\0';
   c->req_framing = h->framing;
   ce_h1_body_init(&c->req_body, h->framing, h->content_length);
+  if (h->framing == CE_H1_BODY_CHUNKED)
+    keep_trailers(c, &c->req_body, &c->req_trailers);
   c->req_keep_alive = h->keep_alive;
   c->req_upgrade = h->upgrade && h->upgrade_websocket;
   c->req_expect_continue = h->expect_continue;
@@ -1274,8 +1295,9 @@ static void gather_add(gather_t *g, const char *data, size_t len) {
 }
 
 /* Writes the gathered bytes to s, as one chunk when chunked, then the
- * last chunk when last; frees the buffer. */
-static void gather_flush(gather_t *g, side_t *s, bool chunked, bool last) {
+ * last chunk when last, with the allowed fields of the kept trailer
+ * section body->keep (ce_h1_write_last_chunk_trailers); frees the buffer. */
+static void gather_flush(ce_conn_t *c, gather_t *g, side_t *s, bool chunked, bool last, const ce_h1_body_t *body) {
   char *start = g->buf + CE_CONN_CHUNK_HDR_MAX;
   char *end = start + g->len;
   if (chunked && g->len > 0) {
@@ -1289,13 +1311,22 @@ static void gather_flush(gather_t *g, side_t *s, bool chunked, bool last) {
     memcpy(end, "\r\n", 2);
     end += 2;
   }
-  if (chunked && last) {
+  bool trailers = chunked && last && body->keep != NULL && body->kept > 0;
+  if (chunked && last && !trailers) {
     memcpy(end, "0\r\n\r\n", 5);
     end += 5;
   }
   side_write(s, start, (size_t)(end - start));
   free(g->buf);
   g->buf = NULL;
+  if (trailers) {
+    _Static_assert(CE_H1_TRAILER_OUT_MAX <= CE_CONN_HEAD_OUT_MAX, "trailers are written in the head scratch");
+    ce_h1_writer_t w;
+    ce_h1_writer_init(&w, c->proxy->head_buf, CE_CONN_HEAD_OUT_MAX);
+    if (ce_h1_write_last_chunk_trailers(&w, body->keep, body->kept) != CE_OK) /* bounded: never */
+      ce_h1_write_last_chunk(&w);
+    side_write(s, w.buf, w.len);
+  }
 }
 
 /* Moves request body bytes from the workspace to upstream. */
@@ -1339,7 +1370,7 @@ static void pump_request_body(ce_conn_t *c) {
       break;
   }
   consume(&c->c, off);
-  gather_flush(&g, &c->u, c->req_framing == CE_H1_BODY_CHUNKED, c->req_done);
+  gather_flush(c, &g, &c->u, c->req_framing == CE_H1_BODY_CHUNKED, c->req_done, &c->req_body);
 }
 
 /* Discards the body of a refused request so the connection can go on. */
@@ -1513,7 +1544,7 @@ static void pump_response_body(ce_conn_t *c) {
       break;
   }
   consume(&c->u, off);
-  gather_flush(&g, &c->c, c->resp_chunked_out, rc == 1);
+  gather_flush(c, &g, &c->c, c->resp_chunked_out, rc == 1, &c->resp_body);
   if (rc == 1)
     finish_exchange(c);
 }
@@ -1569,6 +1600,9 @@ static void pump_response(ce_conn_t *c) {
     }
     c->resp_head_done = true;
     ce_h1_body_init(&c->resp_body, h->framing, h->content_length);
+    /* An HTTP/1.0 workspace gets the body decoded: no place for trailers. */
+    if (h->framing == CE_H1_BODY_CHUNKED && c->resp_chunked_out)
+      keep_trailers(c, &c->resp_body, &c->resp_trailers);
     if (h->framing == CE_H1_BODY_NONE) {
       finish_exchange(c);
       return;

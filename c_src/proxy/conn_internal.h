@@ -104,6 +104,9 @@ struct ce_conn {
   char method[32];
   ce_h1_framing_t req_framing;
   ce_h1_body_t req_body;
+  char *req_trailers;      /* a chunked request body's trailer section, kept to
+                              forward (CE_H1_MAX_TRAILER_BYTES; until the
+                              request ends; NULL when not kept) */
   bool req_keep_alive;
   bool req_upgrade;
   bool req_expect_continue; /* Expect: 100-continue: the body may never come */
@@ -116,6 +119,8 @@ struct ce_conn {
   bool resp_chunked_out;   /* re-encoding the response body as chunks */
   bool resp_close_out;     /* the client's response ends at close */
   ce_h1_body_t resp_body;
+  char *resp_trailers;     /* ... of a chunked response body going chunked to
+                              the workspace */
   bool denied_discard;     /* reading and dropping a denied request's body */
   uint64_t ask_id;         /* pending decision, 0 = none */
   int32_t decide_rule;

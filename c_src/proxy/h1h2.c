@@ -10,7 +10,8 @@
  * and sent as DATA. The response comes back as an HTTP/1.1 head framed for
  * the workspace's version (content-length kept, else chunked for HTTP/1.1
  * or until the close for HTTP/1.0), its DATA written as it arrives, and its
- * trailers as chunked trailers when the body goes chunked.
+ * trailers as chunked trailers when the body goes chunked. A chunked
+ * request body's trailers go as a trailing HEADERS frame.
  *
  * Flow control: the session runs without automatic WINDOW_UPDATEs; the
  * upstream's DATA is acknowledged (nghttp2_session_consume) only while
@@ -286,6 +287,38 @@ static int on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
   return 0;
 }
 
+/*
+ * The chunked request body's trailer section (conn.c keeps it) as a
+ * trailing HEADERS frame with END_STREAM (RFC 9113 §8.1): lower-cased
+ * names, minus what ce_h1_trailer_allowed refuses (ce_h2h_trailer_fields).
+ * True when submitted; false when there is none left or it cannot go (more
+ * fields than CE_H1_MAX_FIELDS, no memory): the body then ends without
+ * trailers, which a recipient may drop anyway (RFC 9110 §6.5.1).
+ */
+static bool submit_trailers(h1h2_t *h, nghttp2_session *session, int32_t stream_id) {
+  ce_conn_t *c = h->c;
+  if (c->req_trailers == NULL || c->req_body.keep == NULL || c->req_body.kept == 0)
+    return false;
+  ce_h2h_field_t *f = malloc(sizeof(*f) * CE_H1_MAX_FIELDS);
+  nghttp2_nv *nva = malloc(sizeof(*nva) * CE_H1_MAX_FIELDS);
+  char *names = malloc(CE_H1_MAX_TRAILER_BYTES);
+  long n = -1;
+  if (f != NULL && nva != NULL && names != NULL)
+    n = ce_h2h_trailer_fields(c->req_trailers, c->req_body.kept, f, CE_H1_MAX_FIELDS, names,
+                              CE_H1_MAX_TRAILER_BYTES);
+  for (long i = 0; i < n; i++)
+    nva[i] = (nghttp2_nv){(uint8_t *)(uintptr_t)f[i].name, (uint8_t *)(uintptr_t)f[i].value, f[i].name_len,
+                          f[i].value_len, NGHTTP2_NV_FLAG_NONE};
+  /* nghttp2 copies the fields. */
+  bool sent = n > 0 && nghttp2_submit_trailer(session, stream_id, nva, (size_t)n) == 0;
+  if (n < 0)
+    CE_TRACE_D("proxy", 'c', c->id, "request trailers dropped: too many fields, or no memory");
+  free(f);
+  free(nva);
+  free(names);
+  return sent;
+}
+
 static ssize_t body_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
                          uint32_t *data_flags, nghttp2_data_source *source, void *user_data) {
   h1h2_t *h = user_data;
@@ -303,6 +336,8 @@ static ssize_t body_read(nghttp2_session *session, int32_t stream_id, uint8_t *b
   }
   if (h->up_len == 0 && c->req_done) {
     *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+    if (submit_trailers(h, session, stream_id))
+      *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
     return (ssize_t)n;
   }
   return n == 0 ? NGHTTP2_ERR_DEFERRED : (ssize_t)n;

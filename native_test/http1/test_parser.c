@@ -1289,3 +1289,43 @@ Test(http1_body, trailers_kept_when_asked_in_any_split) {
   cr_assert_eq(ce_h1_body_next(&b, "0\r\n\r\n", 5, &used, &data, &dl, &why), 1);
   cr_assert_eq(b.kept, 0);
 }
+
+Test(http1_body, kept_trailers_walk_field_by_field) {
+  const char *tr = "Grpc-Status: 0\r\nX-B:\t two words \t\r\nE:\r\nno colon\r\n:empty\r\nLast:v";
+  size_t pos = 0;
+  ce_h1_field_t f;
+  cr_assert(ce_h1_trailer_next(tr, strlen(tr), &pos, &f));
+  cr_assert(f.name == tr && f.name_len == 11 && f.value_len == 1 && f.value[0] == '0');
+  cr_assert(ce_h1_trailer_next(tr, strlen(tr), &pos, &f));
+  cr_assert(f.name_len == 3 && memcmp(f.name, "X-B", 3) == 0);
+  cr_assert(f.value_len == 9 && memcmp(f.value, "two words", 9) == 0);
+  cr_assert(ce_h1_trailer_next(tr, strlen(tr), &pos, &f));
+  cr_assert(f.name_len == 1 && f.name[0] == 'E' && f.value_len == 0);
+  /* The lines the decoder never keeps are skipped; a last line without
+   * its CRLF still counts. */
+  cr_assert(ce_h1_trailer_next(tr, strlen(tr), &pos, &f));
+  cr_assert(f.name_len == 4 && memcmp(f.name, "Last", 4) == 0 && f.value_len == 1 && f.value[0] == 'v');
+  cr_assert_not(ce_h1_trailer_next(tr, strlen(tr), &pos, &f));
+  cr_assert_eq(pos, strlen(tr));
+  cr_assert_not(ce_h1_trailer_next(tr, strlen(tr), &pos, &f));
+  pos = 0;
+  cr_assert_not(ce_h1_trailer_next("", 0, &pos, &f));
+}
+
+Test(http1_body, trailers_no_longer_kept_after_keep_null) {
+  static char keep[CE_H1_MAX_TRAILER_BYTES];
+  ce_h1_body_t b;
+  ce_h1_body_init(&b, CE_H1_BODY_CHUNKED, 0);
+  ce_h1_body_keep_trailers(&b, keep);
+  size_t used = 0, dl = 0;
+  const char *data = NULL, *why = NULL;
+  const char *in = "0\r\nA: 1\r\n";
+  cr_assert_eq(ce_h1_body_next(&b, in, strlen(in), &used, &data, &dl, &why), 0);
+  cr_assert_eq(b.kept, 6);
+  /* The owner frees its buffer and says so: the rest is checked, not kept. */
+  ce_h1_body_keep_trailers(&b, NULL);
+  cr_assert_eq(b.kept, 0);
+  in = "B: 2\r\n\r\n";
+  cr_assert_eq(ce_h1_body_next(&b, in, strlen(in), &used, &data, &dl, &why), 1);
+  cr_assert_eq(b.kept, 0);
+}

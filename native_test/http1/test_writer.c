@@ -518,3 +518,73 @@ Test(http1_writer, connection_options_over_many_fields) {
   cr_assert_eq(ce_h1_write_forwarded_fields(&w, &h, 0), 0);
   expect_written(&w, want);
 }
+
+Test(http1_writer, trailer_fields_allowed) {
+  const char *no[] = {"Connection", "keep-alive", "Proxy-Connection", "TE", "transfer-encoding", "Trailer",
+                      "upgrade", "Proxy-Authorization", "Content-Length", "HOST", "content-type",
+                      "Content-Encoding", "content-range", "Authorization", "Cookie", "Set-Cookie"};
+  for (size_t i = 0; i < N_OF(no); i++)
+    cr_expect_not(ce_h1_trailer_allowed(no[i], strlen(no[i])), "%s", no[i]);
+  const char *yes[] = {"grpc-status", "Grpc-Message", "X-Checksum", "Server-Timing", "Digest", "e",
+                       "content-lengthx", "hos", "te2"};
+  for (size_t i = 0; i < N_OF(yes); i++)
+    cr_expect(ce_h1_trailer_allowed(yes[i], strlen(yes[i])), "%s", yes[i]);
+}
+
+static int write_kept(const char *kept, char *out, size_t cap) {
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, out, cap - 1);
+  int rc = ce_h1_write_last_chunk_trailers(&w, kept, kept != NULL ? strlen(kept) : 0);
+  out[w.len] = '\0';
+  return rc;
+}
+
+Test(http1_writer, last_chunk_with_kept_trailers) {
+  const char *kept = "X-Checksum:abc\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\nHost: evil\r\n"
+                     "Grpc-Status:  0 \r\nConnection: close\r\nTrailer: X\r\nSet-Cookie: a=b\r\nE:\r\n";
+  char out[512];
+  cr_assert_eq(write_kept(kept, out, sizeof(out)), CE_OK);
+  cr_assert_str_eq(out, "0\r\nX-Checksum: abc\r\nGrpc-Status: 0\r\nE: \r\n\r\n");
+  /* What comes out parses again as the end of a chunked body, with the
+   * same fields kept. */
+  static char again[CE_H1_MAX_TRAILER_BYTES];
+  ce_h1_body_t b;
+  ce_h1_body_init(&b, CE_H1_BODY_CHUNKED, 0);
+  ce_h1_body_keep_trailers(&b, again);
+  size_t used = 0, dl = 0;
+  const char *data = NULL, *why = NULL;
+  cr_assert_eq(ce_h1_body_next(&b, out, strlen(out), &used, &data, &dl, &why), 1);
+  cr_assert_eq(used, strlen(out));
+  cr_assert_eq(b.kept, strlen("X-Checksum: abc\r\nGrpc-Status: 0\r\nE: \r\n"));
+  /* Nothing kept, or nothing allowed: the plain last chunk. */
+  cr_assert_eq(write_kept(NULL, out, sizeof(out)), CE_OK);
+  cr_assert_str_eq(out, "0\r\n\r\n");
+  cr_assert_eq(write_kept("Host: x\r\ncookie: y\r\n", out, sizeof(out)), CE_OK);
+  cr_assert_str_eq(out, "0\r\n\r\n");
+  /* A field the writer refuses (never kept by the decoder) is left out. */
+  cr_assert_eq(write_kept("A: 1\r\nB\x01: 2\r\nC: \x7f\r\nD: 4\r\n", out, sizeof(out)), CE_OK);
+  cr_assert_str_eq(out, "0\r\nA: 1\r\nD: 4\r\n\r\n");
+}
+
+Test(http1_writer, last_chunk_with_trailers_is_bounded) {
+  /* Too small: nothing written, the error sticks. */
+  char out[16];
+  ce_h1_writer_t w;
+  ce_h1_writer_init(&w, out, sizeof(out));
+  cr_assert_eq(ce_h1_write_last_chunk_trailers(&w, "X-Long: 0123456789\r\n", 20), CE_ETOOBIG);
+  cr_assert_eq(w.len, 0);
+  cr_assert_eq(ce_h1_write_last_chunk_trailers(&w, NULL, 0), CE_ETOOBIG);
+  cr_assert_eq(w.len, 0);
+  /* The largest growth (shortest lines, each gaining a space) of a
+   * maximal section fits CE_H1_TRAILER_OUT_MAX. */
+  static char kept[CE_H1_MAX_TRAILER_BYTES];
+  size_t k = 0;
+  while (k + 4 <= CE_H1_MAX_TRAILER_BYTES - 2) {
+    memcpy(kept + k, "a:\r\n", 4);
+    k += 4;
+  }
+  static char big[CE_H1_TRAILER_OUT_MAX];
+  ce_h1_writer_init(&w, big, sizeof(big));
+  cr_assert_eq(ce_h1_write_last_chunk_trailers(&w, kept, k), CE_OK);
+  cr_assert_eq(w.len, 3 + (k / 4) * 5 + 2);
+}

@@ -472,6 +472,84 @@ defmodule Condukt.Netns.SidecarH2Test do
       assert String.ends_with?(raw10, "\r\n\r\ngot 3 bytes; trailers \n"), inspect(raw10)
     end
 
+    test "HTTP/1.1 chunked trailers go through, filtered: h1 origin to h1 workspace, h1 workspace to h1 and h2 origins",
+         %{tb: tb, sc: sc} do
+      q = tag()
+
+      script = """
+      import json, os, socket, ssl
+      ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+      def ex(port, data):
+          s = ctx.wrap_socket(socket.create_connection(("allowed.test", port)), server_hostname="allowed.test")
+          s.sendall(data)
+          raw = b""
+          while True:
+              d = s.recv(65536)
+              if not d:
+                  break
+              raw += d
+          return raw.decode("latin-1")
+      H1, H2 = #{@h1_only}, #{@h2_only}
+      # Allowed trailer fields among ones a trailer section must not carry.
+      up = (b"5\\r\\nhello\\r\\n0\\r\\nX-Req-Trailer: yes\\r\\nContent-Length: 5\\r\\nHost: evil.test\\r\\n"
+            b"Transfer-Encoding: chunked\\r\\nAuthorization: Basic eA==\\r\\nConnection: close\\r\\n"
+            b"X-Sum:  42 \\r\\n\\r\\n")
+      def post(port, path):
+          return (b"POST %s?#{q} HTTP/1.1\\r\\nHost: allowed.test:%d\\r\\nTransfer-Encoding: chunked\\r\\n"
+                  b"Connection: close\\r\\n\\r\\n" % (path, port)) + up
+      out = {
+          # Two requests on one connection: the trailers must end the first
+          # response exactly where the client reads its end.
+          "resp11": ex(H1, b"GET /trailers?#{q} HTTP/1.1\\r\\nHost: allowed.test:%d\\r\\nTE: trailers\\r\\n\\r\\n"
+                           b"GET /next?#{q} HTTP/1.1\\r\\nHost: allowed.test:%d\\r\\nConnection: close\\r\\n\\r\\n"
+                           % (H1, H1)),
+          "resp10": ex(H1, b"GET /trailers?#{q}-10 HTTP/1.0\\r\\nHost: allowed.test:%d\\r\\n\\r\\n" % H1),
+          "up_h1": ex(H1, post(H1, b"/trailers-in")),
+          "up_h2": ex(H2, post(H2, b"/trailers")),
+      }
+      print(json.dumps(out))
+      """
+
+      {out, status} = Testbed.exec_in(tb, :pod, [Tier.tool!("python3"), "-c", script], ca: sc.ca_cert, timeout: 30_000)
+      assert status == 0, out
+      res = out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
+
+      # Response trailers from the HTTP/1.1 origin: the allowed ones, in
+      # order and spelling, after the last chunk; Content-Length,
+      # Transfer-Encoding, Host, Connection and Set-Cookie are dropped, and
+      # the next response follows at once on the same connection.
+      resp11 = res["resp11"]
+      assert resp11 =~ ~r/^HTTP\/1.1 200 OK\r\n/
+      assert resp11 =~ "\r\n0\r\nGrpc-Status: 0\r\nX-Checksum: abc\r\n\r\nHTTP/1.1 200 OK\r\n", inspect(resp11)
+      assert String.ends_with?(resp11, "scripted /next\n"), inspect(resp11)
+
+      for bad <- ["evil.test", "Set-Cookie", "Content-Length: 99", "Connection: close\r\nX-Checksum"],
+          do: refute(resp11 =~ bad, inspect(resp11))
+
+      # HTTP/1.0: the body decoded, until the close, without the trailers.
+      resp10 = res["resp10"]
+      assert resp10 =~ ~r/^HTTP\/1.1 200 OK\r\n/
+      refute resp10 =~ "Grpc-Status"
+      refute resp10 =~ "ransfer-Encoding"
+      assert String.ends_with?(resp10, "\r\n\r\nwith trailers\n"), inspect(resp10)
+
+      # Request trailers: to the HTTP/1.1 origin as chunked trailers (as
+      # spelled, values without surrounding whitespace), to the h2 origin as
+      # a trailing HEADERS frame (lower-case names); filtered alike.
+      assert res["up_h1"] =~ ~r/^HTTP\/1.1 200 OK\r\n/
+
+      assert String.ends_with?(res["up_h1"], "got 5 bytes; trailers X-Req-Trailer=yes,X-Sum=42\n"),
+             inspect(res["up_h1"])
+
+      assert res["up_h2"] =~ ~r/^HTTP\/1.1 200 OK\r\n/
+      assert res["up_h2"] =~ "got 5 bytes; trailers x-req-trailer=yes,x-sum=42\n", inspect(res["up_h2"])
+
+      # Trailers are not part of the events: each exchange closes as usual.
+      closed = q |> events_for(4) |> Enum.filter(&(&1["event"] == "request_closed"))
+      assert length(closed) == 4
+      assert Enum.all?(closed, &(&1["status"] == 200))
+    end
+
     test "a paused HTTP/1.1 reader of 20 MiB from nginx over h2: the h2 window holds nginx back", %{tb: tb, sc: sc} do
       q = tag()
       marker = Path.join(Testbed.scratch_dir(tb), "paused-#{q}")

@@ -25,7 +25,13 @@ sometimes do:
                end of stream and only then answers "got: <bytes>" and closes
   /sink        reads a chunked or Content-Length body; answers its size
   /trailers    a chunked body "with trailers\\n" followed by the trailers
-               Grpc-Status: 0 and X-Checksum: abc
+               Grpc-Status: 0 and X-Checksum: abc, among fields a trailer
+               section must not carry (Content-Length: 99,
+               Transfer-Encoding: chunked, Host: evil.test, Connection:
+               close, Set-Cookie: t=1), which the proxy must drop
+  /trailers-in reads a chunked request body and its trailer section;
+               answers "got <n> bytes; trailers <Name>=<value>,...\\n"
+               (names as received, in order)
   /slow        ?key=K: sleeps 1 s, then 200 "slow"; counts the /slow
                requests of key K in progress at once
   /slow-max    ?key=K: answers the most /slow requests of key K that were
@@ -70,14 +76,19 @@ def read_head(f):
     return method, target, version, headers
 
 
-def read_body(f, headers):
+def read_body(f, headers, trailers=None):
     if "chunked" in headers.get("transfer-encoding", "").lower():
         size = 0
         while True:
             n = int(f.readline(1024).split(b";")[0].strip(), 16)
             if n == 0:
-                while f.readline(8192) not in (b"\r\n", b"\n", b""):
-                    pass
+                while True:
+                    line = f.readline(8192)
+                    if line in (b"\r\n", b"\n", b""):
+                        break
+                    if trailers is not None:
+                        k, v = line.decode("latin-1").split(":", 1)
+                        trailers.append((k, v.strip()))
                 return size
             size += len(f.read(n))
             f.readline(16)
@@ -151,7 +162,14 @@ def serve(sock, tls):
         elif path == "/trailers":
             read_body(f, headers)
             sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: Grpc-Status, X-Checksum\r\n\r\n"
-                         b"e\r\nwith trailers\n\r\n0\r\nGrpc-Status: 0\r\nX-Checksum: abc\r\n\r\n")
+                         b"e\r\nwith trailers\n\r\n0\r\nGrpc-Status: 0\r\nContent-Length: 99\r\n"
+                         b"Transfer-Encoding: chunked\r\nHost: evil.test\r\nConnection: close\r\n"
+                         b"Set-Cookie: t=1\r\nX-Checksum: abc\r\n\r\n")
+        elif path == "/trailers-in":
+            trailers = []
+            n = read_body(f, headers, trailers)
+            tr = ",".join("%s=%s" % kv for kv in trailers)
+            sock.sendall(ok(("got %d bytes; trailers %s\n" % (n, tr)).encode()))
         elif path == "/slow":
             read_body(f, headers)
             key = q.get("key", "")
