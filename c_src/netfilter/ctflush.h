@@ -13,9 +13,12 @@
  *
  * One request does it: IPCTNL_MSG_CT_DELETE without a tuple is a flush,
  * and CTA_MARK with CTA_MARK_MASK restricts it to the entries whose
- * connection mark matches (kernels since 4.19 filter a flush by mark;
- * older ones answer EOPNOTSUPP). The family AF_UNSPEC with version 0
- * covers IPv4 and IPv6 together.
+ * connection mark matches. Both attributes are always sent: older kernels
+ * (4.x) only filter a flush when both are present, and would otherwise
+ * empty the whole table; current ones (Debian 12's 6.1, the 6.18 this was
+ * tested on) filter on CTA_MARK alone too, and a kernel built without
+ * connection marks answers EOPNOTSUPP. The family AF_UNSPEC with version
+ * 0 covers IPv4 and IPv6 together.
  *
  * The message building and the answer parsing are pure and bounded; only
  * ce_ctflush_mark() does I/O.
