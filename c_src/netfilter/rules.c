@@ -485,7 +485,15 @@ int ce_nf_rules_text(const ce_nf_config_t *cfg, ce_nf_family_t family,
   /* nat: the first packet of each new connection goes through this chain
    * once; conntrack applies the verdict to the rest of the connection. */
   put(&t, "*nat\n:" CE_NF_NAT_CHAIN " - [0:0]\n");
-  /* The proxy's upstream sockets carry the mark: they leave as they are. */
+  /* The proxy's upstream sockets carry the mark: they leave as they are.
+   * Their connection mark gets the same value first, so that the proxy
+   * can delete the conntrack entries of its own connections, and only
+   * those, when it starts again (netfilter/ctflush.h): an entry that
+   * outlived the proxy would otherwise capture a workspace connection
+   * from the same source port and have it refused. nat sees only the
+   * first packet of a connection, so this runs once per connection. */
+  put(&t, "%s-m mark --mark 0x%" PRIx32 "/0xffffffff -j CONNMARK "
+          "--set-xmark 0x%" PRIx32 "/0xffffffff\n", nat, cfg->mark, cfg->mark);
   put(&t, "%s-m mark --mark 0x%" PRIx32 "/0xffffffff -j RETURN\n", nat,
       cfg->mark);
   /* Traffic to the pod itself (a dev server on localhost:80, the pod IP)

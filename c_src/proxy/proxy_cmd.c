@@ -14,6 +14,7 @@
 #include "cli/cli.h"
 #include "common/error.h"
 #include "common/trace.h"
+#include "netfilter/ctflush.h"
 #include "proxy/conn.h"
 #include "proxy/netaddr.h"
 #include "proxy/proxy.h"
@@ -304,6 +305,20 @@ int ce_cmd_proxy(int argc, char **argv) {
     fprintf(stderr, PROG ": control channel: %s\n", err);
     goto fail;
   }
+  /* Before any upstream connection of ours exists: the conntrack entries
+   * an earlier run of the proxy left would capture workspace connections
+   * from the same source ports (docs/netfilter.md, "Stale conntrack
+   * entries"). Not fatal: without it some connections may be refused, but
+   * nothing is let through. */
+  char cterr[CE_CTFLUSH_ERR_MAX];
+  if (ce_ctflush_mark(opts.mark, cterr, sizeof(cterr)) != CE_OK)
+    fprintf(stderr,
+            PROG ": warning: cannot delete the conntrack entries left by earlier upstream connections "
+                 "(connection mark 0x%x): %s; until they expire, a workspace connection from one of their "
+                 "source ports is refused\n",
+            (unsigned)opts.mark, cterr);
+  else
+    CE_TRACE_I("proxy", 0, 0, "deleted the conntrack entries with connection mark 0x%x", (unsigned)opts.mark);
   rc = start_listeners(p);
   if (rc != CE_EXIT_OK) {
     exit_code = rc;

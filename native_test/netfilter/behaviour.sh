@@ -171,6 +171,20 @@ check "marked socket -> inet:443 directly (IPv6)" "reply inet443" \
   "$(pod_probe connect fd00:200::2 443 marked6 $MARK)"
 check "a different mark is no exemption" "reply proxy4" \
   "$(pod_probe connect 10.200.1.2 443 othermark 0x538)"
+# The proxy's connections carry its mark as their connection mark too (the
+# proxy deletes their conntrack entries by it when it starts), and only
+# they do: the redirected connections to inet:443 above (plain and uid
+# 65534 in each family, mark 0x538 in IPv4) keep connection mark 0.
+if command -v conntrack >/dev/null 2>&1; then
+  for f in ipv4 ipv6; do
+    check "only the marked connection to inet:443 has connection mark $MARK ($f)" 1 \
+      "$(in_pod conntrack -L -f $f -p tcp --dport 443 -m $MARK 2>/dev/null | grep -c 'dport=443')"
+    check "the redirected connections to inet:443 have connection mark 0 ($f)" yes \
+      "$([ "$(in_pod conntrack -L -f $f -p tcp --dport 443 -m 0 2>/dev/null | grep -c 'dport=443')" -ge 2 ] && echo yes)"
+  done
+else
+  echo "ok - # skip connection marks: conntrack (the conntrack package) not installed"
+fi
 
 check "TCP 53 to the allowed resolver (IPv4)" "reply dnsA" \
   "$(pod_probe connect 10.200.1.2 53 dns4)"

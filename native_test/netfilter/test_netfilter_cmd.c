@@ -680,7 +680,11 @@ static void expect_installed(const char *ns, const char *prog, size_t filter_rul
   const char *s = r.out;
   cr_assert_eq(count(s, "\n-A OUTPUT -j CONDUKT_NAT\n"), 1, "%s", s);
   cr_assert_eq(count(s, "\n-A OUTPUT -j CONDUKT_FILTER\n"), 1, "%s", s);
-  cr_assert_eq(count(s, "\n-A CONDUKT_NAT "), 3, "%s", s);
+  cr_assert_eq(count(s, "\n-A CONDUKT_NAT "), 4, "%s", s);
+  /* The proxy's connections get its mark as their connection mark. */
+  cr_assert_not_null(strstr(s, "-A CONDUKT_NAT -m mark --mark 0x539 -j CONNMARK --set-xmark "
+                               "0x539/0xffffffff\n-A CONDUKT_NAT -m mark --mark 0x539 -j RETURN\n"),
+                     "%s", s);
   cr_assert_eq(count(s, "\n-A CONDUKT_FILTER "), filter_rules, "%s", s);
   cr_assert_eq(count(s, "\n:CONDUKT_NAT - "), 1, "%s", s);
   cr_assert_eq(count(s, "\n:CONDUKT_FILTER - "), 1, "%s", s);

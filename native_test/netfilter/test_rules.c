@@ -19,6 +19,7 @@ static const char *rules(const ce_nf_config_t *cfg, ce_nf_family_t family) {
 static const char *const V4_DEFAULT =
     "*nat\n"
     ":CONDUKT_NAT - [0:0]\n"
+    "-A CONDUKT_NAT -m mark --mark 0x539/0xffffffff -j CONNMARK --set-xmark 0x539/0xffffffff\n"
     "-A CONDUKT_NAT -m mark --mark 0x539/0xffffffff -j RETURN\n"
     "-A CONDUKT_NAT -o lo -j RETURN\n"
     "-A CONDUKT_NAT -p tcp -m multiport --dports 80,443 -j REDIRECT --to-ports 15001\n"
@@ -36,6 +37,7 @@ static const char *const V4_DEFAULT =
 static const char *const V6_DEFAULT =
     "*nat\n"
     ":CONDUKT_NAT - [0:0]\n"
+    "-A CONDUKT_NAT -m mark --mark 0x539/0xffffffff -j CONNMARK --set-xmark 0x539/0xffffffff\n"
     "-A CONDUKT_NAT -m mark --mark 0x539/0xffffffff -j RETURN\n"
     "-A CONDUKT_NAT -o lo -j RETURN\n"
     "-A CONDUKT_NAT -p tcp -m multiport --dports 80,443 -j REDIRECT --to-ports 15001\n"
@@ -79,6 +81,8 @@ Test(nf_rules, custom_port_mark_ports_dns) {
 
   const char *v4 = rules(&cfg, CE_NF_IPV4);
   cr_assert_not_null(strstr(v4, "-A CONDUKT_NAT -m mark --mark 0xdeadbeef/0xffffffff -j RETURN\n"), "%s", v4);
+  cr_assert_not_null(strstr(v4, "-A CONDUKT_NAT -m mark --mark 0xdeadbeef/0xffffffff -j CONNMARK "
+                                "--set-xmark 0xdeadbeef/0xffffffff\n"), "%s", v4);
   cr_assert_not_null(strstr(v4, "-A CONDUKT_NAT -p tcp -m multiport --dports 8080 -j REDIRECT --to-ports 8443\n"), "%s", v4);
   cr_assert_not_null(strstr(v4, "-d 127.0.0.1/32 -p tcp --dport 8443 -m conntrack --ctstate DNAT"), "%s", v4);
   cr_assert_not_null(strstr(v4, "-A CONDUKT_FILTER -m mark --mark 0xdeadbeef/0xffffffff -j ACCEPT\n"), "%s", v4);

@@ -42,7 +42,8 @@ defmodule Condukt.Test.Netns.Sidecar do
   pod), `:extra_args` (more proxy flags), `:allow_private` (default: the
   testbed's veth /24 and /64, where its "internet" lives), `:netfilter`
   (default true), `:ports` (the TCP ports redirected to the proxy; default
-  netfilter-setup's 80 and 443).
+  netfilter-setup's 80 and 443), `:caps` (default true: the proxy gets
+  CAP_NET_ADMIN; false runs it with no capability at all).
   """
   @spec start(Testbed.t(), NetworkPolicy.t() | keyword(), keyword()) :: t()
   def start(tb, policy, opts \\ []) do
@@ -113,7 +114,8 @@ defmodule Condukt.Test.Netns.Sidecar do
 
     argv =
       [Tier.tool!("ip"), "netns", "exec", tb.pod_ns, Tier.tool!("setpriv")] ++
-        ["--reuid=#{@uid}", "--regid=#{@uid}", "--clear-groups", "--inh-caps=+net_admin", "--ambient-caps=+net_admin"] ++
+        ["--reuid=#{@uid}", "--regid=#{@uid}", "--clear-groups"] ++
+        if(Keyword.get(opts, :caps, true), do: ["--inh-caps=+net_admin", "--ambient-caps=+net_admin"], else: []) ++
         ["--"] ++ env ++ [bin | args]
 
     stdout = Path.join(dir, "events.ndjson")
