@@ -10,7 +10,7 @@ PACKAGES="
   libjansson-dev libunistring-dev libssl-dev libuv1-dev libnghttp2-dev
   libwebsockets-dev libwebsockets-evlib-uv libyaml-dev
   libcriterion-dev clang libclang-rt-14-dev
-  iptables iproute2 util-linux openssl nginx-light nodejs
+  iptables iproute2 util-linux openssl nginx-light nodejs conntrack
   python3 python3-requests python3-websockets
   python3-h2 python3-httpx nghttp2-client
 "
