@@ -22,6 +22,7 @@ typedef struct {
 static const ce_command_t commands[] = {
     {"policy", ce_cmd_policy, "check or dry-run a sidecar policy document"},
     {"proxy", ce_cmd_proxy, "run the sidecar data plane"},
+    {"ready", ce_cmd_ready, "exit 0 once the sidecar accepts connections (startupProbe)"},
     {"netfilter-setup", ce_cmd_netfilter_setup,
      "install the iptables/ip6tables interception rules"},
     {"ca", ce_cmd_ca, "create a per-session certificate authority"},

@@ -16,6 +16,10 @@ int ce_cmd_policy(int argc, char **argv);
 /* `condukt-egress proxy [options]`: the sidecar data plane (docs/proxy.md). */
 int ce_cmd_proxy(int argc, char **argv);
 
+/* `condukt-egress ready [--listen ADDR:PORT]... [--control EP]`: exit 0 when
+ * the sidecar accepts connections (the pod's startupProbe; docs/cli.md). */
+int ce_cmd_ready(int argc, char **argv);
+
 /* `condukt-egress netfilter-setup [options]`: the init container's
  * iptables/ip6tables rules (docs/netfilter.md). */
 int ce_cmd_netfilter_setup(int argc, char **argv);

@@ -2171,8 +2171,17 @@ void ce_conn_accept(ce_proxy_t *p, uv_stream_t *listener) {
   uv_tcp_getsockname(&c->c.tcp, (struct sockaddr *)&local, &llen);
   if (rc != CE_OK || ce_addr_equal((struct sockaddr *)&c->orig_dst, (struct sockaddr *)&local)) {
     /* Not redirected: someone dialled the proxy port itself. There is no
-     * destination to go to, and looping into ourselves must not happen. */
-    CE_TRACE_W("proxy", 'c', c->id, "not redirected (no original destination); closing");
+     * destination to go to, and looping into ourselves must not happen.
+     * From loopback that is one of the pod's own containers, every start
+     * the sidecar's startupProbe (`condukt-egress ready`): closed all the
+     * same, with a debug line only. Anything else is worth a warning. */
+    struct sockaddr_storage peer;
+    int plen = sizeof(peer);
+    if (uv_tcp_getpeername(&c->c.tcp, (struct sockaddr *)&peer, &plen) == 0 &&
+        ce_addr_is_loopback((struct sockaddr *)&peer))
+      CE_TRACE_D("proxy", 'c', c->id, "not redirected, from loopback (a readiness check?); closing");
+    else
+      CE_TRACE_W("proxy", 'c', c->id, "not redirected (no original destination); closing");
     conn_abort(c);
     return;
   }

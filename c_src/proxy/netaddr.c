@@ -100,6 +100,17 @@ bool ce_addr_is_private(const struct sockaddr *sa) {
   return false;
 }
 
+bool ce_addr_is_loopback(const struct sockaddr *sa) {
+  if (sa->sa_family == AF_INET)
+    return ((const uint8_t *)&((const struct sockaddr_in *)sa)->sin_addr)[0] == 127;
+  if (sa->sa_family != AF_INET6)
+    return false;
+  const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+  if (IN6_IS_ADDR_LOOPBACK(a))
+    return true;
+  return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+}
+
 size_t ce_addr_text(const struct sockaddr *sa, char out[CE_ADDR_TEXT_MAX]) {
   if (sa->sa_family == AF_INET) {
     const struct sockaddr_in *s4 = (const struct sockaddr_in *)sa;

@@ -31,6 +31,10 @@ int ce_set_mark(int fd, uint32_t mark);
  * by their IPv4 part). */
 bool ce_addr_is_private(const struct sockaddr *sa);
 
+/* 127.0.0.0/8, ::1, and ::ffff:127.0.0.0/104 (an IPv4 loopback client of
+ * a dual-stack socket). */
+bool ce_addr_is_loopback(const struct sockaddr *sa);
+
 /* Text of the address only (no port). Returns the length. */
 size_t ce_addr_text(const struct sockaddr *sa, char out[CE_ADDR_TEXT_MAX]);
 uint16_t ce_addr_port(const struct sockaddr *sa);

@@ -54,6 +54,28 @@ Test(netaddr, embedded_and_special_ranges) {
     cr_expect(!private_text(pub[i]), "%s should be public", pub[i]);
 }
 
+/* A not-redirected connection from these is the pod's own (the startupProbe):
+ * c_src/proxy/conn.c logs it at debug level only. */
+Test(netaddr, loopback) {
+  static const char *const lo[] = {"127.0.0.1", "127.255.255.254", "::1", "::ffff:127.0.0.1"};
+  static const char *const not_lo[] = {"128.0.0.1", "10.0.0.1", "::", "::2", "::ffff:10.0.0.1",
+                                       "fe80::1", "0.0.0.0", "126.255.255.255"};
+  struct sockaddr_storage ss;
+  char buf[80];
+  for (size_t i = 0; i < sizeof(lo) / sizeof(lo[0]); i++) {
+    snprintf(buf, sizeof(buf), strchr(lo[i], ':') != NULL ? "[%s]:1" : "%s:1", lo[i]);
+    cr_assert_eq(ce_addr_parse(buf, &ss), CE_OK, "%s", buf);
+    cr_expect(ce_addr_is_loopback((struct sockaddr *)&ss), "%s should be loopback", lo[i]);
+  }
+  for (size_t i = 0; i < sizeof(not_lo) / sizeof(not_lo[0]); i++) {
+    snprintf(buf, sizeof(buf), strchr(not_lo[i], ':') != NULL ? "[%s]:1" : "%s:1", not_lo[i]);
+    cr_assert_eq(ce_addr_parse(buf, &ss), CE_OK, "%s", buf);
+    cr_expect(!ce_addr_is_loopback((struct sockaddr *)&ss), "%s should not be loopback", not_lo[i]);
+  }
+  struct sockaddr unix_sa = {.sa_family = AF_UNIX};
+  cr_expect(!ce_addr_is_loopback(&unix_sa));
+}
+
 Test(netaddr, parse_and_format) {
   struct sockaddr_storage ss;
   char text[CE_ADDR_TEXT_MAX];

@@ -75,7 +75,15 @@ defmodule Condukt.K8s.KubernetesE2ETest do
     on_exit(fn -> Kubernetes.terminate(id, namespace: tier.namespace, conn: conn) end)
     assert_receive {:event, :control_connected, _, %{session_id: ^id}}, 30_000
 
-    # allow: the sidecar alone; curl trusts the session CA (the six variables).
+    # The workspace started only once the manifest's startupProbe
+    # (`condukt-egress ready`) succeeded in the sidecar, as a kubelet runs
+    # it; the proxy took the probe's connections without a warning.
+    info = Runtime.pod(tier.runtime, tier.namespace, Kubernetes.Names.pod_name(id))
+    assert %{probe: :exec, output: "condukt-egress: ready (2 listener(s))\n"} = info.startup["condukt-egress"]
+    refute File.read!(info.logs["condukt-egress"]) =~ "not redirected"
+
+    # allow: the sidecar alone; curl trusts the session CA (the six
+    # variables). The workspace's first request: nothing was refused.
     assert curl(sb, "https://allowed.test/") == "hello from allowed.test\n 200\n"
 
     assert_receive {:event, :request_allowed, _, %{request: %{host: "allowed.test"}, matched_rule: %{kind: :allow}}},

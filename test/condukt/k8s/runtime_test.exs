@@ -162,6 +162,22 @@ defmodule Condukt.K8s.RuntimeTest do
             image: image,
             restartPolicy: "Always",
             command: proxy,
+            startupProbe:
+              Keyword.get(opts, :startup_probe, %{
+                exec: %{
+                  command: [
+                    "/usr/local/bin/condukt-egress",
+                    "ready",
+                    "--listen",
+                    "127.0.0.1:15001",
+                    "--listen",
+                    "[::1]:15001"
+                  ]
+                },
+                periodSeconds: 1,
+                timeoutSeconds: 1,
+                failureThreshold: 30
+              }),
             securityContext: %{
               runAsUser: 0,
               runAsGroup: 1337,
@@ -246,10 +262,24 @@ defmodule Condukt.K8s.RuntimeTest do
 
   # --- tests -----------------------------------------------------------------
 
-  test "Running means the sidecar listens; the status shows it as a running native sidecar", %{tier: tier, pod: pod} do
+  test "Running means the sidecar's startupProbe succeeded; the status shows it as a running native sidecar", %{
+    tier: tier,
+    pod: pod
+  } do
     {out, 0} = Cmd.run(["/usr/bin/nsenter", "--net=/run/netns/#{tier.node.netns}", "--", "/usr/bin/ss", "-Hltn"])
 
     for addr <- ["127.0.0.1:15001", "[::1]:15001", "127.0.0.1:15002"], do: assert(out =~ addr)
+
+    # The runtime ran the probe's exec in the sidecar, as a kubelet, before
+    # it started the workspace; the proxy took the probe's connection
+    # quietly (no "not redirected" warning in its log).
+    info = Runtime.pod(tier.runtime, tier.namespace, pod)
+
+    assert %{probe: :exec, attempts: attempts, output: "condukt-egress: ready (2 listener(s))\n"} =
+             info.startup["condukt-egress"]
+
+    assert attempts >= 1
+    refute File.read!(info.logs["condukt-egress"]) =~ "not redirected"
 
     {200, %{"status" => st}} = Cluster.request(tier.cluster, :sa, "GET", pod_path(tier, pod))
     statuses = Map.new(st["initContainerStatuses"], &{&1["name"], &1})
@@ -258,7 +288,6 @@ defmodule Condukt.K8s.RuntimeTest do
 
     # The sidecar runs as root with only CAP_NET_ADMIN, no_new_privs
     # (docs/kubernetes.md: the one combination runc makes work).
-    info = Runtime.pod(tier.runtime, tier.namespace, pod)
     status = File.read!("/proc/#{info.pids["condukt-egress"]}/status")
     assert status =~ ~r/^Uid:\s+0\s+0\s+0\s+0$/m
     assert status =~ ~r/^Gid:\s+1337\s+1337\s+1337\s+1337$/m
@@ -454,5 +483,28 @@ defmodule Condukt.K8s.RuntimeTest do
 
     assert %{state: {:failed, _}, pids: pids} = Runtime.pod(tier.runtime, tier.namespace, name)
     assert pids == %{}
+  end
+
+  @tag :no_pod
+  @tag capture_log: true
+  test "a sidecar whose startupProbe never succeeds fails the pod with the probe's output; the workspace never starts",
+       %{tier: tier, session: session} do
+    probe = %{
+      exec: %{command: ["/usr/local/bin/condukt-egress", "ready", "--listen", "127.0.0.1:1"]},
+      periodSeconds: 1,
+      failureThreshold: 2
+    }
+
+    name = create_pod!(tier, session, "condukt-rt-probe", startup_probe: probe)
+    on_exit(fn -> delete_pod(tier, name) end)
+
+    assert {:ok, st} = Runtime.pod_failure(tier.cluster, tier.namespace, name)
+    assert st["phase"] == "Pending"
+    assert st["message"] =~ "init container condukt-egress failed"
+    assert st["message"] =~ "startupProbe failed 2 times (exit 1)"
+    assert st["message"] =~ "condukt-egress ready: listen 127.0.0.1:1: not ready: Connection refused"
+
+    assert %{state: {:failed, _}, startup: startup} = Runtime.pod(tier.runtime, tier.namespace, name)
+    refute Map.has_key?(startup, "condukt-egress")
   end
 end

@@ -27,15 +27,22 @@ defmodule Condukt.Test.K8s.Runtime do
        is set) plus `ca-certificates/mozilla.pem`. A run-to-completion init
        container that exits non-zero fails the pod; a native sidecar
        (`restartPolicy: Always`) is left running, its stdout and stderr
-       are its log, and the next step waits until it listens on every TCP
-       address its `--listen`/`--control` arguments name;
+       are its log, and, as a kubelet, the next step waits until it has
+       started: its process runs its command and, when it has a
+       `startupProbe` (exec only), the probe's command, run in the
+       sidecar's namespaces with its identity and environment at the
+       probe's period and timeout, succeeded (`failureThreshold` failures
+       fail the pod; `pod/3`'s `:startup` holds the outcome);
     3. restarts the node's kwok (which serves exec and port-forward) inside
        the first regular container's view and capability set, with an
        `Exec` (workingDir, env), a `PortForward` (the runtime's
        `:forward_ports`, default 15002) and a `Logs` (each container's log
        file) for the pod;
     4. only then sets `Cluster.runtime_ready_annotation/0` to "true", which
-       kwok's pod stage waits for: `Running` means the sidecar listens.
+       kwok's pod stage waits for: `Running` means the sidecar's
+       startupProbe succeeded (with the contract's manifest: the proxy
+       accepts on its listeners). A sidecar without a startupProbe counts
+       as started as soon as its process runs, as it does for a kubelet.
 
   A failed pod stays `Pending`: its status gets `Initialized: False`
   (reason `ContainersNotInitialized`), the failed init container's
@@ -67,7 +74,7 @@ defmodule Condukt.Test.K8s.Runtime do
 
   @poll_ms 200
   @init_timeout 60_000
-  @listen_timeout 20_000
+  @start_timeout 20_000
   @drain_ms 15_000
   # containerd's default capability set: what a container has unless its
   # securityContext drops or adds.
@@ -127,7 +134,9 @@ defmodule Condukt.Test.K8s.Runtime do
   `:uid`, `:dir` (the per-pod directory), `:log_dir`, `:logs` (container
   name => log file), `:pids` (container name => OS pid of running ones),
   `:state` (`:running` or `{:failed, message}`), `:kubelet` (`:up`, or
-  `:down` after `stop_kubelet/3`).
+  `:down` after `stop_kubelet/3`), `:startup` (native sidecar name =>
+  `%{probe: :none}` or `%{probe: :exec, attempts: n, output: text}`, the
+  startupProbe's successful run).
   """
   @spec pod(pid(), String.t(), String.t()) :: map() | nil
   def pod(pid, namespace, name), do: GenServer.call(pid, {:pod, namespace, name}, 120_000)
@@ -287,7 +296,7 @@ defmodule Condukt.Test.K8s.Runtime do
 
   defp public(p) do
     p
-    |> Map.take([:uid, :dir, :log_dir, :logs, :state, :kubelet])
+    |> Map.take([:uid, :dir, :log_dir, :logs, :state, :kubelet, :startup])
     |> Map.put(:pids, for(%{name: n, pid: pid} when n != nil <- p.procs, into: %{}, do: {n, pid}))
   end
 
@@ -336,6 +345,7 @@ defmodule Condukt.Test.K8s.Runtime do
       kwok_in_view: false,
       kwok_argv: nil,
       kubelet: :up,
+      startup: %{},
       state: :starting
     }
 
@@ -511,8 +521,21 @@ defmodule Condukt.Test.K8s.Runtime do
 
       procs = [%{name: cname, pid: pid, stdout: stdout, stderr: stderr}, %{name: nil, pid: writer, stderr: nil}]
       ps = %{ps | procs: ps.procs ++ procs}
-      wait_listening!(node, ctr, pid, stderr, cname)
-      {state, ps}
+
+      started =
+        try do
+          wait_started!(state, ps, pod, ctr, pid, stderr)
+        catch
+          {:fail, _, _} = failure ->
+            # As a kubelet ends a container that failed its startupProbe:
+            # the failed pod keeps no process (its record has none).
+            case stop_procs(state, ps) do
+              [] -> throw(failure)
+              reports -> throw({:fail, cname, Enum.join(reports, "\n")})
+            end
+        end
+
+      {state, %{ps | startup: Map.put(ps.startup, cname, started)}}
     else
       {out, status} = Cmd.run(argv, timeout: @init_timeout, stderr: :stdout)
       File.write!(log, cri_lines(out, "stdout"), [:append])
@@ -658,37 +681,79 @@ defmodule Condukt.Test.K8s.Runtime do
     [{"ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1"}, {"UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1"}]
   end
 
-  # A native sidecar is ready when every TCP address of its --listen and
-  # --control arguments is listening in the node's namespace.
-  defp wait_listening!(node, ctr, pid, log, cname) do
-    want =
-      command!(ctr)
-      |> Enum.chunk_every(2, 1, :discard)
-      |> Enum.flat_map(fn
-        [flag, "unix:" <> _] when flag in ["--listen", "--control"] -> []
-        [flag, addr] when flag in ["--listen", "--control"] -> [addr]
-        _ -> []
-      end)
-      |> MapSet.new()
+  # As the kubelet: a native sidecar has started once its process runs
+  # its command and, when it has a startupProbe, once the probe succeeds;
+  # only then does the next container start. The probe's exec runs in the
+  # sidecar's namespaces (network, mount: its root and working directory)
+  # with its identity and environment, as CRI's ExecSync would, at the
+  # probe's initialDelaySeconds, periodSeconds and timeoutSeconds.
+  # failureThreshold failures fail the pod (a kubelet would restart the
+  # container; the tier reports it instead). Returns `%{probe: :none}` or
+  # `%{probe: :exec, attempts: n, output: text}`.
+  defp wait_started!(state, ps, pod, ctr, pid, log) do
+    cname = ctr["name"]
+    cmd = command!(ctr)
+    running = fn -> (not Cmd.alive?(pid) and :dead) || cmdline(pid) == cmd end
 
-    listening = fn ->
-      {out, _} =
-        Cmd.run([Tier.tool!("nsenter"), "--net=/run/netns/#{node.netns}", "--", Tier.tool!("ss"), "-Hltn"],
-          timeout: 5_000,
-          stderr: :discard
-        )
-
-      out |> String.split("\n", trim: true) |> Enum.map(&(&1 |> String.split() |> Enum.at(3))) |> MapSet.new()
-    end
-
-    ready = fn -> (not Cmd.alive?(pid) and :dead) || MapSet.subset?(want, listening.()) end
-
-    case Cmd.poll(ready, @listen_timeout, 50) do
+    case Cmd.poll(running, @start_timeout, 20) do
       :ok ->
         unless Cmd.alive?(pid), do: throw({:fail, cname, {:exited, File.read!(log)}})
 
       {:error, :timeout} ->
-        throw({:fail, cname, "not listening on #{Enum.join(want, ", ")} after #{@listen_timeout} ms"})
+        throw({:fail, cname, "its process did not run its command within #{@start_timeout} ms"})
+    end
+
+    case ctr["startupProbe"] do
+      nil ->
+        %{probe: :none}
+
+      %{"exec" => %{"command" => [_ | _] = probe_cmd}} = probe ->
+        {setpriv, env} = identity!(state, ps, pod, ctr)
+
+        argv =
+          [Tier.tool!("nsenter"), "--target", "#{pid}", "--net", "--mount", "--root", "--wd", "--"] ++
+            setpriv ++ ["--", "/usr/bin/env", "-i"] ++ Enum.map(env, fn {k, v} -> "#{k}=#{v}" end) ++ probe_cmd
+
+        timing = %{
+          period: (probe["periodSeconds"] || 10) * 1000,
+          timeout: (probe["timeoutSeconds"] || 1) * 1000,
+          threshold: probe["failureThreshold"] || 3
+        }
+
+        Process.sleep((probe["initialDelaySeconds"] || 0) * 1000)
+        probe_until_started!(argv, timing, 1, pid, log, cname)
+
+      other ->
+        kinds = other |> Map.keys() |> Enum.join(", ")
+        throw({:fail, cname, "startupProbe (#{kinds}): the tier runs exec probes only"})
+    end
+  end
+
+  defp probe_until_started!(argv, t, attempt, pid, log, cname) do
+    unless Cmd.alive?(pid), do: throw({:fail, cname, {:exited, File.read!(log)}})
+    began = System.monotonic_time(:millisecond)
+    {out, status} = Cmd.run(argv, timeout: t.timeout, stderr: :stdout)
+
+    cond do
+      out =~ ~r/Sanitizer|runtime error:/ ->
+        throw({:fail, cname, "its startupProbe reported a sanitizer error:\n#{out}"})
+
+      status == 0 ->
+        %{probe: :exec, attempts: attempt, output: out}
+
+      attempt >= t.threshold ->
+        throw({:fail, cname, "startupProbe failed #{attempt} times (exit #{status}): #{out}"})
+
+      true ->
+        Process.sleep(max(0, t.period - (System.monotonic_time(:millisecond) - began)))
+        probe_until_started!(argv, t, attempt + 1, pid, log, cname)
+    end
+  end
+
+  defp cmdline(pid) do
+    case File.read("/proc/#{pid}/cmdline") do
+      {:ok, text} -> String.split(text, <<0>>, trim: true)
+      _ -> nil
     end
   end
 

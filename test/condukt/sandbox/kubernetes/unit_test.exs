@@ -240,6 +240,18 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--allow-private", "10.1.0.0/16"])
       refute "--upstream-extra-ca" in cmd
 
+      # The kubelet starts the workspace only once the proxy accepts on
+      # the addresses it listens on (exec: it listens on loopback only).
+      assert %{"exec" => %{"command" => ["/usr/local/bin/condukt-egress", "ready" | probe_args]}} =
+               sidecar["startupProbe"]
+
+      assert sidecar["startupProbe"]["periodSeconds"] == 1
+      assert sidecar["startupProbe"]["timeoutSeconds"] == 1
+      assert sidecar["startupProbe"]["failureThreshold"] == 30
+      proxy_listen = cmd |> Enum.chunk_every(2, 1, :discard) |> Enum.filter(&match?(["--listen", _], &1))
+      assert proxy_listen == [["--listen", "127.0.0.1:15001"], ["--listen", "[::1]:15001"]]
+      assert Enum.chunk_every(probe_args, 2) == proxy_listen
+
       [c] = spec["containers"]
       ca_vars = ~w(NODE_EXTRA_CA_CERTS REQUESTS_CA_BUNDLE SSL_CERT_FILE PIP_CERT CURL_CA_BUNDLE GIT_SSL_CAINFO)
 

@@ -21,6 +21,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   @control_port 15_002
   @mark "0x539"
   @sidecar_uid 1337
+  @listen ["127.0.0.1:#{@proxy_port}", "[::1]:#{@proxy_port}"]
 
   @doc "`ghcr.io/tuist/condukt-egress:<library version>`."
   @spec default_image() :: String.t()
@@ -152,12 +153,21 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
           "--session-id",
           p.session_id,
           "--control",
-          "127.0.0.1:#{@control_port}",
-          "--listen",
-          "127.0.0.1:#{@proxy_port}",
-          "--listen",
-          "[::1]:#{@proxy_port}"
-        ] ++ upstream ++ private,
+          "127.0.0.1:#{@control_port}"
+        ] ++ listen_args() ++ upstream ++ private,
+      # The kubelet starts the workspace once this succeeds, not once the
+      # sidecar's process started: until the proxy listens, the
+      # workspace's REDIRECTed connections would be refused. exec, not
+      # tcpSocket: the proxy listens on loopback only and the kubelet
+      # probes from the node's network namespace. `ready` connects to the
+      # same --listen addresses (the proxy starts its control channel
+      # before them) and closes; the proxy logs that at debug level only.
+      "startupProbe" => %{
+        "exec" => %{"command" => [@binary, "ready" | listen_args()]},
+        "periodSeconds" => 1,
+        "timeoutSeconds" => 1,
+        "failureThreshold" => 30
+      },
       # uid 0 with NET_ADMIN alone (docs/kubernetes.md): runtimes give a
       # non-root process no ambient capabilities, and no_new_privs rules
       # out file capabilities, so this is the one way to hold SO_MARK's
@@ -175,6 +185,8 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
 
     [netfilter, sidecar]
   end
+
+  defp listen_args, do: Enum.flat_map(@listen, &["--listen", &1])
 
   @doc "The pod volumes of the two Secrets (the egress one group-readable only, 0440)."
   @spec volumes(params()) :: [map()]
