@@ -57,6 +57,8 @@ defmodule Condukt.K8s.KubernetesControlTest do
     File.chmod!(bin, 0o755)
     mozilla = Path.join(dir, "mozilla.pem")
     File.cp!(Condukt.Sandbox.NetworkPolicy.CA.mozilla_path(), mozilla)
+    # File.cp!/2 keeps the source's mode, which a checkout's umask decides.
+    File.chmod!(mozilla, 0o444)
 
     for {key, b64} <- data do
       path = Path.join(dir, key)
@@ -88,7 +90,11 @@ defmodule Condukt.K8s.KubernetesControlTest do
     stderr = Path.join(dir, "proxy.stderr")
     script = ~S(err=$1; shift; setsid "$@" </dev/null >/dev/null 2>>"$err" & echo $!)
     pid = Cmd.run!(["/bin/sh", "-c", script, "sh", stderr | argv]) |> String.trim() |> String.to_integer()
-    :ok = Cmd.poll(fn -> File.read!(stderr) =~ "proxy ready" end, 15_000)
+
+    if Cmd.poll(fn -> File.read!(stderr) =~ "proxy ready" end, 15_000) != :ok do
+      flunk("the sidecar did not get ready within 15 s; its stderr:\n#{File.read!(stderr)}")
+    end
+
     ExUnit.Callbacks.on_exit(fn -> Cmd.kill([pid]) end)
     pid
   end
