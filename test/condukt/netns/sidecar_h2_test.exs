@@ -569,6 +569,80 @@ defmodule Condukt.Netns.SidecarH2Test do
     end
   end
 
+  describe "request-head budget" do
+    # docs/http2.md §5: the request heads a workspace connection holds
+    # (waiting for a decision, for an upstream connection, or kept for a
+    # resend) are bounded by CE_H2_HEAD_BUDGET (1 MiB). 40 streams with
+    # 60 KiB heads (64 KiB buffers each) waiting on the decider: the first
+    # 16 fit exactly, the other 24 are refused before evaluation with
+    # RST_STREAM REFUSED_STREAM and request_denied naming the limit; the 16
+    # complete once answered, and then 16 new 60 KiB streams on the same
+    # connection all fit again (every byte was given back).
+    test "40 streams with 60 KiB heads waiting on a decision: 16 held, 24 refused, then room again",
+         %{tb: tb, sc: sc, peer: peer} do
+      q = tag()
+      # 60 KiB, made by the client (an argv string is at most 128 KiB).
+      big = ["a", 61_440]
+      auth = "decide.test:#{@h1_only}"
+
+      f = fn path ->
+        [[":method", "GET"], [":scheme", "https"], [":authority", auth], [":path", path], ["x-big", big]]
+      end
+
+      first = for i <- 1..40, do: f.("/hold/#{i}?#{q}")
+      again = for i <- 1..16, do: f.("/again/#{i}?#{q}")
+      spec = %{host: "decide.test", port: @h1_only, mode: "custom", streams: first, then: [again], query: q}
+      task = Task.async(fn -> h2_raw(tb, sc, spec) end)
+
+      # The refusals come at once, while the 16 held streams still wait.
+      denied =
+        for _ <- 1..24 do
+          assert_receive {:egress_event,
+                          %{"event" => "request_denied", "query" => ^q, "reason" => "request_header_budget" <> _} = ev},
+                         10_000
+
+          ev
+        end
+
+      assert Enum.all?(denied, &(&1["path"] =~ ~r{^/hold/\d+$} and &1["host"] == "decide.test")), inspect(denied)
+      assert hd(denied)["reason"] =~ "would exceed 1048576 bytes"
+      assert Enum.sort(Enum.map(denied, & &1["stream_id"])) == Enum.to_list(33..79//2)
+
+      # 8 questions at a time (CE_H2_MAX_ASKS): answer them, then the other 8.
+      for _round <- 1..2 do
+        ids =
+          for _ <- 1..8 do
+            assert_receive {:egress_decision_request, %{"id" => id, "request" => %{"path" => "/hold/" <> _}}}, 10_000
+            id
+          end
+
+        refute_receive {:egress_decision_request, %{"request" => %{"path" => "/hold/" <> _}}}, 300
+        for id <- ids, do: :ok = ControlPeer.reply(peer, id, :allow)
+      end
+
+      out = Task.await(task, 60_000)
+      assert out["goaway"] == nil, inspect(Map.delete(out, "streams"))
+
+      for i <- 1..40 do
+        st = out["streams"]["#{2 * i - 1}"]
+
+        if i <= 16 do
+          assert %{"status" => 200, "ended" => true, "body" => "scripted /hold/" <> _} = st, inspect(st)
+        else
+          # 7: REFUSED_STREAM, the client may retry.
+          assert st["reset"] == 7 and not Map.has_key?(st, "status"), inspect(st)
+        end
+      end
+
+      for i <- 41..56 do
+        assert %{"status" => 200, "ended" => true, "body" => "scripted /again/" <> _} = out["streams"]["#{2 * i - 1}"]
+      end
+
+      # No denial beyond the 24: the second round fitted whole.
+      refute_receive {:egress_event, %{"event" => "request_denied", "query" => ^q}}, 500
+    end
+  end
+
   describe "request targets" do
     # A :path that is not origin-form (or a :scheme that is not https) would
     # reach the upstream as an absolute-form request line or a :path it
