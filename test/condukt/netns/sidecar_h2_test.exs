@@ -643,6 +643,56 @@ defmodule Condukt.Netns.SidecarH2Test do
     end
   end
 
+  describe "request-head budget, heads kept for a resend" do
+    # docs/http2.md §4: a head sent to an h2 upstream is kept until the
+    # response head comes, to send the stream again if the upstream refuses
+    # it. Under the budget those copies go first: a new stream is taken and
+    # the oldest kept head is dropped (that stream, if refused, is reset
+    # REFUSED_STREAM to the workspace instead of being sent again).
+    test "new streams displace kept heads; refused streams without their head get REFUSED_STREAM",
+         %{tb: tb, sc: sc} do
+      q = tag()
+      big = ["a", 61_440]
+      auth = "allowed.test:#{@h2_only}"
+
+      f = fn path ->
+        [[":method", "GET"], [":scheme", "https"], [":authority", auth], [":path", path], ["x-big", big]]
+      end
+
+      # The warm-up stream makes sure the upstream connection takes streams.
+      # Then /goaway-wait (the origin stops for 2 s, then GOAWAY refusing it
+      # and every later stream) and 15 /count streams: 16 kept heads of
+      # 64 KiB, the whole budget. 4 more streams each drop the oldest kept
+      # head: workspace streams 3 (/goaway-wait), 5, 7 and 9. After the
+      # GOAWAY the other 16 are sent again on a new connection.
+      warm = [[[":method", "GET"], [":scheme", "https"], [":authority", auth], [":path", "/count/warm?#{q}"]]]
+      held = [f.("/goaway-wait/a?#{q}")] ++ for(i <- 1..15, do: f.("/count/b#{i}?#{q}"))
+      new = for i <- 1..4, do: f.("/count/c#{i}?#{q}")
+
+      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h2_only, mode: "custom", streams: warm, then: [held ++ new]})
+
+      assert out["goaway"] == nil, inspect(Map.delete(out, "streams"))
+      assert %{"status" => 200} = out["streams"]["1"]
+
+      for sid <- [3, 5, 7, 9] do
+        st = out["streams"]["#{sid}"]
+        assert st["reset"] == 7 and not Map.has_key?(st, "status"), inspect(st)
+      end
+
+      for sid <- 11..41//2 do
+        assert %{"status" => 200, "body" => "h2 origin /count/" <> rest} = out["streams"]["#{sid}"]
+        assert rest =~ ~r/ seen 1\n$/
+      end
+
+      events = events_for(q, 21)
+      refute Enum.any?(events, &(&1["event"] == "request_denied")), inspect(events)
+
+      failed = for %{"event" => "request_failed"} = ev <- events, do: {ev["stream_id"], ev["reason"]}
+
+      assert Enum.sort(failed) == for(sid <- [3, 5, 7, 9], do: {sid, "upstream_reset: RST_STREAM REFUSED_STREAM"})
+    end
+  end
+
   describe "request targets" do
     # A :path that is not origin-form (or a :scheme that is not https) would
     # reach the upstream as an absolute-form request line or a :path it
