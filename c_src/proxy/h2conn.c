@@ -66,9 +66,14 @@
 #define CE_H2_HEAD_PEEK 1024u
 _Static_assert(CE_H2_HEAD_BUDGET >= 2u * CE_H2_MAX_HEADER_LIST, "a head of the largest size must fit");
 
-/* The sanitizer (test) builds check the head accounting after every change. */
+/* The sanitizer (test) and fuzzing builds check the head accounting after
+ * every change (gcc says __SANITIZE_ADDRESS__, clang __has_feature). */
 #if defined(__SANITIZE_ADDRESS__)
 #define CE_H2_CHECK_HEADS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CE_H2_CHECK_HEADS 1
+#endif
 #endif
 
 typedef struct {

@@ -591,7 +591,17 @@ defmodule Condukt.Netns.SidecarH2Test do
 
       first = for i <- 1..40, do: f.("/hold/#{i}?#{q}")
       again = for i <- 1..16, do: f.("/again/#{i}?#{q}")
-      spec = %{host: "decide.test", port: @h1_only, mode: "custom", streams: first, then: [again], query: q}
+
+      spec = %{
+        host: "decide.test",
+        port: @h1_only,
+        mode: "custom",
+        streams: first,
+        then: [again],
+        huffman: false,
+        query: q
+      }
+
       task = Task.async(fn -> h2_raw(tb, sc, spec) end)
 
       # The refusals come at once, while the 16 held streams still wait.
@@ -669,7 +679,15 @@ defmodule Condukt.Netns.SidecarH2Test do
       held = [f.("/goaway-wait/a?#{q}")] ++ for(i <- 1..15, do: f.("/count/b#{i}?#{q}"))
       new = for i <- 1..4, do: f.("/count/c#{i}?#{q}")
 
-      out = h2_raw(tb, sc, %{host: "allowed.test", port: @h2_only, mode: "custom", streams: warm, then: [held ++ new]})
+      out =
+        h2_raw(tb, sc, %{
+          host: "allowed.test",
+          port: @h2_only,
+          mode: "custom",
+          streams: warm,
+          then: [held ++ new],
+          huffman: false
+        })
 
       assert out["goaway"] == nil, inspect(Map.delete(out, "streams"))
       assert %{"status" => 200} = out["streams"]["1"]

@@ -36,7 +36,8 @@ modes:
                header fields sent as given (no client-side validation; a
                value [s, n] is s repeated n times);
                once every one ended or was reset, the same for each list
-               of streams in "then" (optional), on the same connection
+               of streams in "then" (optional), on the same connection;
+               "huffman": false sends the header strings as literals
   window_zero  SETTINGS_INITIAL_WINDOW_SIZE 0 (and a 16 MiB connection
                window), one GET stream per entry of "paths", all at once;
                reads only HEADERS for "seconds", then asks "stats" (a path)
@@ -241,6 +242,11 @@ try:
         except socket.timeout:
             pass
     elif spec["mode"] == "custom":
+        if spec.get("huffman", True) is False:
+            # Literal strings: the pure-Python Huffman coder takes seconds
+            # over megabytes of header values.
+            encode = conn.encoder.encode
+            conn.encoder.encode = lambda headers, huffman=True: encode(headers, huffman=False)
         sid = 1
         for streams in [spec["streams"]] + spec.get("then", []):
             sids = []
