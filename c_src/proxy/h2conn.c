@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <nghttp2/nghttp2.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,28 @@
 #define CE_H2_DOWN_BUDGET (1024u * 1024u)
 /* Buffers grow in steps of this size up to CE_H2_STREAM_BUF. */
 #define CE_H2_BUF_STEP 4096u
+/* Request-head bytes held per workspace connection (docs/http2.md §4, §5):
+ * the allocated size of the decoded heads of its streams, whether they
+ * wait for a decision, for an upstream connection, or are kept for a
+ * resend until their h2 response head comes. A head that does not fit,
+ * once the kept-for-resend copies are dropped, is refused before
+ * evaluation with RST_STREAM REFUSED_STREAM. */
+#define CE_H2_HEAD_BUDGET (1024u * 1024u)
+/* A refused head keeps its first fields (the pseudo-headers: method and
+ * path) within this much for its events, until its header block ends:
+ * one stream at a time decodes, so the bound is budget + this. */
+#define CE_H2_HEAD_PEEK 1024u
+_Static_assert(CE_H2_HEAD_BUDGET >= 2u * CE_H2_MAX_HEADER_LIST, "a head of the largest size must fit");
+
+/* The sanitizer (test) and fuzzing builds check the head accounting after
+ * every change (gcc says __SANITIZE_ADDRESS__, clang __has_feature). */
+#if defined(__SANITIZE_ADDRESS__)
+#define CE_H2_CHECK_HEADS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CE_H2_CHECK_HEADS 1
+#endif
+#endif
 
 typedef struct {
   char *buf;
@@ -79,7 +102,8 @@ typedef struct h2s {
   int32_t uid;             /* the upstream's, 0 when none (or closed) */
   ce_reqinfo_t req;
   bool have_req;
-  hset_t rq;               /* request head */
+  hset_t rq;               /* request head, its cap counted in h->rq_held */
+  bool rq_refused;         /* the head did not fit CE_H2_HEAD_BUDGET: the rest is not stored */
   hset_t rqt;              /* request trailers */
   hset_t rs;               /* response head; then response trailers */
   bool rq_head_done, rs_head_done;
@@ -172,6 +196,7 @@ struct ce_h2conn {
   size_t qlen;
   ce_h1_head_t *head;      /* scratch for a parsed response head */
   size_t down_held;        /* Σ down.cap over the streams (CE_H2_DOWN_BUDGET) */
+  size_t rq_held;          /* Σ rq.cap over the streams (CE_H2_HEAD_BUDGET) */
   uint64_t blocked_at;     /* since when (ms) the queue waits with every connection draining, or 0 */
   bool down_stalled;       /* an HTTP/1.1 upstream waits for the budget */
 };
@@ -224,22 +249,27 @@ static void hset_free(hset_t *s) {
   memset(s, 0, sizeof(*s));
 }
 
-static void hset_add(hset_t *s, const uint8_t *name, size_t nl, const uint8_t *value, size_t vl) {
+/* Adds a field; past CE_H2_MAX_FIELDS or CE_H2_MAX_HEADER_LIST the set is
+ * marked overflowed. False (nothing changed) when the buffer would have to
+ * grow beyond max_cap bytes. */
+static bool hset_add(hset_t *s, const uint8_t *name, size_t nl, const uint8_t *value, size_t vl, size_t max_cap) {
   if (s->overflow)
-    return;
+    return true;
   size_t cost = nl + vl + 32u;
   if (s->n == CE_H2_MAX_FIELDS || s->list_bytes + cost > CE_H2_MAX_HEADER_LIST) {
     s->overflow = true;
-    return;
+    return true;
   }
   if (s->used + nl + vl > s->cap) {
     size_t cap = s->cap == 0 ? 1024 : s->cap;
     while (cap < s->used + nl + vl)
       cap *= 2;
+    if (cap > max_cap)
+      return false;
     char *nb = realloc(s->buf, cap);
     if (nb == NULL) {
       s->overflow = true;
-      return;
+      return true;
     }
     s->buf = nb;
     s->cap = cap;
@@ -254,6 +284,7 @@ static void hset_add(hset_t *s, const uint8_t *name, size_t nl, const uint8_t *v
   s->used += vl;
   s->n++;
   s->list_bytes += cost;
+  return true;
 }
 
 /* The value of a field (first one), or NULL. */
@@ -370,6 +401,80 @@ static void down_drop(h2_t *h, h2s_t *s) {
   sbuf_trim(&s->down);
 }
 
+/* ---- request heads, counted in h->rq_held (CE_H2_HEAD_BUDGET) ---------------- */
+
+/* Test builds: the count is the sum over the streams, within the budget. */
+static void rq_check(const h2_t *h) {
+#ifdef CE_H2_CHECK_HEADS
+  size_t sum = 0;
+  for (const h2s_t *s = h->streams; s != NULL; s = s->next)
+    sum += s->rq.cap;
+  if (sum != h->rq_held || h->rq_held > CE_H2_HEAD_BUDGET + CE_H2_HEAD_PEEK) {
+    fprintf(stderr, "h2conn: request-head accounting broken: held %zu, streams %zu, budget %u\n", h->rq_held, sum,
+            CE_H2_HEAD_BUDGET);
+    abort();
+  }
+#else
+  (void)h;
+#endif
+}
+
+/* Every path that is done with a request head comes here: stream_free,
+ * sent upstream as HTTP/1.1, the h2 response head, a refusal by the
+ * upstream, a local answer, a refused or shed head. */
+static void rq_drop(h2_t *h, h2s_t *s) {
+  if (s->rq.cap > h->rq_held) {
+    /* Cannot happen: the accounting is exact (rq_check). */
+#ifdef CE_H2_CHECK_HEADS
+    fprintf(stderr, "h2conn: request-head accounting broken: held %zu, dropping %zu\n", h->rq_held, s->rq.cap);
+    abort();
+#endif
+    h->rq_held = 0;
+  } else {
+    h->rq_held -= s->rq.cap;
+  }
+  hset_free(&s->rq);
+  rq_check(h);
+}
+
+/* A stream whose head is kept only to send it again if the h2 upstream
+ * refuses the stream (docs/http2.md §4): on an upstream stream without a
+ * response head yet. The oldest (the list is newest first): the newest are
+ * the likeliest to be above a GOAWAY's last stream id. */
+static h2s_t *rq_kept_for_resend(h2_t *h, const h2s_t *except) {
+  h2s_t *found = NULL;
+  for (h2s_t *o = h->streams; o != NULL; o = o->next)
+    if (o != except && o->on_h2 && o->uid > 0 && !o->rs_head_done && o->rq.cap > 0)
+      found = o;
+  return found;
+}
+
+/* A field of s's request head, within CE_H2_HEAD_BUDGET: when the buffer
+ * cannot grow, heads kept for a resend are dropped first (those streams
+ * are no longer sent again: up_stream_close), then s is marked refused
+ * (stream_request refuses it at the end of its header block) and keeps
+ * only what fits in CE_H2_HEAD_PEEK, for its events. */
+static void rq_add(h2_t *h, h2s_t *s, const uint8_t *name, size_t nl, const uint8_t *value, size_t vl) {
+  size_t before = s->rq.cap;
+  for (;;) {
+    size_t others = h->rq_held - before;
+    size_t room = others < CE_H2_HEAD_BUDGET ? CE_H2_HEAD_BUDGET - others : 0;
+    if (s->rq_refused)
+      room = CE_H2_HEAD_PEEK;
+    if (hset_add(&s->rq, name, nl, value, vl, room) || s->rq_refused)
+      break;
+    h2s_t *o = rq_kept_for_resend(h, s);
+    if (o == NULL) {
+      s->rq_refused = true;
+      continue;
+    }
+    CE_TRACE_D("proxy", 'c', h->c->id, "h2: head budget: stream %d is no longer kept for a resend", (int)o->cid);
+    rq_drop(h, o);
+  }
+  h->rq_held += s->rq.cap - before;
+  rq_check(h);
+}
+
 /* Bytes s still holds were counted against the flow-control windows when
  * they arrived: when they will never be forwarded (the stream turned
  * local or closes), the windows get them back, or a few dropped uploads
@@ -419,7 +524,7 @@ static void stream_free(h2_t *h, h2s_t *s) {
     ce_control_cancel(h->c->proxy->control, s->ask_id);
     h->asks--;
   }
-  hset_free(&s->rq);
+  rq_drop(h, s);
   hset_free(&s->rqt);
   hset_free(&s->rs);
   free(s->up.data);
@@ -470,6 +575,8 @@ static void local_answer(h2s_t *s, int status, const char *text) {
   h2_t *h = s->h;
   s->local = true;
   stream_release_windows(h, s);
+  /* The head goes nowhere now (the event record has its own copy). */
+  rq_drop(h, s);
   free(s->local_body);
   s->local_body = strdup(text);
   if (s->local_body == NULL) {
@@ -846,6 +953,24 @@ static void stream_request(h2s_t *s) {
     refuse(s, 431, "request_header_too_large", "condukt: the request header list is too large\n");
     return;
   }
+  if (s->rq_refused) {
+    /* The connection's request heads would exceed CE_H2_HEAD_BUDGET
+     * (docs/http2.md §5): refused before evaluation, nothing processed,
+     * so REFUSED_STREAM (RFC 9113 §8.7) and the workspace may retry, as
+     * past MAX_CONCURRENT_STREAMS. Counted as a proxy-sent reset. */
+    snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
+    stream_event(s, "request_opened", NULL);
+    s->req.closed_at_us = ce_now_us();
+    char reason[160];
+    snprintf(reason, sizeof(reason),
+             "request_header_budget: the request heads held on this connection would exceed %u bytes",
+             CE_H2_HEAD_BUDGET);
+    stream_event(s, "request_denied", reason);
+    s->event_done = true;
+    rq_drop(h, s);
+    nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_REFUSED_STREAM);
+    return;
+  }
   /* RFC 9113 §8.3.1: :authority names the target; a Host that differs
    * would let the upstream see another name than the policy did. */
   if (auth == NULL) {
@@ -934,7 +1059,10 @@ static int srv_header(nghttp2_session *session, const nghttp2_frame *frame, cons
   h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
   if (s == NULL)
     return 0;
-  hset_add(s->rq_head_done ? &s->rqt : &s->rq, name, namelen, value, valuelen);
+  if (s->rq_head_done)
+    hset_add(&s->rqt, name, namelen, value, valuelen, SIZE_MAX);
+  else
+    rq_add(s->h, s, name, namelen, value, valuelen);
   return 0;
 }
 
@@ -1086,7 +1214,7 @@ static int up_header(nghttp2_session *session, const nghttp2_frame *frame, const
   h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
   if (s == NULL || frame->hd.type != NGHTTP2_HEADERS)
     return 0;
-  hset_add(&s->rs, name, namelen, value, valuelen);
+  hset_add(&s->rs, name, namelen, value, valuelen, SIZE_MAX);
   return 0;
 }
 
@@ -1135,7 +1263,7 @@ static void upstream_response(h2s_t *s, bool end) {
   s->rs_head_done = true;
   hset_reset(&s->rs);
   /* Answered: the stream will not be sent again (up_stream_close). */
-  hset_free(&s->rq);
+  rq_drop(h, s);
   if (rc != 0)
     nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
 }
@@ -1240,7 +1368,7 @@ static int up_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
       h1_enqueue(s);
       return 0;
     }
-    hset_free(&s->rq);
+    rq_drop(h, s);
     if (s->up_sent > 0) {
       /* Part of its body went and is gone: never a partial request. */
       char why[200];
@@ -1256,7 +1384,7 @@ static int up_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
     nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_REFUSED_STREAM);
     return 0;
   }
-  hset_free(&s->rq);
+  rq_drop(h, s);
   if (!s->rs_head_done && !s->local) {
     fail_502(s, reason);
     return 0;
@@ -1319,7 +1447,7 @@ static bool h1_start(h2s_t *s) {
   size_t ml = 0;
   const char *method = hset_get(&s->rq, ":method", &ml);
   s->h1_head_req = method != NULL && ml == 4 && memcmp(method, "HEAD", 4) == 0;
-  hset_free(&s->rq);
+  rq_drop(h, s);
   return !c->dead;
 }
 
@@ -1389,7 +1517,8 @@ static void h1_take_trailers(h2s_t *s) {
                          : -1;
   hset_reset(&s->rs);
   for (long i = 0; i < n; i++)
-    hset_add(&s->rs, (const uint8_t *)f[i].name, f[i].name_len, (const uint8_t *)f[i].value, f[i].value_len);
+    hset_add(&s->rs, (const uint8_t *)f[i].name, f[i].name_len, (const uint8_t *)f[i].value, f[i].value_len,
+             SIZE_MAX);
   free(names);
   s->rs_trailers = n > 0 && !s->rs.overflow;
 }
@@ -2279,6 +2408,7 @@ void ce_h2conn_free(struct ce_h2conn *h) {
     stream_finish_event(s, "connection_closed");
   while (h->streams != NULL)
     stream_free(h, h->streams);
+  rq_check(h);
   for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
     h1slot_t *sl = &h->slots[i];
     nghttp2_session_del(sl->sess);

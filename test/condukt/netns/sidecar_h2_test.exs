@@ -647,6 +647,148 @@ defmodule Condukt.Netns.SidecarH2Test do
     end
   end
 
+  describe "request-head budget" do
+    # docs/http2.md §5: the request heads a workspace connection holds
+    # (waiting for a decision, for an upstream connection, or kept for a
+    # resend) are bounded by CE_H2_HEAD_BUDGET (1 MiB). 40 streams with
+    # 60 KiB heads (64 KiB buffers each) waiting on the decider: the first
+    # 16 fit exactly, the other 24 are refused before evaluation with
+    # RST_STREAM REFUSED_STREAM and request_denied naming the limit; the 16
+    # complete once answered, and then 16 new 60 KiB streams on the same
+    # connection all fit again (every byte was given back).
+    test "40 streams with 60 KiB heads waiting on a decision: 16 held, 24 refused, then room again",
+         %{tb: tb, sc: sc, peer: peer} do
+      q = tag()
+      # 60 KiB, made by the client (an argv string is at most 128 KiB).
+      big = ["a", 61_440]
+      auth = "decide.test:#{@h1_only}"
+
+      f = fn path ->
+        [[":method", "GET"], [":scheme", "https"], [":authority", auth], [":path", path], ["x-big", big]]
+      end
+
+      first = for i <- 1..40, do: f.("/hold/#{i}?#{q}")
+      again = for i <- 1..16, do: f.("/again/#{i}?#{q}")
+
+      spec = %{
+        host: "decide.test",
+        port: @h1_only,
+        mode: "custom",
+        streams: first,
+        then: [again],
+        huffman: false,
+        query: q
+      }
+
+      task = Task.async(fn -> h2_raw(tb, sc, spec) end)
+
+      # The refusals come at once, while the 16 held streams still wait.
+      denied =
+        for _ <- 1..24 do
+          assert_receive {:egress_event,
+                          %{"event" => "request_denied", "query" => ^q, "reason" => "request_header_budget" <> _} = ev},
+                         10_000
+
+          ev
+        end
+
+      assert Enum.all?(denied, &(&1["path"] =~ ~r{^/hold/\d+$} and &1["host"] == "decide.test")), inspect(denied)
+      assert hd(denied)["reason"] =~ "would exceed 1048576 bytes"
+      assert Enum.sort(Enum.map(denied, & &1["stream_id"])) == Enum.to_list(33..79//2)
+
+      # 8 questions at a time (CE_H2_MAX_ASKS): answer them, then the other 8.
+      for _round <- 1..2 do
+        ids =
+          for _ <- 1..8 do
+            assert_receive {:egress_decision_request, %{"id" => id, "request" => %{"path" => "/hold/" <> _}}}, 10_000
+            id
+          end
+
+        refute_receive {:egress_decision_request, %{"request" => %{"path" => "/hold/" <> _}}}, 300
+        for id <- ids, do: :ok = ControlPeer.reply(peer, id, :allow)
+      end
+
+      out = Task.await(task, 60_000)
+      assert out["goaway"] == nil, inspect(Map.delete(out, "streams"))
+
+      for i <- 1..40 do
+        st = out["streams"]["#{2 * i - 1}"]
+
+        if i <= 16 do
+          assert %{"status" => 200, "ended" => true, "body" => "scripted /hold/" <> _} = st, inspect(st)
+        else
+          # 7: REFUSED_STREAM, the client may retry.
+          assert st["reset"] == 7 and not Map.has_key?(st, "status"), inspect(st)
+        end
+      end
+
+      for i <- 41..56 do
+        assert %{"status" => 200, "ended" => true, "body" => "scripted /again/" <> _} = out["streams"]["#{2 * i - 1}"]
+      end
+
+      # No denial beyond the 24: the second round fitted whole.
+      refute_receive {:egress_event, %{"event" => "request_denied", "query" => ^q}}, 500
+    end
+  end
+
+  describe "request-head budget, heads kept for a resend" do
+    # docs/http2.md §4: a head sent to an h2 upstream is kept until the
+    # response head comes, to send the stream again if the upstream refuses
+    # it. Under the budget those copies go first: a new stream is taken and
+    # the oldest kept head is dropped (that stream, if refused, is reset
+    # REFUSED_STREAM to the workspace instead of being sent again).
+    test "new streams displace kept heads; refused streams without their head get REFUSED_STREAM",
+         %{tb: tb, sc: sc} do
+      q = tag()
+      big = ["a", 61_440]
+      auth = "allowed.test:#{@h2_only}"
+
+      f = fn path ->
+        [[":method", "GET"], [":scheme", "https"], [":authority", auth], [":path", path], ["x-big", big]]
+      end
+
+      # The warm-up stream makes sure the upstream connection takes streams.
+      # Then /goaway-wait (the origin stops for 2 s, then GOAWAY refusing it
+      # and every later stream) and 15 /count streams: 16 kept heads of
+      # 64 KiB, the whole budget. 4 more streams each drop the oldest kept
+      # head: workspace streams 3 (/goaway-wait), 5, 7 and 9. After the
+      # GOAWAY the other 16 are sent again on a new connection.
+      warm = [[[":method", "GET"], [":scheme", "https"], [":authority", auth], [":path", "/count/warm?#{q}"]]]
+      held = [f.("/goaway-wait/a?#{q}")] ++ for(i <- 1..15, do: f.("/count/b#{i}?#{q}"))
+      new = for i <- 1..4, do: f.("/count/c#{i}?#{q}")
+
+      out =
+        h2_raw(tb, sc, %{
+          host: "allowed.test",
+          port: @h2_only,
+          mode: "custom",
+          streams: warm,
+          then: [held ++ new],
+          huffman: false
+        })
+
+      assert out["goaway"] == nil, inspect(Map.delete(out, "streams"))
+      assert %{"status" => 200} = out["streams"]["1"]
+
+      for sid <- [3, 5, 7, 9] do
+        st = out["streams"]["#{sid}"]
+        assert st["reset"] == 7 and not Map.has_key?(st, "status"), inspect(st)
+      end
+
+      for sid <- 11..41//2 do
+        assert %{"status" => 200, "body" => "h2 origin /count/" <> rest} = out["streams"]["#{sid}"]
+        assert rest =~ ~r/ seen 1\n$/
+      end
+
+      events = events_for(q, 21)
+      refute Enum.any?(events, &(&1["event"] == "request_denied")), inspect(events)
+
+      failed = for %{"event" => "request_failed"} = ev <- events, do: {ev["stream_id"], ev["reason"]}
+
+      assert Enum.sort(failed) == for(sid <- [3, 5, 7, 9], do: {sid, "upstream_reset: RST_STREAM REFUSED_STREAM"})
+    end
+  end
+
   describe "request targets" do
     # A :path that is not origin-form (or a :scheme that is not https) would
     # reach the upstream as an absolute-form request line or a :path it

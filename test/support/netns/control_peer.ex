@@ -19,6 +19,16 @@ defmodule Condukt.Test.Netns.ControlPeer do
 
   def stop(pid), do: GenServer.stop(pid)
 
+  # Answers a decision request that `decide` left unanswered (:ignore):
+  # decision is :allow or {:deny, reason}.
+  def reply(pid, id, decision), do: GenServer.call(pid, {:reply, id, decision})
+
+  @impl true
+  def handle_call({:reply, id, decision}, _from, state) do
+    :ok = :gen_tcp.send(state.sock, Condukt.JSON.encode!(decision_frame(id, decision, false)) <> "\n")
+    {:reply, :ok, state}
+  end
+
   @impl true
   def init({sc, owner, decide, opts}) do
     path =
@@ -76,13 +86,12 @@ defmodule Condukt.Test.Netns.ControlPeer do
         d -> {d, true}
       end
 
-    reply =
-      case decision do
-        :allow -> %{type: "decision", id: frame["id"], decision: "allow", cache: cache}
-        {:deny, reason} -> %{type: "decision", id: frame["id"], decision: "deny", reason: reason, cache: cache}
-        :ignore -> nil
-      end
-
-    if reply, do: :gen_tcp.send(state.sock, Condukt.JSON.encode!(reply) <> "\n")
+    if decision != :ignore,
+      do: :gen_tcp.send(state.sock, Condukt.JSON.encode!(decision_frame(frame["id"], decision, cache)) <> "\n")
   end
+
+  defp decision_frame(id, :allow, cache), do: %{type: "decision", id: id, decision: "allow", cache: cache}
+
+  defp decision_frame(id, {:deny, reason}, cache),
+    do: %{type: "decision", id: id, decision: "deny", reason: reason, cache: cache}
 end

@@ -33,7 +33,11 @@ modes:
                for 3 s more (or until the stream is reset): "reset" is the
                RST_STREAM code the proxy sent after its response
   custom       one stream per entry of "streams", each a list of [name, value]
-               header fields sent as given (no client-side validation)
+               header fields sent as given (no client-side validation; a
+               value [s, n] is s repeated n times);
+               once every one ended or was reset, the same for each list
+               of streams in "then" (optional), on the same connection;
+               "huffman": false sends the header strings as literals
   window_zero  SETTINGS_INITIAL_WINDOW_SIZE 0 (and a 16 MiB connection
                window), one GET stream per entry of "paths", all at once;
                reads only HEADERS for "seconds", then asks "stats" (a path)
@@ -238,16 +242,25 @@ try:
         except socket.timeout:
             pass
     elif spec["mode"] == "custom":
-        sids = []
-        for i, fields in enumerate(spec["streams"]):
-            sid = 1 + 2 * i
-            sids.append(sid)
-            conn.send_headers(sid, [(n, v) for n, v in fields], end_stream=True)
-        tls.sendall(conn.data_to_send())
-        pump(
-            lambda: all(out["streams"].get(str(s), {}).get("ended") or "reset" in out["streams"].get(str(s), {}) for s in sids)
-            or out["goaway"] is not None
-        )
+        if spec.get("huffman", True) is False:
+            # Literal strings: the pure-Python Huffman coder takes seconds
+            # over megabytes of header values.
+            encode = conn.encoder.encode
+            conn.encoder.encode = lambda headers, huffman=True: encode(headers, huffman=False)
+        sid = 1
+        for streams in [spec["streams"]] + spec.get("then", []):
+            sids = []
+            for fields in streams:
+                sids.append(sid)
+                conn.send_headers(sid, [(n, v if isinstance(v, str) else v[0] * v[1]) for n, v in fields], end_stream=True)
+                sid += 2
+            tls.sendall(conn.data_to_send())
+            pump(
+                lambda: all(out["streams"].get(str(s), {}).get("ended") or "reset" in out["streams"].get(str(s), {}) for s in sids)
+                or out["goaway"] is not None
+            )
+            if out["goaway"] is not None or out.get("closed"):
+                break
     elif spec["mode"] == "continuation_flood":
         # :method GET, :scheme https, :path / (static table), then literals.
         block = b"\x82\x87\x84"
