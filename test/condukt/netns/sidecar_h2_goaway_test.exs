@@ -100,19 +100,9 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
     end
   end
 
-  defp h2_raw(tb, sc, spec) do
-    argv = [Tier.tool!("python3"), Path.join(tb.bin_dir, "h2_raw.py"), Condukt.JSON.encode!(spec)]
-    {out, status} = Testbed.exec_in(tb, :pod, argv, ca: sc.ca_cert, timeout: 60_000)
-    assert status == 0, out
-    out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
-  end
+  defp h2_raw(tb, sc, spec), do: Client.h2_raw(tb, sc.ca_cert, spec)
 
-  defp h2load(tb, sc, args) do
-    h2load = System.find_executable("h2load") || flunk("h2load (Debian nghttp2-client) is not installed")
-    {out, status} = Testbed.exec_in(tb, :pod, [h2load | args], ca: sc.ca_cert, timeout: 120_000)
-    assert status == 0, out
-    out
-  end
+  defp h2load(tb, sc, args), do: Client.h2load(tb, sc.ca_cert, args)
 
   test "h2load, 50 streams one after the other on one connection: all 200, all h2 upstream", %{tb: tb, sc: sc} do
     q = tag()

@@ -94,12 +94,7 @@ defmodule Condukt.Netns.SidecarH2Test do
     end
   end
 
-  defp h2_raw(tb, sc, spec) do
-    argv = [Tier.tool!("python3"), Path.join(tb.bin_dir, "h2_raw.py"), Condukt.JSON.encode!(spec)]
-    {out, status} = Testbed.exec_in(tb, :pod, argv, ca: sc.ca_cert, timeout: 60_000)
-    assert status == 0, out
-    out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
-  end
+  defp h2_raw(tb, sc, spec), do: Client.h2_raw(tb, sc.ca_cert, spec)
 
   test "curl --http2: h2 on both sides, one stream, HTTP/2 events with the stream id", %{tb: tb, sc: sc} do
     q = tag()
@@ -351,13 +346,8 @@ defmodule Condukt.Netns.SidecarH2Test do
 
     test "h2load: 200 requests on 4 connections, 10 streams each, all succeed (h2 and HTTP/1.1 upstreams)",
          %{tb: tb, sc: sc} do
-      h2load = System.find_executable("h2load") || flunk("h2load (Debian nghttp2-client) is not installed")
-
       for url <- ["https://allowed.test/", "https://allowed.test:#{@h1_only}/"] do
-        {out, status} =
-          Testbed.exec_in(tb, :pod, [h2load, "-n", "200", "-c", "4", "-m", "10", url], ca: sc.ca_cert, timeout: 60_000)
-
-        assert status == 0, out
+        out = Client.h2load(tb, sc.ca_cert, ["-n", "200", "-c", "4", "-m", "10", url])
         assert out =~ ~r/requests: 200 total, 200 started, 200 done, 200 succeeded, 0 failed/, out
         assert out =~ "status codes: 200 2xx", out
       end

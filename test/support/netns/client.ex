@@ -170,6 +170,28 @@ defmodule Condukt.Test.Netns.Client do
   end
 
   @doc """
+  Runs the scripted HTTP/2 client (`clients/h2_raw.py`, python3-h2) in the
+  pod with `spec` (its modes are described at the top of the script),
+  trusting `ca`; returns its JSON result (the last line it prints).
+  """
+  @spec h2_raw(Testbed.t(), Path.t(), map()) :: map()
+  def h2_raw(tb, ca, spec) do
+    argv = [Tier.tool!("python3"), Path.join(tb.bin_dir, "h2_raw.py"), Condukt.JSON.encode!(spec)]
+    {out, status} = Testbed.exec_in(tb, :pod, argv, ca: ca, timeout: 60_000)
+    if status != 0, do: raise("h2_raw.py exited #{status}: #{out}")
+    out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
+  end
+
+  @doc "Runs h2load (Debian's nghttp2-client) in the pod with `args`; returns its output (raises unless it exits 0)."
+  @spec h2load(Testbed.t(), Path.t(), [String.t()]) :: String.t()
+  def h2load(tb, ca, args) do
+    h2load = System.find_executable("h2load") || raise "h2load (Debian nghttp2-client) is not installed"
+    {out, status} = Testbed.exec_in(tb, :pod, [h2load | args], ca: ca, timeout: 120_000)
+    if status != 0, do: raise("h2load exited #{status}: #{out}")
+    out
+  end
+
+  @doc """
   A TLS handshake (and, over http/1.1, one GET) with openssl s_client from
   the pod. `data` holds `:verify` (the verify return code line),
   `:verified` (boolean), `:alpn`, `:protocol` and `:subject`; over
