@@ -212,13 +212,6 @@ static void time_or_null(ce_jsonw_t *w, int64_t us) {
   ce_jsonw_raw(w, buf, n);
 }
 
-static void string_or_null(ce_jsonw_t *w, const char *s) {
-  if (s != NULL)
-    ce_jsonw_string(w, s, strlen(s));
-  else
-    ce_jsonw_raw(w, "null", 4);
-}
-
 /* A member that is always a string (a record that lacks it is a bug). */
 static void string_or_fail(ce_jsonw_t *w, const char *s) {
   if (s != NULL)
@@ -231,6 +224,16 @@ static void string_or_fail(ce_jsonw_t *w, const char *s) {
  * (host, SNI): U+FFFD for its bytes rather than no event. */
 static void text_or_null(ce_jsonw_t *w, const char *s) {
   if (s[0] != '\0')
+    ce_jsonw_string_lossy(w, s, strlen(s));
+  else
+    ce_jsonw_raw(w, "null", 4);
+}
+
+/* Text the workspace chose (method, path, query): bytes that are not
+ * UTF-8 become U+FFFD, so a request can never take its own events out of
+ * the audit trail by sending them. */
+static void lossy_or_null(ce_jsonw_t *w, const char *s) {
+  if (s != NULL)
     ce_jsonw_string_lossy(w, s, strlen(s));
   else
     ce_jsonw_raw(w, "null", 4);
@@ -288,18 +291,15 @@ static void write_members(ce_jsonw_t *w, const char *name, const ce_reqinfo_t *r
   KEY(w, "\",\"scheme\":");
   string_or_fail(w, r->scheme);
   KEY(w, ",\"method\":");
-  if (r->method[0] != '\0')
-    ce_jsonw_string(w, r->method, strlen(r->method));
-  else
-    ce_jsonw_raw(w, "null", 4);
+  lossy_or_null(w, r->method[0] != '\0' ? r->method : NULL);
   KEY(w, ",\"host\":");
   text_or_null(w, r->host);
   KEY(w, ",\"port\":");
   ce_jsonw_uint(w, r->port);
   KEY(w, ",\"path\":");
-  string_or_null(w, r->path);
+  lossy_or_null(w, r->path);
   KEY(w, ",\"query\":");
-  string_or_null(w, r->query);
+  lossy_or_null(w, r->query);
   KEY(w, ",\"http_version\":");
   string_or_fail(w, r->http_version);
   KEY(w, ",\"sni\":");
@@ -343,7 +343,7 @@ static void write_members(ce_jsonw_t *w, const char *name, const ce_reqinfo_t *r
     ce_jsonw_raw(w, "null", 4);
   }
   KEY(w, ",\"reason\":");
-  string_or_null(w, reason);
+  lossy_or_null(w, reason);
   if (r->stream_id > 0) {
     KEY(w, ",\"stream_id\":");
     ce_jsonw_int(w, r->stream_id);

@@ -1007,6 +1007,20 @@ static void stream_request(h2s_t *s) {
            "condukt: malformed request: :scheme must be https and :path an origin-form target\n");
     return;
   }
+  /* The target is URI text (RFC 3986 §2): visible ASCII only, as the
+   * HTTP/1.1 parser demands of a request line. nghttp2 lets other bytes
+   * through; the policy matcher and the upstream might read them
+   * differently. */
+  for (size_t k = 0; k < pl; k++) {
+    unsigned char b = (unsigned char)path[k];
+    if (b <= 0x20 || b >= 0x7f) {
+      snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
+      stream_event(s, "request_opened", NULL);
+      refuse(s, 400, "bad_request: invalid byte in :path",
+             "condukt: malformed request: :path must be visible ASCII (percent-encode other bytes)\n");
+      return;
+    }
+  }
   /* Present, valid, and the connection's own name and port (coalescing:
    * one connection, one name; DESIGN §4). */
   ce_target_check_t t;

@@ -333,19 +333,28 @@ Test(event, non_utf8_header_values_become_replacement_characters) {
   ce_reqinfo_clear(&r);
 }
 
-Test(event, a_path_that_is_not_utf8_drops_the_event) {
-  /* As the jansson-built event did: json_string refused it, and no event
-   * was sent. Now the channel counts it as dropped. */
+Test(event, a_path_that_is_not_utf8_is_written_with_replacement_characters) {
+  /* The jansson-built event dropped it, and so did the first text writer:
+   * a workspace could take its own requests out of the audit trail with a
+   * byte that is not UTF-8 (h2 lets one into :path). Now U+FFFD. */
   ce_h1_head_t h;
-  request_head(&h, "/caf\xe9");
+  request_head(&h, "/caf\xe9?q=\xff");
   ce_reqinfo_t r;
   ce_reqinfo_init(&r, 1, 1);
   cr_assert_eq(ce_reqinfo_set_request(&r, &h, NULL), CE_OK);
   int rc;
-  cr_expect_null(event_line("request_opened", &r, NULL, &rc));
-  cr_expect_eq(rc, CE_EINVAL);
-  cr_expect_null(request_line(&r, 1, &rc));
-  cr_expect_eq(rc, CE_EINVAL);
+  ce__line_t *line = event_line("request_opened", &r, NULL, &rc);
+  cr_assert_eq(rc, CE_OK);
+  cr_assert_not_null(line);
+  json_t *ev = parse_line(line);
+  cr_expect_str_eq(json_string_value(json_object_get(ev, "path")), "/caf\xef\xbf\xbd");
+  cr_expect_str_eq(json_string_value(json_object_get(ev, "query")), "q=\xef\xbf\xbd");
+  json_decref(ev);
+  ce__line_unref(line);
+  line = request_line(&r, 1, &rc);
+  cr_assert_eq(rc, CE_OK);
+  cr_assert_not_null(line);
+  ce__line_unref(line);
   ce_reqinfo_clear(&r);
 }
 

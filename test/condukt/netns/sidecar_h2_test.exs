@@ -813,6 +813,41 @@ defmodule Condukt.Netns.SidecarH2Test do
     end
   end
 
+  describe ":path bytes" do
+    test "a :path that is not visible ASCII is refused with 400 before evaluation, and logged", %{tb: tb, sc: sc} do
+      q = tag()
+      f = fn path -> [[":method", "GET"], [":scheme", "https"], [":authority", "allowed.test"], [":path", path]] end
+
+      # Not UTF-8 (Latin-1 bytes), UTF-8 but not ASCII, a control byte; then a clean one.
+      streams = [f.(%{latin1: "/caf\u00e9?#{q}"}), f.("/caf\u00e9?#{q}"), f.(%{latin1: "/a\u0001b?#{q}"}), f.("/?#{q}")]
+      out = h2_raw(tb, sc, %{host: "allowed.test", mode: "custom", streams: streams, query: q})
+      assert out["goaway"] == nil, inspect(out)
+
+      for sid <- ["1", "3", "5"] do
+        st = out["streams"][sid]
+        # nghttp2 may refuse a control byte itself (RST_STREAM); never forwarded.
+        assert st["status"] == 400 or Map.has_key?(st, "reset"), inspect(out)
+        refute (st["body"] || "") =~ "hello from"
+      end
+
+      assert out["streams"]["1"]["body"] =~ ":path must be visible ASCII"
+      assert %{"status" => 200, "body" => "hello from allowed.test\n"} = out["streams"]["7"]
+
+      # Every request is in the audit trail, the Latin-1 one with U+FFFD (a
+      # control byte nghttp2 refuses itself: its event has no path to match).
+      denied =
+        q
+        |> events_for(3)
+        |> Enum.filter(&(&1["event"] == "request_denied"))
+        |> Map.new(&{&1["stream_id"], &1})
+
+      assert denied[1]["reason"] == "bad_request: invalid byte in :path"
+      assert denied[1]["path"] == "/caf\uFFFD"
+      assert denied[3]["reason"] == "bad_request: invalid byte in :path"
+      assert denied[3]["path"] == "/caf\u00e9"
+    end
+  end
+
   describe "the :authority against the connection" do
     test "another port is misdirected (421), a malformed port is 400, the connection's own port passes",
          %{tb: tb, sc: sc} do

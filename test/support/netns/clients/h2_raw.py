@@ -79,6 +79,16 @@ def headers(authority, path):
     return [(":method", "GET"), (":scheme", "https"), (":authority", authority), (":path", path)]
 
 
+def field_value(v):
+    """A custom field's value: a string, [s, n] (s repeated n times), or
+    {"latin1": s} (the bytes of s in Latin-1: a value that is not UTF-8)."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict):
+        return v["latin1"].encode("latin-1")
+    return v[0] * v[1]
+
+
 def pump(until):
     while not until():
         data = tls.recv(65536)
@@ -252,7 +262,7 @@ try:
             sids = []
             for fields in streams:
                 sids.append(sid)
-                conn.send_headers(sid, [(n, v if isinstance(v, str) else v[0] * v[1]) for n, v in fields], end_stream=True)
+                conn.send_headers(sid, [(n, field_value(v)) for n, v in fields], end_stream=True)
                 sid += 2
             tls.sendall(conn.data_to_send())
             pump(
