@@ -82,7 +82,7 @@ int ce_ctflush_parse_answer(const uint8_t *buf, size_t n, uint32_t seq,
   return CE_EAGAIN;
 }
 
-static int fail(char *err, size_t cap, int code, const char *fmt, ...) {
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t cap, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   if (cap > 0)
