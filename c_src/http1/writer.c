@@ -403,7 +403,13 @@ bool ce_h1_trailer_allowed(const char *name, size_t name_len) {
       "proxy-authorization",
       /* RFC 9110 §6.5.1: framing, routing, content handling, authentication */
       "content-length", "host", "content-type", "content-encoding", "content-range", "authorization", "cookie",
-      "set-cookie"};
+      "set-cookie",
+      /* the rest of §6.5.1's kinds: authentication challenges and results,
+       * request modifiers, response controls, content metadata */
+      "www-authenticate", "proxy-authenticate", "authentication-info", "proxy-authentication-info", "expect",
+      "max-forwards", "range", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since", "if-range",
+      "cache-control", "pragma", "age", "expires", "date", "location", "retry-after", "vary", "warning",
+      "content-language", "content-location", "last-modified", "etag"};
   for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
     if (ce__h1_ieq(name, name_len, no[i]))
       return false;

@@ -298,12 +298,15 @@ static const char *hset_get(const hset_t *s, const char *name, size_t *len) {
   return NULL;
 }
 
-/* nghttp2_nv entries for every field (pseudo ones first, as received). */
-static size_t hset_nva(const hset_t *s, nghttp2_nv *out, size_t cap, bool pseudo) {
+/* nghttp2_nv entries for every field of a head (pseudo ones first, as
+ * received), or of a trailer section: then no pseudo field and only what
+ * a trailer may carry (ce_h1_trailer_allowed, the one list every trailer
+ * path filters with: no Host, framing or credentials in trailers). */
+static size_t hset_nva(const hset_t *s, nghttp2_nv *out, size_t cap, bool trailers) {
   size_t k = 0;
   for (size_t i = 0; i < s->n && k < cap; i++) {
     const char *name = s->buf + s->f[i].no;
-    if (!pseudo && s->f[i].nl > 0 && name[0] == ':')
+    if (trailers && ((s->f[i].nl > 0 && name[0] == ':') || !ce_h1_trailer_allowed(name, s->f[i].nl)))
       continue;
     out[k].name = (uint8_t *)(uintptr_t)name;
     out[k].namelen = s->f[i].nl;
@@ -663,7 +666,7 @@ static ssize_t down_read(nghttp2_session *session, int32_t stream_id, uint8_t *b
     *data_flags |= NGHTTP2_DATA_FLAG_EOF;
     if (s->rs_trailers) {
       nghttp2_nv nva[CE_H2_MAX_FIELDS];
-      size_t k = hset_nva(&s->rs, nva, CE_H2_MAX_FIELDS, false);
+      size_t k = hset_nva(&s->rs, nva, CE_H2_MAX_FIELDS, true /* trailers */);
       if (nghttp2_submit_trailer(session, stream_id, nva, k) == 0)
         *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
     }
@@ -693,7 +696,7 @@ static ssize_t up_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf
     *data_flags |= NGHTTP2_DATA_FLAG_EOF;
     if (s->rq_trailers) {
       nghttp2_nv nva[CE_H2_MAX_FIELDS];
-      size_t k = hset_nva(&s->rqt, nva, CE_H2_MAX_FIELDS, false);
+      size_t k = hset_nva(&s->rqt, nva, CE_H2_MAX_FIELDS, true /* trailers */);
       if (nghttp2_submit_trailer(session, stream_id, nva, k) == 0)
         *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
     }
@@ -778,7 +781,7 @@ static void stream_submit(h2s_t *s, h1slot_t *sl) {
   /* Pseudo-headers first, as received (nghttp2 checked them), then the
    * rest: nghttp2 already refused connection-specific fields. */
   nghttp2_nv nva[CE_H2_MAX_FIELDS];
-  size_t k = hset_nva(&s->rq, nva, CE_H2_MAX_FIELDS, true);
+  size_t k = hset_nva(&s->rq, nva, CE_H2_MAX_FIELDS, false);
   nghttp2_data_provider prd = {.source.ptr = s, .read_callback = up_read};
   bool body = !(s->up.eof && s->up.len == 0) || s->rq_trailers;
   int32_t uid = nghttp2_submit_request(sl->sess, NULL, nva, k, body ? &prd : NULL, s);
@@ -1245,7 +1248,7 @@ static void upstream_response(h2s_t *s, bool end) {
      * a 101 on h2 before this is reached. */
     if (status != 101 && !s->rs.overflow) {
       nghttp2_nv nva[CE_H2_MAX_FIELDS];
-      size_t k = hset_nva(&s->rs, nva, CE_H2_MAX_FIELDS, true);
+      size_t k = hset_nva(&s->rs, nva, CE_H2_MAX_FIELDS, false);
       nghttp2_submit_headers(h->srv, NGHTTP2_FLAG_NONE, s->cid, NULL, nva, k, NULL);
     }
     hset_reset(&s->rs);
@@ -1270,7 +1273,7 @@ static void upstream_response(h2s_t *s, bool end) {
   }
   s->req.bytes_in += hset_bytes(&s->rs);
   nghttp2_nv nva[CE_H2_MAX_FIELDS];
-  size_t k = hset_nva(&s->rs, nva, CE_H2_MAX_FIELDS, true);
+  size_t k = hset_nva(&s->rs, nva, CE_H2_MAX_FIELDS, false);
   nghttp2_data_provider prd = {.source.ptr = s, .read_callback = down_read};
   s->down.eof = end;
   int rc = nghttp2_submit_response(h->srv, s->cid, nva, k, end ? NULL : &prd);
@@ -1505,7 +1508,7 @@ static void h1_send_body(h2s_t *s) {
     w.len = 3;
     for (size_t i = 0; s->rq_trailers && i < s->rqt.n; i++) {
       const char *name = s->rqt.buf + s->rqt.f[i].no;
-      if (ce_h2h_hop_by_hop(name, s->rqt.f[i].nl) || (s->rqt.f[i].nl > 0 && name[0] == ':'))
+      if (!ce_h1_trailer_allowed(name, s->rqt.f[i].nl) || (s->rqt.f[i].nl > 0 && name[0] == ':'))
         continue;
       size_t before = w.len;
       if (ce_h1_write_field(&w, name, s->rqt.f[i].nl, s->rqt.buf + s->rqt.f[i].vo, s->rqt.f[i].vl) != CE_OK) {

@@ -261,6 +261,27 @@ defmodule Condukt.Netns.SidecarH2Test do
       assert %{"status" => 200, "ended" => true, "body" => "1000\n"} = out["streams"]["1"]
     end
 
+    test "request trailers from an h2 workspace are filtered like every trailer path (h2 and HTTP/1.1 upstreams)",
+         %{tb: tb, sc: sc} do
+      # Host, framing and credentials must not ride in trailers to the upstream.
+      trailers = [
+        ["x-req-trailer", "yes"],
+        ["host", "evil.test"],
+        ["authorization", "Bearer stolen"],
+        ["proxy-authorization", "Basic eA=="],
+        ["cookie", "s=1"],
+        ["content-length", "1000"],
+        ["content-type", "text/evil"]
+      ]
+
+      for {port, path} <- [{@h2_only, "/trailers"}, {@h1_only, "/trailers-in"}] do
+        spec = %{host: "allowed.test", port: port, mode: "trailers", path: path, trailers: trailers, query: tag()}
+        out = h2_raw(tb, sc, spec)
+        assert %{"status" => 200, "ended" => true, "body" => body} = out["streams"]["1"], inspect({port, out})
+        assert body == "got 1000 bytes; trailers x-req-trailer=yes\n", inspect({port, body})
+      end
+    end
+
     test "a close-delimited response cut without close_notify fails the stream; with close_notify it ends",
          %{tb: tb, sc: sc} do
       q = tag()

@@ -6,7 +6,8 @@ modes:
                another name) and stream 5 for host again, one connection
   rapid_reset  HEADERS + RST_STREAM pairs until the server sends GOAWAY
   trailers     one POST stream (gRPC-style: te: trailers, a body, request
-               trailers) to "path"; the response's headers and trailers
+               trailers: "trailers", a list of [name, value], default
+               x-req-trailer: yes) to "path"; the response's headers and trailers
   paths        one connection, one GET stream per entry of "paths", all
                sent at once
   continuation_flood / settings_flood / ping_flood
@@ -161,7 +162,8 @@ try:
         hd += [("content-type", "application/grpc"), ("te", "trailers")]
         conn.send_headers(1, hd)
         conn.send_data(1, b"x" * int(spec.get("size", 1000)))
-        conn.send_headers(1, [("x-req-trailer", "yes")], end_stream=True)
+        trailers = [tuple(t) for t in spec.get("trailers", [["x-req-trailer", "yes"]])]
+        conn.send_headers(1, trailers, end_stream=True)
         tls.sendall(conn.data_to_send())
         pump(lambda: out["streams"].get("1", {}).get("ended") or "reset" in out["streams"].get("1", {}) or out["goaway"] is not None)
     elif spec["mode"] == "paths":
