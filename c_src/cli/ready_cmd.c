@@ -82,7 +82,9 @@ static int try_connect(const struct sockaddr *sa, socklen_t len, long long deadl
   int err = 0;
   if (connect(fd, sa, len) != 0) {
     err = errno;
-    if (err == EINPROGRESS || err == EAGAIN) {
+    /* EAGAIN (a Unix socket whose listen queue is full) is "not ready":
+     * polling would report the unconnected socket writable. */
+    if (err == EINPROGRESS) {
       err = ETIMEDOUT;
       for (;;) {
         long long left = deadline - now_ms();

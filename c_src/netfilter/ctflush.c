@@ -23,6 +23,10 @@ static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 
 int ce_ctflush_request(uint32_t mark, uint32_t seq, uint8_t *buf, size_t cap,
                        size_t *len) {
+  /* Mark 0 is every connection nobody marked: a flush filtered by it
+   * would take the workspace's own entries. Never. */
+  if (mark == 0)
+    return CE_EINVAL;
   if (cap < CE_CTFLUSH_REQUEST_LEN)
     return CE_ETOOBIG;
   uint8_t *p = buf;
@@ -111,6 +115,9 @@ static int kernel_refused(int e, char *err, size_t cap) {
 }
 
 int ce_ctflush_mark(uint32_t mark, char *err, size_t cap) {
+  if (mark == 0)
+    return fail(err, cap, CE_EINVAL, "refusing to delete the conntrack entries of connection mark 0 "
+                                     "(every unmarked connection)");
   if (cap > 0)
     err[0] = '\0';
   int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER);

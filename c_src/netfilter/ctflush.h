@@ -45,7 +45,8 @@
 
 /* Writes the flush request for connection mark `mark` (under the full
  * 32-bit mask), with sequence number seq, into buf[0..cap) and sets *len
- * to CE_CTFLUSH_REQUEST_LEN. Returns 0, or CE_ETOOBIG when cap is smaller
+ * to CE_CTFLUSH_REQUEST_LEN. Returns 0, CE_EINVAL for mark 0 (every
+ * unmarked connection: never flushed), or CE_ETOOBIG when cap is smaller
  * than CE_CTFLUSH_REQUEST_LEN (buf untouched). */
 int ce_ctflush_request(uint32_t mark, uint32_t seq, uint8_t *buf, size_t cap,
                        size_t *len);

@@ -279,6 +279,44 @@ Test(ready, control_channel_tcp_and_unix) {
   close(l);
 }
 
+/* A Unix listener whose queue is full answers connect() with EAGAIN: not
+ * ready (polling would report the unconnected socket writable). */
+Test(ready, a_full_unix_control_queue_is_not_ready) {
+  unsigned p;
+  int l = bound(AF_INET, 1, 8, &p);
+  char a[32];
+  snprintf(a, sizeof(a), "127.0.0.1:%u", p);
+  int u = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert_geq(u, 0);
+  struct sockaddr_un sun = {.sun_family = AF_UNIX};
+  in_dir(sun.sun_path, sizeof(sun.sun_path), "full.sock");
+  cr_assert_eq(bind(u, (struct sockaddr *)&sun, sizeof(sun)), 0, "%s", strerror(errno));
+  cr_assert_eq(listen(u, 0), 0);
+  /* Fill the queue until a non-blocking connect says EAGAIN (bounded). */
+  int fill[8];
+  int nfill = 0;
+  for (; nfill < 8; nfill++) {
+    fill[nfill] = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    cr_assert_geq(fill[nfill], 0);
+    if (connect(fill[nfill], (struct sockaddr *)&sun, sizeof(sun)) != 0) {
+      cr_assert_eq(errno, EAGAIN, "%s", strerror(errno));
+      close(fill[nfill]);
+      break;
+    }
+  }
+  cr_assert_lt(nfill, 8, "the queue never filled");
+  char ep[160];
+  snprintf(ep, sizeof(ep), "unix:%s", sun.sun_path);
+  result_t r;
+  run(&r, (const char *[]){"--listen", a, "--control", ep, "--timeout-ms", "300", NULL});
+  cr_assert_eq(r.status, CE_EXIT_FAIL, "out: %s err: %s", r.out, r.err);
+  cr_assert_not_null(strstr(r.err, "not ready"), "%s", r.err);
+  for (int i = 0; i < nfill; i++)
+    close(fill[i]);
+  close(u);
+  close(l);
+}
+
 Test(ready, usage_errors_name_the_word) {
   static const struct {
     const char *args[6];

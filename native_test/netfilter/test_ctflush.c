@@ -64,6 +64,16 @@ Test(ctflush, request_full_width_mark) {
   cr_assert_arr_eq(buf + 24, mark, 4);
 }
 
+Test(ctflush, mark_zero_is_refused) {
+  /* Mark 0 would select every connection nobody marked. */
+  uint8_t buf[CE_CTFLUSH_REQUEST_LEN];
+  size_t len = 0;
+  cr_assert_eq(ce_ctflush_request(0, 1, buf, sizeof(buf), &len), CE_EINVAL);
+  char err[CE_CTFLUSH_ERR_MAX];
+  cr_assert_eq(ce_ctflush_mark(0, err, sizeof(err)), CE_EINVAL);
+  cr_assert_not_null(strstr(err, "mark 0"), "%s", err);
+}
+
 Test(ctflush, request_buffer_too_small_is_untouched) {
   uint8_t buf[CE_CTFLUSH_REQUEST_LEN];
   memset(buf, 0xaa, sizeof(buf));
