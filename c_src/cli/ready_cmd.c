@@ -60,10 +60,7 @@ static void usage(FILE *out) {
 }
 
 static int usage_error(const char *what, const char *word) {
-  char shown[4 * CE_TEXT_QUOTE_MAX + 8];
-  ce_text_sanitize(shown, sizeof(shown), word, strlen(word), 0);
-  fprintf(stderr, PROG ": %s '%s'\n", what, shown);
-  fprintf(stderr, "run '" PROG " --help' for the options\n");
+  ce_text_usage_error(PROG, what, word);
   return CE_EXIT_USAGE;
 }
 

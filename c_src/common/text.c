@@ -1,5 +1,6 @@
 #include "common/text.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include <unistr.h>
@@ -39,3 +40,10 @@ void ce_text_sanitize(char *dst, size_t cap, const char *s, size_t n,
   dst[o] = '\0';
 }
 
+
+void ce_text_usage_error(const char *prog, const char *what, const char *word) {
+  char shown[4 * CE_TEXT_QUOTE_MAX + 8];
+  ce_text_sanitize(shown, sizeof(shown), word, strlen(word), 0);
+  fprintf(stderr, "%s: %s '%s'\n", prog, what, shown);
+  fprintf(stderr, "run '%s --help' for the options\n", prog);
+}

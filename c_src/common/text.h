@@ -19,4 +19,9 @@
 void ce_text_sanitize(char *dst, size_t cap, const char *s, size_t n,
                       int in_quotes);
 
+/* A subcommand's usage error on stderr, in two lines:
+ *   PROG: WHAT 'WORD'            (the word sanitized)
+ *   run 'PROG --help' for the options */
+void ce_text_usage_error(const char *prog, const char *what, const char *word);
+
 #endif
