@@ -326,6 +326,8 @@ static int parse_request_line(const char *s, size_t n, ce_h1_head_t *h,
     i++;
   if (i == 0 || i == n || s[i] != ' ')
     return fail(why, "malformed method", CE_EPARSE);
+  if (i > CE_H1_MAX_METHOD_BYTES)
+    return fail(why, "method too long", CE_EPARSE);
   h->method = s;
   h->method_len = i;
   i++;

@@ -33,6 +33,11 @@
  * request heads get 431, larger response heads end the exchange with 502. */
 #define CE_H1_MAX_HEAD_BYTES (64u * 1024u)
 
+/* Bytes of a request method. Registered methods are at most 17 bytes
+ * (VERSION-CONTROL); the bound lets every record keep the method whole,
+ * so an event never shows a cut one. */
+#define CE_H1_MAX_METHOD_BYTES 31u
+
 /* Header fields kept per message; more is refused like an oversized head. */
 #define CE_H1_MAX_FIELDS 128u
 

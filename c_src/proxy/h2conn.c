@@ -1010,6 +1010,13 @@ static void stream_request(h2s_t *s) {
            "condukt: malformed request: :scheme must be https and :path an origin-form target\n");
     return;
   }
+  /* As on HTTP/1.1: a method the records can keep whole. */
+  if (method != NULL && ml > CE_H1_MAX_METHOD_BYTES) {
+    snprintf(s->req.host, sizeof(s->req.host), "%s", c->sni.text);
+    stream_event(s, "request_opened", NULL);
+    refuse(s, 400, "bad_request: method too long", "condukt: malformed request: :method is too long\n");
+    return;
+  }
   /* The target is URI text (RFC 3986 §2): visible ASCII only, as the
    * HTTP/1.1 parser demands of a request line. nghttp2 lets other bytes
    * through; the policy matcher and the upstream might read them

@@ -466,6 +466,7 @@ Test(http1_request, start_line_refusals) {
       {"GET\r\nHost: a\r\n\r\n", "malformed method"},
       {" GET / HTTP/1.1\r\nHost: a\r\n\r\n", "malformed method"},
       {"GET\t/ HTTP/1.1\r\nHost: a\r\n\r\n", "malformed method"},
+      {"ABCDEFGHIJKLMNOPQRSTUVWXYZABCDEF / HTTP/1.1\r\nHost: a\r\n\r\n", "method too long"},
       {"G(T / HTTP/1.1\r\nHost: a\r\n\r\n", "malformed method"},
       {"GET /\t HTTP/1.1\r\nHost: a\r\n\r\n", "invalid byte in request-target"},
       {"GET /a\x01 HTTP/1.1\r\nHost: a\r\n\r\n", "invalid byte in request-target"},
@@ -1328,4 +1329,12 @@ Test(http1_body, trailers_no_longer_kept_after_keep_null) {
   in = "B: 2\r\n\r\n";
   cr_assert_eq(ce_h1_body_next(&b, in, strlen(in), &used, &data, &dl, &why), 1);
   cr_assert_eq(b.kept, 0);
+}
+
+Test(http1_parser, a_method_of_31_bytes_is_kept_whole) {
+  const char *msg = "ABCDEFGHIJKLMNOPQRSTUVWXYZABCDE / HTTP/1.1\r\nHost: a\r\n\r\n";
+  ce_h1_head_t h;
+  const char *why = NULL;
+  cr_assert_eq(ce_h1_parse_request(msg, strlen(msg), &h, &why), CE_OK, "%s", why ? why : "");
+  cr_assert_eq(h.method_len, CE_H1_MAX_METHOD_BYTES);
 }

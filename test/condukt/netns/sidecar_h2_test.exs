@@ -867,6 +867,19 @@ defmodule Condukt.Netns.SidecarH2Test do
       assert denied[3]["reason"] == "bad_request: invalid byte in :path"
       assert denied[3]["path"] == "/caf\u00e9"
     end
+
+    test "a :method longer than the records keep is refused with 400", %{tb: tb, sc: sc} do
+      q = tag()
+      long = String.duplicate("M", 40)
+      f = fn m -> [[":method", m], [":scheme", "https"], [":authority", "allowed.test"], [":path", "/?#{q}"]] end
+      out = h2_raw(tb, sc, %{host: "allowed.test", mode: "custom", streams: [f.(long), f.("GET")], query: q})
+      assert %{"status" => 400, "body" => body} = out["streams"]["1"], inspect(out)
+      assert body =~ ":method is too long"
+      assert %{"status" => 200} = out["streams"]["3"]
+
+      denied = q |> events_for(2) |> Enum.find(&(&1["event"] == "request_denied"))
+      assert denied["reason"] == "bad_request: method too long" and denied["method"] == String.slice(long, 0, 31)
+    end
   end
 
   describe "the :authority against the connection" do
