@@ -992,21 +992,27 @@ static void decided(ce_conn_t *c, bool allow, const char *reason) {
   }
 }
 
+bool ce_conn_decision_outcome(ce_proxy_t *p, int status, bool allow, const char *reason, bool cacheable,
+                              bool cache, int32_t rule, const char *host, const char **why) {
+  if (status != CE_OK) {
+    *why = status == CE_ETIMEDOUT ? "decider_timeout" : "control_channel_unavailable";
+    return false;
+  }
+  *why = allow ? NULL : (reason != NULL && reason[0] != '\0' ? reason : "denied_by_decider");
+  if (cache && cacheable)
+    ce_decision_cache_put(p, rule, host, allow, *why != NULL ? *why : "");
+  return allow;
+}
+
 static void on_decision(void *data, int status, bool allow, const char *reason, bool cacheable) {
   ce_conn_t *c = data;
   c->ask_id = 0;
   if (c->dead || c->state != ST_DECIDING)
     return;
-  if (status == CE_OK) {
-    const char *r = allow ? NULL : (reason != NULL && reason[0] != '\0' ? reason : "denied_by_decider");
-    if (c->decide_cache && cacheable)
-      ce_decision_cache_put(c->proxy, c->decide_rule, c->req.host, allow, r != NULL ? r : "");
-    decided(c, allow, r);
-  } else if (status == CE_ETIMEDOUT) {
-    decided(c, false, "decider_timeout");
-  } else {
-    decided(c, false, "control_channel_unavailable");
-  }
+  const char *why;
+  bool ok = ce_conn_decision_outcome(c->proxy, status, allow, reason, cacheable, c->decide_cache, c->decide_rule,
+                                     c->req.host, &why);
+  decided(c, ok, why);
   conn_process(c);
 }
 

@@ -168,6 +168,14 @@ typedef struct {
 void ce_conn_check_target(const ce_conn_t *c, const char *auth, size_t len, const char *label, char *host,
                           size_t host_cap, ce_target_check_t *t);
 void ce_conn_process(ce_conn_t *c);
+/* A decider's answer (the control channel's status, allow, reason,
+ * cacheable) as the request's outcome: true to allow; *why the deny
+ * reason (NULL when allowed): the decider's words, "denied_by_decider",
+ * "decider_timeout" or "control_channel_unavailable" (fail closed). A
+ * cacheable answer is cached when the rule caches (cache). One mapping
+ * for the HTTP/1.1 request and the h2 stream. */
+bool ce_conn_decision_outcome(ce_proxy_t *p, int status, bool allow, const char *reason, bool cacheable,
+                              bool cache, int32_t rule, const char *host, const char **why);
 /* Moves a TLS side's decrypted bytes into its input buffer. */
 void ce_conn_pump_tls_input(side_t *s);
 /* Gives an empty input buffer back to the proxy's pool (docs/proxy.md

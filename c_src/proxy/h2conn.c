@@ -852,16 +852,10 @@ static void on_stream_decision(void *data, int status, bool allow, const char *r
     stream_finish_event(s, "connection_closed");
     return;
   }
-  if (status == CE_OK) {
-    const char *r = allow ? NULL : (reason != NULL && reason[0] != '\0' ? reason : "denied_by_decider");
-    if (s->decide_cache && cacheable)
-      ce_decision_cache_put(c->proxy, s->decide_rule, s->req.host, allow, r != NULL ? r : "");
-    stream_decided(s, allow, r);
-  } else if (status == CE_ETIMEDOUT) {
-    stream_decided(s, false, "decider_timeout");
-  } else {
-    stream_decided(s, false, "control_channel_unavailable");
-  }
+  const char *why;
+  bool ok = ce_conn_decision_outcome(c->proxy, status, allow, reason, cacheable, s->decide_cache, s->decide_rule,
+                                     s->req.host, &why);
+  stream_decided(s, ok, why);
   ask_next(h);
   ce_conn_process(c);
 }
