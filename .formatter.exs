@@ -1,4 +1,4 @@
 [
-  inputs: ["{mix,.formatter}.exs", "{config,lib,test,scripts,bench}/**/*.{ex,exs}"],
+  inputs: ["{mix,.formatter}.exs", "{config,lib,dev,test,scripts,bench}/**/*.{ex,exs}"],
   line_length: 120
 ]

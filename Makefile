@@ -17,22 +17,25 @@ CC ?= cc
 PKGS := jansson libuv openssl libwebsockets yaml-0.1
 # HTTP/2 (docs/http2.md).
 PKGS += libnghttp2
-PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lunistring
+# These are computed when a recipe first needs them, not when the Makefile
+# is read: `make setup demo` reads the Makefile before `setup` has
+# installed the -dev packages. ($(call lazy,VAR,...) evaluates once, then
+# keeps the value.)
+lazy = $(eval $(1) := $(2))$($(1))
+PKG_CFLAGS = $(call lazy,PKG_CFLAGS,$$(shell pkg-config --cflags $(PKGS) 2>/dev/null) -I$$(EI_DIR)/include)
+PKG_LIBS = $(call lazy,PKG_LIBS,$$(shell pkg-config --libs $(PKGS) 2>/dev/null) -lunistring -L$$(EI_DIR)/lib -lei -lpthread)
 # erl_interface (ei) ships with Erlang, not pkg-config: Debian's erlang-dev
 # puts it under /usr/lib/erlang/lib/erl_interface-VSN. EI_DIR overrides.
-EI_DIR ?= $(lastword $(sort $(wildcard /usr/lib/erlang/lib/erl_interface-*)))
-PKG_CFLAGS += -I$(EI_DIR)/include
-PKG_LIBS += -L$(EI_DIR)/lib -lei -lpthread
+EI_DIR ?= $(call lazy,EI_DIR,$$(lastword $$(sort $$(wildcard /usr/lib/erlang/lib/erl_interface-*))))
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wstrict-prototypes \
         -Wmissing-prototypes -Wvla -Wno-unused-parameter
-BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -g $(WARN) -Ic_src $(PKG_CFLAGS) \
+BASE_CFLAGS = -std=c11 -D_GNU_SOURCE -g $(WARN) -Ic_src $(PKG_CFLAGS) \
         -DCE_VERSION='"$(VERSION)"' -MMD -MP
-REL_CFLAGS := $(BASE_CFLAGS) -O2 -fstack-protector-strong -D_FORTIFY_SOURCE=2 -fPIE
+REL_CFLAGS = $(BASE_CFLAGS) -O2 -fstack-protector-strong -D_FORTIFY_SOURCE=2 -fPIE
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all \
         -fno-omit-frame-pointer
-TEST_CFLAGS := $(BASE_CFLAGS) -O1 $(SAN_FLAGS) -Inative_test \
+TEST_CFLAGS = $(BASE_CFLAGS) -O1 $(SAN_FLAGS) -Inative_test \
         -DCE_SOURCE_ROOT='"$(ROOT)"'
 
 SRCS := $(shell find c_src -name '*.c' | sort)
@@ -59,7 +62,7 @@ FUZZ_CC ?= clang
 FUZZ_SRCS := $(sort $(wildcard native_test/fuzz/fuzz_*.c))
 FUZZ_BINS := $(FUZZ_SRCS:native_test/fuzz/%.c=$(BUILD)/fuzz/%)
 FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/fuzz/obj/%.o)
-FUZZ_CFLAGS := $(filter-out -MMD -MP,$(BASE_CFLAGS)) -O1 -Inative_test \
+FUZZ_CFLAGS = $(filter-out -MMD -MP,$(BASE_CFLAGS)) -O1 -Inative_test \
         -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
         -fno-omit-frame-pointer -DCE_FUZZING
 FUZZ_SMOKE_SECONDS ?= 15
@@ -72,8 +75,27 @@ stamp = $(shell mkdir -p $(dir $(1)) && (echo '$(2)' | cmp -s - $(1) || echo '$(
 REL_STAMP := $(call stamp,$(BUILD)/rel/objects.list,$(REL_OBJS))
 SAN_STAMP := $(call stamp,$(BUILD)/san/objects.list,$(SAN_OBJS))
 
-.PHONY: all setup test c-test elixir-test fuzz-smoke fuzz demo mozilla-pem clean
+.PHONY: all setup test c-test elixir-test fuzz-smoke fuzz demo mozilla-pem clean \
+        check-build-deps check-test-deps
 all: $(BIN)
+
+# Before anything is compiled: is every tool and -dev package there? One
+# line names the Debian packages that are missing (scripts/check-build-deps.sh).
+check-build-deps:
+	@sh scripts/check-build-deps.sh
+check-test-deps:
+	@sh scripts/check-build-deps.sh --test
+# (mix's compiler step runs the check itself and passes SKIP_DEPS_CHECK=1,
+# so that `make -q` can tell whether the binary is up to date.)
+ifndef SKIP_DEPS_CHECK
+$(REL_OBJS): | check-build-deps
+$(SAN_OBJS) $(FUZZ_LIB_OBJS): | check-test-deps
+endif
+# `make setup demo`, `make setup test`: even under -j, nothing is checked or
+# built before setup has installed the packages.
+ifneq ($(filter setup,$(MAKECMDGOALS)),)
+check-build-deps check-test-deps: | setup
+endif
 
 $(BIN): $(REL_OBJS) $(REL_STAMP)
 	@mkdir -p $(dir $@)

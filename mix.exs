@@ -7,15 +7,34 @@ defmodule Mix.Tasks.Compile.ConduktEgress do
   @impl true
   def run(_args) do
     root = Path.dirname(__ENV__.file)
-    make = System.find_executable("make") || Mix.raise("condukt: `make` is not installed")
 
-    case System.cmd(make, ["-C", root, "--no-print-directory", "priv/condukt-egress"], stderr_to_stdout: true) do
+    make =
+      System.find_executable("make") || Mix.raise("condukt: `make` is not installed (Debian: apt-get install make)")
+
+    # One line naming the missing Debian packages, instead of the linker's
+    # hundreds of undefined references.
+    case System.cmd("sh", [Path.join(root, "scripts/check-build-deps.sh")], stderr_to_stdout: true) do
+      {_, 0} -> :ok
+      {out, _} -> Mix.raise(String.trim(out))
+    end
+
+    target = "priv/condukt-egress"
+    args = ["-C", root, "--no-print-directory", "SKIP_DEPS_CHECK=1"]
+
+    # `make -q` exits 0 when the binary is up to date.
+    if elem(System.cmd(make, args ++ ["-q", target], stderr_to_stdout: true), 1) != 0 do
+      Mix.shell().info("==> condukt: building #{target} (C; about a minute on two cores)")
+    end
+
+    jobs = "-j#{System.schedulers_online()}"
+
+    case System.cmd(make, args ++ [jobs, target], stderr_to_stdout: true) do
       {_out, 0} ->
         {:ok, []}
 
       {out, status} ->
         Mix.shell().error(out)
-        Mix.raise("condukt: building priv/condukt-egress failed (make exited #{status})")
+        Mix.raise("condukt: building #{target} failed (make exited #{status}); the compiler's output is above")
     end
   end
 end
@@ -28,7 +47,8 @@ defmodule Condukt.MixProject do
   # Hex is not reachable on every build machine (our CI has no Hex at all).
   # Offline, :jiffy comes from Debian's erlang-jiffy (already on the code
   # path) and :telemetry from the clearly labelled stand-in under
-  # offline/telemetry/. With Hex, users get the real packages.
+  # offline/telemetry/, an OTP application of its own named :telemetry (so
+  # a release can never hold two). With Hex, users get the real packages.
   # CONDUKT_OFFLINE=1 / 0 forces either mode.
   defp offline? do
     case System.get_env("CONDUKT_OFFLINE") do
@@ -45,8 +65,10 @@ defmodule Condukt.MixProject do
       elixir: "~> 1.14",
       start_permanent: Mix.env() == :prod,
       compilers: [:condukt_egress] ++ Mix.compilers(),
-      erlc_paths: erlc_paths(),
       elixirc_paths: elixirc_paths(Mix.env()),
+      # dev/'s testbed registers its clean-up with ExUnit when a test runs
+      # it; in :dev (the demo, the benchmark) ExUnit is not an application.
+      xref: [exclude: [ExUnit, ExUnit.Callbacks]],
       deps: deps(),
       docs: [main: "readme", extras: ["README.md" | Path.wildcard("docs/*.md")]],
       description: "Sandboxes for AI-agent sessions with an egress network policy.",
@@ -61,14 +83,17 @@ defmodule Condukt.MixProject do
     ]
   end
 
-  defp erlc_paths, do: if(offline?(), do: ["offline/telemetry"], else: [])
-
-  defp elixirc_paths(:test), do: ["lib", "test/support"]
+  # dev/ holds what the demo, the benchmark and the tests share (the
+  # network-namespace testbed: Condukt.Dev.*). It is meant to be run, but
+  # it is not part of the library: a project that depends on :condukt
+  # compiles lib/ only.
+  defp elixirc_paths(:test), do: ["lib", "dev", "test/support"]
+  defp elixirc_paths(:dev), do: ["lib", "dev"]
   defp elixirc_paths(_), do: ["lib"]
 
   defp deps do
     if offline?() do
-      []
+      [{:telemetry, path: "offline/telemetry"}]
     else
       [{:telemetry, "~> 1.2"}, {:jiffy, "~> 1.1"}]
     end

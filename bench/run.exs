@@ -7,17 +7,11 @@
 #                         [--only direct,condukt,...] [--no-decide] [--[no-]profile]
 #                         [--out DIR]
 
-Code.require_file(Path.join([__DIR__, "..", "test", "support", "system_tools.ex"]))
-
-for file <- ~w(cmd tier pki nginx client testbed) do
-  Code.require_file(Path.join([__DIR__, "..", "test", "support", "netns", file <> ".ex"]))
-end
-
 for file <- ~w(interceptor measure decide report) do
   Code.require_file(Path.join([__DIR__, "lib", file <> ".ex"]))
 end
 
-alias Condukt.Test.Netns.{Cmd, Testbed, Tier}
+alias Condukt.Dev.Netns.{Cmd, Testbed, Tier}
 
 {opts, _} =
   OptionParser.parse!(System.argv(),

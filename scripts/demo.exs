@@ -4,7 +4,7 @@
 # an allow, and an Elixir function decider) runs real clients (curl,
 # Python requests, Node fetch, git) against a small local "internet": a
 # network namespace with nginx, a git server and a few names, built by the
-# same testbed the end-to-end tests use (test/support/netns, docs/
+# same testbed the end-to-end tests use (Condukt.Dev.Netns under dev/, docs/
 # e2e-testbed.md). The session's commands run in their own namespace behind
 # the real condukt-egress sidecar (docs/local-network.md); every request is
 # decided there or, for the decide rule, by the function below on this
@@ -12,15 +12,9 @@
 #
 # Needs root (network namespaces, iptables). Works offline.
 
-Code.require_file(Path.join([__DIR__, "..", "test", "support", "system_tools.ex"]))
-
-for file <- ~w(cmd tier pki nginx client testbed) do
-  Code.require_file(Path.join([__DIR__, "..", "test", "support", "netns", file <> ".ex"]))
-end
-
 alias Condukt.Sandbox
 alias Condukt.Sandbox.NetworkPolicy
-alias Condukt.Test.Netns.{Testbed, Tier}
+alias Condukt.Dev.Netns.{Testbed, Tier}
 
 case Tier.check() do
   :ok ->

@@ -1,7 +1,7 @@
 # The :netns end-to-end tier (docs/e2e-testbed.md) runs when this machine
 # can run it; otherwise it is excluded with a printed reason, or the run
 # fails under CONDUKT_REQUIRE_ALL_TIERS=1.
-Condukt.Test.Netns.Tier.configure_exunit()
+Condukt.Dev.Netns.Tier.configure_exunit()
 # The :kubernetes tier (docs/k8s-tier.md): the same rule, for a real
 # kube-apiserver, etcd and kwok built by scripts/k8s/binaries.sh.
 Condukt.Test.K8s.Tier.configure_exunit()

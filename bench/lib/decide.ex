@@ -10,7 +10,7 @@ defmodule Bench.Decide do
 
   alias Condukt.Sandbox.NetworkPolicy
   alias Condukt.Sandbox.NetworkPolicy.ControlBridge
-  alias Condukt.Test.Netns.Cmd
+  alias Condukt.Dev.Netns.Cmd
 
   def run(tb, cache?, secs) do
     decider = fn _ctx, req -> if req.host == "decide.test", do: :allow, else: {:deny, "not decide.test"} end

@@ -2,7 +2,7 @@ defmodule Bench.Os do
   @moduledoc false
   # Small OS helpers of the benchmark: CPU pinning, process trees, RSS.
 
-  alias Condukt.Test.Netns.{Cmd, Testbed}
+  alias Condukt.Dev.Netns.{Cmd, Testbed}
 
   # The proxy under test runs on CPU 0; the load generator (and nginx, the
   # origin) on CPU 1.
@@ -122,7 +122,7 @@ defmodule Bench.Interceptor do
   # in place: see flush_conntrack/1.
 
   alias Condukt.Sandbox.NetworkPolicy
-  alias Condukt.Test.Netns.{Cmd, Testbed}
+  alias Condukt.Dev.Netns.{Cmd, Testbed}
 
   @condukt_uid 1337
   @mitm_uid 1338

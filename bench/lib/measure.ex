@@ -4,7 +4,7 @@ defmodule Bench.Measure do
   # %{error: text}). Clients run in the pod, pinned to the load CPU, and
   # reach https://allowed.test/ through whatever interceptor is in place.
 
-  alias Condukt.Test.Netns.Cmd
+  alias Condukt.Dev.Netns.Cmd
 
   @h2load "/usr/bin/h2load"
   # 16 requests in flight in both protocols: HTTP/1.1 over 16 connections,

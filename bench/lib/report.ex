@@ -3,7 +3,7 @@ defmodule Bench.Report do
   # Medians over rounds, the markdown table, results.json and the chart;
   # and the one-off profile of the sidecar.
 
-  alias Condukt.Test.Netns.Cmd
+  alias Condukt.Dev.Netns.Cmd
 
   # {key, label, unit, better}: better is :higher or :lower.
   defp metrics(cfg) do

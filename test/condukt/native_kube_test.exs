@@ -6,7 +6,7 @@ defmodule Condukt.NativeKubeTest do
   use Condukt.Test.K8s.Case, async: false
 
   alias Condukt.Native
-  alias Condukt.Test.Netns.Cmd
+  alias Condukt.Dev.Netns.Cmd
 
   @port 18_081
 

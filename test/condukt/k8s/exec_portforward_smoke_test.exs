@@ -5,7 +5,7 @@ defmodule Condukt.K8s.ExecPortforwardSmokeTest do
   # ServiceAccount, reach into that namespace.
   use Condukt.Test.K8s.Case, async: false
 
-  alias Condukt.Test.Netns.Cmd
+  alias Condukt.Dev.Netns.Cmd
 
   @port 18_080
   @client Path.expand("../../support/k8s/ws_client.py", __DIR__)

@@ -16,7 +16,7 @@ defmodule Condukt.K8s.KubernetesControlTest do
 
   alias Condukt.Sandbox
   alias Condukt.Sandbox.Kubernetes
-  alias Condukt.Test.Netns.Cmd
+  alias Condukt.Dev.Netns.Cmd
 
   if System.cmd("id", ["-u"]) != {"0\n", 0} do
     @moduletag skip: "kubernetes tier: a sidecar in a node's network namespace needs root"

@@ -10,7 +10,7 @@ defmodule Condukt.K8s.RuntimeTest do
 
   alias Condukt.Sandbox.NetworkPolicy
   alias Condukt.Test.K8s.Case, as: K8sCase
-  alias Condukt.Test.Netns.{Cmd, Testbed}
+  alias Condukt.Dev.Netns.{Cmd, Testbed}
 
   @client Path.expand("../../support/k8s/ws_client.py", __DIR__)
   @policy [rules: [deny: ["denied.test"], allow: ["allowed.test"]], default: :deny]

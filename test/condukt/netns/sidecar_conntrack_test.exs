@@ -13,7 +13,8 @@ defmodule Condukt.Netns.SidecarConntrackTest do
   # working across the restart).
   use Condukt.Test.Netns.Case, async: false
 
-  alias Condukt.Test.Netns.{ControlPeer, Sidecar, Tier}
+  alias Condukt.Dev.Netns.Tier
+  alias Condukt.Test.Netns.{ControlPeer, Sidecar}
 
   @policy [rules: [allow: ["allowed.test"]], default: :deny]
   @mark "0x539"

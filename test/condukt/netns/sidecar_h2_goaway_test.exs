@@ -6,7 +6,8 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
   # the clients see only 200s, and nginx sees HTTP/2 for every request.
   use Condukt.Test.Netns.Case, async: false
 
-  alias Condukt.Test.Netns.{ControlPeer, Sidecar, Tier}
+  alias Condukt.Dev.Netns.Tier
+  alias Condukt.Test.Netns.{ControlPeer, Sidecar}
 
   defp policy, do: [rules: [allow: ~w(allowed.test)], default: :deny]
 

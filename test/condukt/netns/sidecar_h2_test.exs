@@ -7,7 +7,8 @@ defmodule Condukt.Netns.SidecarH2Test do
   # GOAWAY ENHANCE_YOUR_CALM and an event.
   use Condukt.Test.Netns.Case, async: false
 
-  alias Condukt.Test.Netns.{Cmd, ControlPeer, Sidecar, Tier}
+  alias Condukt.Dev.Netns.{Cmd, Tier}
+  alias Condukt.Test.Netns.{ControlPeer, Sidecar}
 
   def decider(_ctx, _req), do: :deny
 

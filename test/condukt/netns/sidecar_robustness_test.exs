@@ -31,7 +31,7 @@ defmodule Condukt.Netns.SidecarRobustnessTest do
   setup_all do
     tb = Testbed.start(big_size: 1024 * 1024)
     {crt, key} = tb.pki.server
-    py = Condukt.Test.Netns.Tier.tool!("python3")
+    py = Condukt.Dev.Netns.Tier.tool!("python3")
 
     pid =
       Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "scripted.py"), "#{@plain}", "#{@tls}", crt, key],

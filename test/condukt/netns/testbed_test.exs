@@ -7,7 +7,7 @@ defmodule Condukt.Netns.TestbedTest do
   # not "the proxy is".
   use Condukt.Test.Netns.Case, async: true
 
-  alias Condukt.Test.Netns.Tier
+  alias Condukt.Dev.Netns.Tier
 
   setup_all do
     {:ok, tb: Testbed.start()}

@@ -15,7 +15,7 @@ defmodule Condukt.Test.K8s.Case do
   use ExUnit.CaseTemplate
 
   alias Condukt.Test.K8s.{Cluster, Runtime}
-  alias Condukt.Test.Netns.Testbed
+  alias Condukt.Dev.Netns.Testbed
 
   using opts do
     pods = Keyword.get(opts, :pods, false)
@@ -31,7 +31,7 @@ defmodule Condukt.Test.K8s.Case do
       if unquote(pods) do
         @moduletag :netns
 
-        if reason = Condukt.Test.Netns.Tier.skip_reason() do
+        if reason = Condukt.Dev.Netns.Tier.skip_reason() do
           @moduletag skip: "kubernetes tier (real pods need the netns tier): " <> reason
         end
       end

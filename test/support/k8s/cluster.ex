@@ -20,7 +20,7 @@ defmodule Condukt.Test.K8s.Cluster do
   # are bounded. Nothing here listens outside 127.0.0.1.
 
   alias Condukt.Test.K8s.Tier
-  alias Condukt.Test.Netns.Cmd
+  alias Condukt.Dev.Netns.Cmd
 
   defstruct [
     :id,

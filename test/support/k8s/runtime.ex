@@ -68,7 +68,7 @@ defmodule Condukt.Test.K8s.Runtime do
   use GenServer
 
   alias Condukt.Test.K8s.{Cluster, Tier}
-  alias Condukt.Test.Netns.Cmd
+  alias Condukt.Dev.Netns.Cmd
 
   require Logger
 

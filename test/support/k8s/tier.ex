@@ -15,7 +15,7 @@ defmodule Condukt.Test.K8s.Tier do
   # and CONDUKT_REQUIRE_ALL_TIERS=1 turns the skip into a failed run.
 
   @key {__MODULE__, :check}
-  alias Condukt.Test.SystemTools
+  alias Condukt.Dev.SystemTools
 
   @programs ~w(openssl curl timeout setsid kill)
 

@@ -13,12 +13,12 @@ defmodule Condukt.Test.Netns.Case do
       @moduletag :netns
       @moduletag timeout: 180_000
 
-      if reason = Condukt.Test.Netns.Tier.skip_reason() do
+      if reason = Condukt.Dev.Netns.Tier.skip_reason() do
         @moduletag skip: "netns tier: " <> reason
       end
 
-      alias Condukt.Test.Netns.{Client, Cmd, Testbed}
-      alias Condukt.Test.Netns.Client.Result
+      alias Condukt.Dev.Netns.{Client, Cmd, Testbed}
+      alias Condukt.Dev.Netns.Client.Result
     end
   end
 end

@@ -6,7 +6,8 @@ defmodule Condukt.Test.Netns.RawHttp do
 
   import ExUnit.Assertions
 
-  alias Condukt.Test.Netns.{Cmd, Sidecar, Testbed}
+  alias Condukt.Dev.Netns.{Cmd, Testbed}
+  alias Condukt.Test.Netns.Sidecar
 
   @doc "A query string unique to one test, so events of other tests never match."
   def tag, do: "t=#{System.unique_integer([:positive])}"

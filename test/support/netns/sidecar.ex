@@ -13,7 +13,7 @@ defmodule Condukt.Test.Netns.Sidecar do
   # runs under the sanitizers; `stop/1` fails the test on any report.
 
   alias Condukt.Sandbox.NetworkPolicy
-  alias Condukt.Test.Netns.{Cmd, Testbed, Tier}
+  alias Condukt.Dev.Netns.{Cmd, Testbed, Tier}
 
   @uid 1337
   @mark "0x539"

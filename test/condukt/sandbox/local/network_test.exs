@@ -69,7 +69,7 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
   test "session commands hold no capability and cannot read the sidecar's secrets", %{tb: tb} do
     {_pid, net} = start_network(tb)
 
-    assert {out, status} = session_cmd(net, [Condukt.Test.Netns.Tier.tool!("iptables"), "-t", "nat", "-F"])
+    assert {out, status} = session_cmd(net, [Condukt.Dev.Netns.Tier.tool!("iptables"), "-t", "nat", "-F"])
     assert status != 0, "a session command flushed the rules: #{out}"
 
     for secret <- ~w(ca.key token policy.json) do
@@ -125,7 +125,7 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
 
   test "sweep/0 removes what a dead BEAM left behind", %{tb: _tb} do
     name = "condukt-" <> (:crypto.strong_rand_bytes(5) |> Base.encode16(case: :lower))
-    ip = Condukt.Test.Netns.Tier.tool!("ip")
+    ip = Condukt.Dev.Netns.Tier.tool!("ip")
     {_, 0} = Cmd.run([ip, "netns", "add", name])
     on_exit(fn -> Cmd.run([ip, "netns", "del", name]) end)
     File.mkdir_p!(Path.join(@state_dir, "owners"))
@@ -153,7 +153,7 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
     on_exit(fn -> Network.stop(pid) end)
     {gw, _} = net.subnet
 
-    {nat, 0} = Cmd.run([Condukt.Test.Netns.Tier.tool!("iptables"), "-w", "-t", "nat", "-S", "POSTROUTING"])
+    {nat, 0} = Cmd.run([Condukt.Dev.Netns.Tier.tool!("iptables"), "-w", "-t", "nat", "-S", "POSTROUTING"])
     assert nat =~ "condukt:#{net.name}"
 
     # A web server on the host end of the veth, which this test created.
@@ -181,9 +181,9 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
     assert Enum.any?(Network.events(net), &(&1["event"] == "request_allowed" and &1["host"] == gw))
 
     :ok = Network.stop(pid)
-    {nat, 0} = Cmd.run([Condukt.Test.Netns.Tier.tool!("iptables"), "-w", "-t", "nat", "-S", "POSTROUTING"])
+    {nat, 0} = Cmd.run([Condukt.Dev.Netns.Tier.tool!("iptables"), "-w", "-t", "nat", "-S", "POSTROUTING"])
     refute nat =~ "condukt:#{net.name}"
-    {filter, 0} = Cmd.run([Condukt.Test.Netns.Tier.tool!("iptables"), "-w", "-S", "FORWARD"])
+    {filter, 0} = Cmd.run([Condukt.Dev.Netns.Tier.tool!("iptables"), "-w", "-S", "FORWARD"])
     refute filter =~ "condukt:#{net.name}"
   end
 

@@ -338,7 +338,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridgeLocalTest do
         )
 
       # Far more failures than the default 10 attempts: still dialling.
-      :ok = Condukt.Test.Netns.Cmd.poll(fn -> ControlBridge.info(bridge).failures > 30 end, 10_000)
+      :ok = Condukt.Dev.Netns.Cmd.poll(fn -> ControlBridge.info(bridge).failures > 30 end, 10_000)
       assert Process.alive?(bridge)
       refute_received {:control, :control_gave_up, _}
 

@@ -1,4 +1,4 @@
-defmodule Condukt.Test.Netns.Client do
+defmodule Condukt.Dev.Netns.Client do
   @moduledoc false
   # Real clients run inside the testbed's pod, each reporting one comparable
   # `Result`: curl, Python urllib, python3-requests, Node https, Node fetch
@@ -13,7 +13,7 @@ defmodule Condukt.Test.Netns.Client do
   # `Testbed.ca_env/1`; `ca: nil` leaves the system's trust store. No client
   # follows redirects.
 
-  alias Condukt.Test.Netns.{Testbed, Tier}
+  alias Condukt.Dev.Netns.{Testbed, Tier}
 
   defmodule Result do
     @moduledoc false

@@ -1,4 +1,4 @@
-defmodule Condukt.Test.SystemTools do
+defmodule Condukt.Dev.SystemTools do
   @moduledoc false
   # What the test tiers share about the machine: programs are looked up in
   # the system directories only, never on the caller's PATH (a user's pyenv

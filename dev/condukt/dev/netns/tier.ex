@@ -1,4 +1,4 @@
-defmodule Condukt.Test.Netns.Tier do
+defmodule Condukt.Dev.Netns.Tier do
   @moduledoc false
   # Decides whether the `:netns` end-to-end tier can run on this machine.
   #
@@ -13,8 +13,8 @@ defmodule Condukt.Test.Netns.Tier do
   # never silently, and CONDUKT_REQUIRE_ALL_TIERS=1 turns the skip into a
   # failed run.
 
-  alias Condukt.Test.Netns.Cmd
-  alias Condukt.Test.SystemTools
+  alias Condukt.Dev.Netns.Cmd
+  alias Condukt.Dev.SystemTools
 
   @key {__MODULE__, :check}
 

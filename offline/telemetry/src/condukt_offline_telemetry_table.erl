@@ -1,6 +1,6 @@
 %% OFFLINE STAND-IN (see README.md next to this file): owns the ETS table
-%% behind the stand-in `telemetry` module. Started by Condukt.Application
-%% only when the real :telemetry package is absent.
+%% behind the stand-in `telemetry` module. Started by the stand-in
+%% application (condukt_offline_telemetry_app), never by Condukt itself.
 -module(condukt_offline_telemetry_table).
 -behaviour(gen_server).
 

@@ -1,4 +1,4 @@
-defmodule Condukt.Test.Netns.Pki do
+defmodule Condukt.Dev.Netns.Pki do
   @moduledoc false
   # The testbed's certificates, made with the openssl CLI (P-256 keys, valid
   # for three days, from a root made fresh for every testbed):
@@ -16,7 +16,7 @@ defmodule Condukt.Test.Netns.Pki do
   # verifiers (Python's VERIFY_X509_STRICT, Node) accept the good ones for
   # the right reason.
 
-  alias Condukt.Test.Netns.{Cmd, Tier}
+  alias Condukt.Dev.Netns.{Cmd, Tier}
 
   @days "3"
 

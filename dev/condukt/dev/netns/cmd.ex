@@ -1,4 +1,4 @@
-defmodule Condukt.Test.Netns.Cmd do
+defmodule Condukt.Dev.Netns.Cmd do
   @moduledoc false
   # Runs external programs for the end-to-end tier, always under a deadline.
   #

@@ -1,4 +1,4 @@
-defmodule Condukt.Test.Netns.Testbed do
+defmodule Condukt.Dev.Netns.Testbed do
   @moduledoc false
   # A two-namespace end-to-end testbed: a "pod" (where the workspace's
   # clients, and later the sidecar, run) and an "inet" (the internet: nginx,
@@ -18,7 +18,7 @@ defmodule Condukt.Test.Netns.Testbed do
   # directly inside the two namespaces and no address or route is added
   # outside them.
 
-  alias Condukt.Test.Netns.{Client, Cmd, Nginx, Pki, Tier}
+  alias Condukt.Dev.Netns.{Client, Cmd, Nginx, Pki, Tier}
 
   @enforce_keys [:id, :pod_ns, :inet_ns, :dir]
   defstruct [
@@ -226,7 +226,7 @@ defmodule Condukt.Test.Netns.Testbed do
   Runs `argv` inside namespace `ns` and returns `{output, exit_status}`;
   exit status 124 means the deadline passed and it was killed. Options:
   those of `command/4`, plus `:timeout` (ms, default 30 s), `:stdin`,
-  `:stderr` (see `Condukt.Test.Netns.Cmd.run/2`).
+  `:stderr` (see `Condukt.Dev.Netns.Cmd.run/2`).
   """
   @spec exec_in(t(), ns(), [String.t()], keyword()) :: Cmd.result()
   def exec_in(tb, ns, argv, opts \\ []) do
@@ -247,7 +247,7 @@ defmodule Condukt.Test.Netns.Testbed do
     Cmd.spawn_daemon(command(tb, ns, argv, opts), log)
   end
 
-  @doc "Runs an HTTP client in the pod; see `Condukt.Test.Netns.Client.run/4`."
+  @doc "Runs an HTTP client in the pod; see `Condukt.Dev.Netns.Client.run/4`."
   defdelegate client(tb, client, url, opts \\ []), to: Client, as: :run
 
   @doc "The JSON lines the bypass listeners (TCP 8080, UDP 443) recorded, decoded."
