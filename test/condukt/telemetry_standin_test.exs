@@ -52,4 +52,15 @@ defmodule Condukt.TelemetryStandinTest do
     assert_raise RuntimeError, fn -> :telemetry.span(event, %{}, fn -> raise "x" end) end
     assert_receive {:exception, %{duration: _}, %{kind: :error, reason: %RuntimeError{}}}
   end
+
+  # A release holds one :telemetry application. When :condukt itself
+  # carried a `telemetry` module, `mix release` of a project that also had
+  # the real package failed with "Duplicated modules".
+  test ":condukt ships no telemetry module; :telemetry is an application of its own" do
+    condukt_modules = Application.spec(:condukt, :modules)
+    refute :telemetry in condukt_modules
+    refute Enum.any?(condukt_modules, &String.starts_with?(Atom.to_string(&1), "condukt_offline_telemetry"))
+    assert :telemetry in Application.spec(:telemetry, :modules)
+    assert :telemetry in Enum.map(Application.started_applications(), &elem(&1, 0))
+  end
 end
