@@ -20,7 +20,7 @@ case Tier.check() do
   :ok ->
     :ok
 
-  {:error, reason} ->
+  {:skip, reason} ->
     IO.puts(:stderr, "The demo needs what the end-to-end tier needs: #{reason}")
     System.halt(1)
 end

@@ -18,6 +18,8 @@
 #                  run is as cold as a new machine's.
 #   --keep         leave the root in place (it is removed otherwise).
 #   --root DIR     where to build it (default /var/tmp/condukt-fresh-<id>).
+#                  An existing DIR made by an earlier --keep run is reused
+#                  (quicker, but no longer fresh: for iterating on a fix).
 #
 # Exit status: the first failing command's. Logs: <root>.log next to it.
 set -eu
@@ -43,13 +45,18 @@ if ! command -v mmdebstrap >/dev/null 2>&1; then
 fi
 
 log=$root.log
-echo "fresh-debian-check: building a bookworm root in $root (log: $log)"
 start=$(date +%s)
-mmdebstrap --variant=minbase --include=git,make,ca-certificates bookworm "$root" \
-  "deb http://deb.debian.org/debian bookworm main" \
-  "deb http://deb.debian.org/debian bookworm-updates main" \
-  "deb http://deb.debian.org/debian-security bookworm-security main" >"$log" 2>&1
-echo "fresh-debian-check: root ready in $(( $(date +%s) - start )) s"
+if [ -d "$root/etc" ]; then
+  echo "fresh-debian-check: reusing $root (NOT fresh; log: $log)"
+  rm -rf "$root/root/condukt"
+else
+  echo "fresh-debian-check: building a bookworm root in $root (log: $log)"
+  mmdebstrap --variant=minbase --include=git,make,ca-certificates bookworm "$root" \
+    "deb http://deb.debian.org/debian bookworm main" \
+    "deb http://deb.debian.org/debian bookworm-updates main" \
+    "deb http://deb.debian.org/debian-security bookworm-security main" >"$log" 2>&1
+  echo "fresh-debian-check: root ready in $(( $(date +%s) - start )) s"
+fi
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 git clone -q "$here" "$root/root/condukt"
 
@@ -74,6 +81,9 @@ fi
 in_root() {
   unshare --mount --propagation private sh -eu -c '
     root=$1; caches=$2; shift 2
+    # The root is a mount point of its own, as in a container: `ip netns
+    # exec` makes / a slave mount, which fails on a plain directory.
+    mount --bind "$root" "$root"
     mount -t proc proc "$root/proc"
     mount --rbind /sys "$root/sys"
     mount --rbind /dev "$root/dev"
