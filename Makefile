@@ -162,6 +162,25 @@ setup:
 demo: $(BIN)
 	mix run scripts/demo.exs
 
+# Container images, from Debian packages, without a registry or a daemon
+# (scripts/image/build.sh, docs/image.md): `make image` writes the sidecar
+# image as an OCI archive; IMAGE_LOAD=containerd (CONTAINERD_ADDRESS,
+# namespace IMAGE_NAMESPACE, default k8s.io) or IMAGE_LOAD=podman also
+# imports it.
+IMAGE_ARCHIVE := $(BUILD)/image/condukt-egress.oci.tar
+IMAGE_NAMESPACE ?= k8s.io
+.PHONY: image
+image: $(BIN)
+	sh scripts/image/build.sh sidecar $(IMAGE_ARCHIVE)
+	@ls -l $(IMAGE_ARCHIVE) | awk '{printf "image: %s, %.1f MiB\n", $$NF, $$5 / 1048576}'
+ifeq ($(IMAGE_LOAD),containerd)
+	ctr $(if $(CONTAINERD_ADDRESS),-a $(CONTAINERD_ADDRESS)) -n $(IMAGE_NAMESPACE) images import $(IMAGE_ARCHIVE)
+else ifeq ($(IMAGE_LOAD),podman)
+	podman load -i $(IMAGE_ARCHIVE)
+else ifneq ($(IMAGE_LOAD),)
+	@echo "image: IMAGE_LOAD must be containerd or podman, not '$(IMAGE_LOAD)'" >&2; exit 2
+endif
+
 # Benchmarks: the sidecar against direct, mitmproxy and Squid on the
 # namespace testbed (bench/README.md). BENCH_ARGS=--quick for a short run.
 .PHONY: bench

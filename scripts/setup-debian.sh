@@ -13,6 +13,7 @@ PACKAGES="
   iptables iproute2 util-linux openssl nginx-light nodejs conntrack
   python3 python3-requests python3-websockets
   python3-h2 python3-httpx nghttp2-client
+  mmdebstrap containerd runc
 "
 
 missing=""
