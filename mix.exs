@@ -78,15 +78,16 @@ defmodule Condukt.MixProject do
     end
   end
 
-  # Hex package: the sources the native build needs (c_src, the Makefile,
-  # rebar.config, the Mozilla snapshot in priv) with the Elixir code; the
-  # built binary and the tests stay out.
+  # Hex package: the sources the native build needs (c_src, the Makefile
+  # and the dependency check it runs, rebar.config, the Mozilla snapshot in
+  # priv) with the Elixir code; the built binary and the tests stay out.
   defp package do
     [
       licenses: ["MIT"],
       links: %{"GitHub" => @source_url, "Changelog" => "#{@source_url}/blob/main/CHANGELOG.md"},
       files:
-        ~w(lib c_src offline priv/ca-certificates docs mix.exs rebar.config Makefile README.md LICENSE CHANGELOG.md)
+        ~w(lib c_src offline priv/ca-certificates scripts/check-build-deps.sh docs mix.exs rebar.config Makefile) ++
+          ~w(README.md LICENSE CHANGELOG.md)
     ]
   end
 
