@@ -43,6 +43,7 @@ defmodule Condukt.MixProject do
   use Mix.Project
 
   @version "0.1.0"
+  @source_url "https://github.com/tuist/condukt"
 
   # Hex is not reachable on every build machine (our CI has no Hex at all).
   # Offline, :jiffy comes from Debian's erlang-jiffy (already on the code
@@ -70,9 +71,12 @@ defmodule Condukt.MixProject do
       # it; in :dev (the demo, the benchmark) ExUnit is not an application.
       xref: [exclude: [ExUnit, ExUnit.Callbacks]],
       deps: deps(),
-      docs: [main: "readme", extras: ["README.md" | Path.wildcard("docs/*.md")]],
+      name: "Condukt",
       description: "Sandboxes for AI-agent sessions with an egress network policy.",
-      package: [files: ~w(lib c_src priv offline docs mix.exs rebar.config Makefile README.md)]
+      source_url: @source_url,
+      homepage_url: @source_url,
+      docs: docs(),
+      package: package()
     ]
   end
 
@@ -95,7 +99,76 @@ defmodule Condukt.MixProject do
     if offline?() do
       [{:telemetry, path: "offline/telemetry"}]
     else
-      [{:telemetry, "~> 1.2"}, {:jiffy, "~> 1.1"}]
+      [{:telemetry, "~> 1.2"}, {:jiffy, "~> 1.1"}, {:ex_doc, "~> 0.34", only: :dev, runtime: false}]
     end
+  end
+
+  # Hex package: the sources the native build needs (c_src, the Makefile
+  # and the dependency check it runs, rebar.config, the Mozilla snapshot in
+  # priv) with the Elixir code; the built binary and the tests stay out.
+  defp package do
+    [
+      licenses: ["MIT"],
+      links: %{"GitHub" => @source_url, "Changelog" => "#{@source_url}/blob/main/CHANGELOG.md"},
+      files:
+        ~w(lib c_src offline priv/ca-certificates scripts/check-build-deps.sh docs mix.exs rebar.config Makefile) ++
+          ~w(README.md LICENSE CHANGELOG.md)
+    ]
+  end
+
+  # ex_doc (`mix docs`, with Hex): the guides and reference pages for
+  # users, the pages for contributors grouped apart.
+  @guides ["docs/guides/getting-started.md", "docs/guides/running-on-kubernetes.md"]
+  @reference ~w(docs/sandbox.md docs/host-matching.md docs/policy-json.md docs/kubernetes.md
+                docs/local-network.md docs/beam-side.md docs/control-channel.md)
+  @contributing ~w(docs/fuzzing.md docs/e2e-testbed.md docs/k8s-tier.md docs/tracing.md)
+
+  defp docs do
+    [
+      main: "readme",
+      source_ref: "v#{@version}",
+      extras:
+        ["README.md", "CHANGELOG.md", {"LICENSE", title: "License"}] ++
+          @guides ++
+          @reference ++ @contributing ++ [{"bench/README.md", filename: "benchmarks", title: "Benchmarks"}],
+      groups_for_extras: [
+        Guides: @guides,
+        Reference: @reference,
+        Contributing: @contributing ++ ["bench/README.md"]
+      ],
+      groups_for_modules: [
+        Sandbox: [Condukt, Condukt.Sandbox, Condukt.Sandbox.Local, Condukt.Sandbox.Local.Network],
+        "Network policy": [
+          Condukt.Sandbox.NetworkPolicy,
+          Condukt.Sandbox.NetworkPolicy.Decider,
+          Condukt.Sandbox.NetworkPolicy.Context,
+          Condukt.Sandbox.NetworkPolicy.Request,
+          Condukt.Sandbox.NetworkPolicy.Telemetry,
+          Condukt.Sandbox.NetworkPolicy.CA
+        ],
+        Kubernetes: [
+          Condukt.Sandbox.Kubernetes,
+          Condukt.Kube,
+          Condukt.Kube.Conn,
+          Condukt.Sandbox.NetworkPolicy.K8s.Manifests
+        ],
+        Errors: [
+          Condukt.Sandbox.Error,
+          Condukt.Sandbox.NetworkPolicy.Error,
+          Condukt.Sandbox.Local.NetworkError,
+          Condukt.Kube.Error,
+          Condukt.Native.Error,
+          Condukt.Options.Error
+        ],
+        Internal: [
+          Condukt.Native,
+          Condukt.Options,
+          Condukt.Sandbox.NetworkPolicy.ControlBridge,
+          Condukt.Sandbox.NetworkPolicy.ControlChannelSupervisor,
+          Condukt.Sandbox.NetworkPolicy.DecideRuntime,
+          Condukt.Sandbox.NetworkPolicy.Host
+        ]
+      ]
+    ]
   end
 end

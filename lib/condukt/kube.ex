@@ -12,7 +12,7 @@ defmodule Condukt.Kube do
 
   ## Connection resolution
 
-  `connect/1` resolves one source, in the seeds' order:
+  `connect/1` resolves one source, in this order:
 
     1. `:conn` — a `Condukt.Kube.Conn` (or a keyword list / map of its
        fields: `:server`, `:ca_pem`, `:insecure`, `:token`, `:token_file`,

@@ -67,8 +67,8 @@ defmodule Condukt.Sandbox.Kubernetes do
   With `:network_policy`, every TCP 80/443 connection of the pod goes
   through the `condukt-egress` sidecar (a native sidecar init container)
   behind iptables rules set by an init container, with a per-session CA
-  that the workspace trusts (six CA variables and the system bundle
-  overlay of seed 000). The pod gets two Secrets and a NetworkPolicy
+  that the workspace trusts (six CA variables, and a bundle mounted over
+  the system trust store). The pod gets two Secrets and a NetworkPolicy
   (docs/kubernetes.md, "Objects"), owned by the pod. A
   `Condukt.Sandbox.NetworkPolicy.ControlBridge` reaches the sidecar's
   control port through a port-forward listener on a Unix socket in a

@@ -79,14 +79,15 @@ defmodule Condukt.Sandbox.Local do
   `Condukt.Sandbox.NetworkPolicy.new/1`, so a bad policy fails `init/1`
   here just as it would on Kubernetes.
 
-  The seeds let Local ignore the policy; this Local enforces it where it
-  can. On Linux, when the BEAM holds CAP_NET_ADMIN and CAP_SYS_ADMIN (root)
+  Upstream Condukt's Local sandbox ignores the policy; this one enforces
+  it where it can. On Linux, when the BEAM holds CAP_NET_ADMIN and CAP_SYS_ADMIN (root)
   and `ip`, `setpriv` and `iptables` are installed, `init/1` puts the
   session in a network namespace of its own with the real egress sidecar
   (`Condukt.Sandbox.Local.Network`, docs/local-network.md): every `exec/3`
   runs inside it without any capability, its TCP 80/443 goes through the
   policy, everything else is rejected, and the clients trust the session
-  CA through the six variables of the seeds. A
+  CA through the six variables of
+  `Condukt.Sandbox.NetworkPolicy.ca_env/1`. A
   `Condukt.Sandbox.NetworkPolicy.ControlBridge` attaches to the sidecar's
   control channel: decide rules run here, on the BEAM, and every request's
   events become `:telemetry` events (`Condukt.Sandbox.NetworkPolicy.Telemetry`).
@@ -94,7 +95,7 @@ defmodule Condukt.Sandbox.Local do
   File operations are not network operations and stay on the host.
 
   Where that is impossible, `init/1` logs one warning and the commands run
-  unenforced (the seeds' portability), unless `network_policy_required:
+  unenforced (so that an agent definition stays portable), unless `network_policy_required:
   true`, which makes `init/1` fail with
   `%Condukt.Sandbox.Error{reason: :network_policy_unenforceable}` whose
   `:detail` is the `Condukt.Sandbox.Local.NetworkError` that says why.
@@ -184,7 +185,7 @@ defmodule Condukt.Sandbox.Local do
     end
   end
 
-  # The control channel is always on when a policy is set (DESIGN §5):
+  # The control channel is always on when a policy is set:
   # telemetry is the product, and decide rules are answered here.
   defp start_bridge(state, net, net_pid, opts) do
     bridge_opts = [

@@ -140,7 +140,7 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   @ca_env_vars ~w(NODE_EXTRA_CA_CERTS REQUESTS_CA_BUNDLE SSL_CERT_FILE PIP_CERT CURL_CA_BUNDLE GIT_SSL_CAINFO)
 
   @doc """
-  The six environment variables (seed 000, "Workspace images") that make
+  The six environment variables that make
   Node, Python, pip, curl, git and OpenSSL-based clients trust the CA
   bundle at `path`, as `{name, value}` pairs.
   """

@@ -1,8 +1,9 @@
 defmodule Condukt.Sandbox.Kubernetes.Schema do
   @moduledoc false
   # Option schemas of Condukt.Sandbox.Kubernetes (Condukt.Options), shared
-  # by validation and the rendered moduledoc. The seed 004 options first,
-  # then the network policy ones (seed 000, docs/kubernetes.md).
+  # by validation and the rendered moduledoc. The options of upstream
+  # Condukt's Kubernetes sandbox first, then the network policy ones
+  # (docs/kubernetes.md).
 
   alias Condukt.Sandbox.NetworkPolicy.K8s.Manifests
 

@@ -49,7 +49,7 @@ defmodule Condukt.Sandbox.Local.Network do
   @moduledoc """
   The network enforcement of `Condukt.Sandbox.Local` on Linux: a network
   namespace per session with the real egress sidecar in it, set up the way
-  a Kubernetes pod has it (DESIGN §4–§6, docs/local-network.md).
+  a Kubernetes pod has it (docs/local-network.md).
 
   ```
    host (or the uplink namespace)            session namespace condukt-<hex>
@@ -74,8 +74,9 @@ defmodule Condukt.Sandbox.Local.Network do
   capability dropped (no CAP_NET_ADMIN to flush the rules, no
   CAP_SYS_ADMIN to leave the namespace, no CAP_SETUID or DAC override to
   read the sidecar's secrets) and `no_new_privs` set, optionally as
-  another uid (`:user`). `env/1` gives them the six CA variables of the
-  seeds, pointed at the trust bundle (Mozilla roots + session CA).
+  another uid (`:user`). `env/1` gives them the six CA variables
+  (`Condukt.Sandbox.NetworkPolicy.ca_env/1`), pointed at the trust bundle
+  (Mozilla roots + session CA).
 
   The process owns the sidecar (a port on a small shell wrapper that
   terminates the proxy when the port closes, so a BEAM that dies takes the

@@ -1,6 +1,6 @@
 defmodule Condukt.Sandbox.NetworkPolicy.CA do
   @moduledoc """
-  Trust for the per-session CA (seed 000, "Workspace images"): the system
+  Trust for the per-session CA: the system
   bundle a sandbox mounts over the OS trust store is the Mozilla public CA
   list shipped in `priv/ca-certificates/mozilla.pem` followed by the
   session CA, so clients that read the OS store directly see both.

@@ -31,7 +31,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   | `:reason` | `atom() \\| String.t() \\| nil` | why it was denied or failed (see below) |
   | `:matched_rule` | `%{index: non_neg_integer(), kind: :allow \\| :deny \\| :decide} \\| nil` | the rule that decided, on `:request_allowed` and `:request_denied`; `nil` when the policy default fired and on lifecycle-only events |
   | `:at` | `DateTime.t() \\| nil` | when the step happened (sidecar clock) |
-  | `:session_id` | `String.t()` | the gated session (additive to the seed's metadata) |
+  | `:session_id` | `String.t()` | the gated session (an addition to upstream Condukt's metadata) |
   | `:seq` | `pos_integer() \\| nil` | the sidecar's event sequence number; a gap is a loss |
 
   **Reasons.** The refusal reasons that the policy itself defines are atoms,

@@ -220,7 +220,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
     ]
   end
 
-  @doc "The six CA variables of seed 000, pointed at `/etc/condukt/ca.pem`, as pod `env` entries."
+  @doc "The six CA variables (`Condukt.Sandbox.NetworkPolicy.ca_env/1`), pointed at `/etc/condukt/ca.pem`, as pod `env` entries."
   @spec ca_env() :: [map()]
   def ca_env, do: Enum.map(NetworkPolicy.ca_env("#{@trust_dir}/ca.pem"), fn {k, v} -> %{"name" => k, "value" => v} end)
 
