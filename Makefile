@@ -158,6 +158,7 @@ test: c-test fuzz-smoke elixir-test
 setup:
 	sh scripts/setup-debian.sh
 	sh scripts/k8s/setup-go.sh
+	sh scripts/setup-rust.sh
 
 demo: $(BIN)
 	mix run scripts/demo.exs
@@ -195,3 +196,30 @@ clean:
 	rm -rf build $(BIN) _build
 
 -include $(REL_OBJS:.o=.d) $(SAN_OBJS:.o=.d)
+
+# ---- The Virtual sandbox's NIF (native/condukt_virtual, Rust) ------------------------
+# Separate from `all`: nothing above depends on it. mix.exs calls
+# `make virtual-nif` only when cargo is on the PATH; without it
+# Condukt.Sandbox.Virtual reports :not_available and everything else works.
+# Crates come from the Rust crate registry, pinned by the committed Cargo.lock;
+# the target directory lives outside the checkout so CI can cache it.
+CARGO ?= cargo
+CARGO_TARGET_DIR ?= $(HOME)/.cache/condukt/cargo
+CARGO_JOBS ?=
+VIRTUAL_CRATE := native/condukt_virtual
+VIRTUAL_NIF := priv/condukt_virtual.so
+VIRTUAL_SRCS := $(wildcard $(VIRTUAL_CRATE)/src/*.rs) $(VIRTUAL_CRATE)/Cargo.toml $(VIRTUAL_CRATE)/Cargo.lock
+VIRTUAL_CARGO = CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(CARGO)
+
+.PHONY: virtual-nif virtual-nif-check
+virtual-nif: $(VIRTUAL_NIF)
+
+$(VIRTUAL_NIF): $(VIRTUAL_SRCS)
+	$(VIRTUAL_CARGO) build --release --locked $(CARGO_JOBS) --manifest-path $(VIRTUAL_CRATE)/Cargo.toml
+	@mkdir -p priv
+	cp $(CARGO_TARGET_DIR)/release/libcondukt_virtual.so $@.tmp && mv $@.tmp $@
+
+# clippy with warnings as errors, and the crate's unit tests.
+virtual-nif-check:
+	$(VIRTUAL_CARGO) clippy --release --locked $(CARGO_JOBS) --manifest-path $(VIRTUAL_CRATE)/Cargo.toml -- -D warnings
+	$(VIRTUAL_CARGO) test --release --locked $(CARGO_JOBS) --manifest-path $(VIRTUAL_CRATE)/Cargo.toml

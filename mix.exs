@@ -30,11 +30,32 @@ defmodule Mix.Tasks.Compile.ConduktEgress do
 
     case System.cmd(make, args ++ [jobs, target], stderr_to_stdout: true) do
       {_out, 0} ->
+        virtual_nif(make, args)
         {:ok, []}
 
       {out, status} ->
         Mix.shell().error(out)
         Mix.raise("condukt: building #{target} failed (make exited #{status}); the compiler's output is above")
+    end
+  end
+
+  # Condukt.Sandbox.Virtual's NIF (Rust), only where cargo is installed.
+  # Optional: a failed build is reported and the Virtual sandbox then says
+  # :not_available; nothing else depends on it.
+  defp virtual_nif(make, args) do
+    if System.find_executable("cargo") do
+      if elem(System.cmd(make, args ++ ["-q", "virtual-nif"], stderr_to_stdout: true), 1) != 0,
+        do: Mix.shell().info("==> condukt: building priv/condukt_virtual.so (Rust; minutes on a cold cache)")
+
+      case System.cmd(make, args ++ ["virtual-nif"], stderr_to_stdout: true) do
+        {_out, 0} ->
+          :ok
+
+        {out, status} ->
+          Mix.shell().error(
+            out <> "\ncondukt: make virtual-nif exited #{status}; Condukt.Sandbox.Virtual is not available"
+          )
+      end
     end
   end
 end

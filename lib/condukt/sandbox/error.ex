@@ -26,6 +26,9 @@ defmodule Condukt.Sandbox.Error do
   | `:invalid_option`       | an unknown or ill-typed option (`:detail` is a `t:Condukt.Options.error/0`) |
   | `:invalid_network_policy` | the `:network_policy` option was refused (`:detail` is a `Condukt.Sandbox.NetworkPolicy.Error`) |
   | `:network_policy_unenforceable` | the policy cannot be enforced here and `network_policy_required: true` (`:detail` is a `Condukt.Sandbox.Local.NetworkError`) |
+  | `:not_available`        | `Condukt.Sandbox.Virtual`: its native library is not built or not loadable (`:detail` says how to build it) |
+  | `:limit_exceeded`       | `Condukt.Sandbox.Virtual`'s `exec/3` ran past a resource limit (`:detail` holds the `:message` and the partial `:output`) |
+  | `:mount_failed`         | `mount/3` could not mount the host directory (`:detail` says why) |
   | `:invalid_sandbox`      | `new/2` was given something that is not a sandbox module (`:detail` says why) |
   | `:exception`            | a sandbox callback raised (`:detail` is the exception) |
   | `:bad_return`           | a sandbox callback returned a value outside its contract (`:detail` is the value) |
@@ -48,6 +51,9 @@ defmodule Condukt.Sandbox.Error do
           | :invalid_option
           | :invalid_network_policy
           | :network_policy_unenforceable
+          | :not_available
+          | :limit_exceeded
+          | :mount_failed
           | :invalid_sandbox
           | :exception
           | :bad_return
@@ -97,6 +103,13 @@ defmodule Condukt.Sandbox.Error do
   defp what(%{reason: :network_policy_unenforceable, detail: detail}),
     do: "the network policy cannot be enforced: " <> describe(detail)
 
+  defp what(%{reason: :not_available, detail: detail}),
+    do: "the Virtual sandbox is not available: " <> describe(detail)
+
+  defp what(%{reason: :limit_exceeded, detail: %{message: message}}),
+    do: "the command ran past a resource limit and was stopped (#{message})"
+
+  defp what(%{reason: :mount_failed, detail: detail}), do: "the mount failed (#{describe(detail)})"
   defp what(%{reason: :invalid_sandbox, detail: detail}), do: describe(detail)
   defp what(%{reason: :exception, detail: detail}), do: "the sandbox raised: " <> describe(detail)
 

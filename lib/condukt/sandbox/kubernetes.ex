@@ -92,6 +92,8 @@ defmodule Condukt.Sandbox.Kubernetes do
 
   @behaviour Condukt.Sandbox
 
+  import Condukt.Sandbox.Backend, only: [validate: 3, network_policy: 1]
+
   require Logger
 
   alias Condukt.{Kube, Native, Options}
@@ -866,27 +868,5 @@ defmodule Condukt.Sandbox.Kubernetes do
   @spec grep(t(), String.t(), keyword()) :: {:ok, [Condukt.Sandbox.grep_match()]} | {:error, Error.t()}
   def grep(%__MODULE__{} = state, pattern, opts) do
     with {:ok, opts} <- validate(opts, LocalSchema.grep(), :grep), do: Ops.grep(state, pattern, opts)
-  end
-
-  ## helpers ----------------------------------------------------------------------
-
-  defp network_policy(nil), do: {:ok, nil}
-
-  defp network_policy(policy) do
-    case NetworkPolicy.new(policy) do
-      {:ok, policy} -> {:ok, policy}
-      {:error, error} -> {:error, %Error{reason: :invalid_network_policy, op: :new, detail: error}}
-    end
-  end
-
-  defp validate(opts, schema, op) do
-    if is_list(opts) and Keyword.keyword?(opts) do
-      case Options.validate(opts, schema) do
-        {:ok, opts} -> {:ok, opts}
-        {:error, error} -> {:error, %Error{reason: :invalid_option, op: op, detail: error}}
-      end
-    else
-      {:error, %Error{reason: :invalid_option, op: op, detail: "expected a keyword list, got: #{inspect(opts)}"}}
-    end
   end
 end

@@ -103,9 +103,10 @@ defmodule Condukt.Sandbox.Local do
 
   @behaviour Condukt.Sandbox
 
+  import Condukt.Sandbox.Backend, only: [validate: 3, network_policy: 1, check_command: 1]
+
   require Logger
 
-  alias Condukt.Options
   alias Condukt.Sandbox.Error
   alias Condukt.Sandbox.Local.{Exec, Network, NetworkError, Schema, Search}
   alias Condukt.Sandbox.NetworkPolicy
@@ -222,15 +223,6 @@ defmodule Condukt.Sandbox.Local do
     end
   end
 
-  defp network_policy(nil), do: {:ok, nil}
-
-  defp network_policy(policy) do
-    case NetworkPolicy.new(policy) do
-      {:ok, policy} -> {:ok, policy}
-      {:error, error} -> {:error, %Error{reason: :invalid_network_policy, op: :new, detail: error}}
-    end
-  end
-
   @impl true
   @spec shutdown(t()) :: :ok
   def shutdown(%__MODULE__{network_pid: nil}), do: :ok
@@ -320,12 +312,6 @@ defmodule Condukt.Sandbox.Local do
   defp network_env(%{network: nil}), do: []
   defp network_env(%{network: net}), do: Network.env(net)
 
-  defp check_command(command) do
-    if String.contains?(command, <<0>>),
-      do: {:error, %Error{reason: :invalid_command, op: :exec}},
-      else: :ok
-  end
-
   defp exec_dir(state, nil), do: {:ok, state.cwd}
 
   defp exec_dir(state, dir) do
@@ -373,17 +359,6 @@ defmodule Condukt.Sandbox.Local do
   end
 
   ## Helpers
-
-  defp validate(opts, schema, op) do
-    if Keyword.keyword?(opts) do
-      case Options.validate(opts, schema) do
-        {:ok, opts} -> {:ok, opts}
-        {:error, error} -> {:error, %Error{reason: :invalid_option, op: op, detail: error}}
-      end
-    else
-      {:error, %Error{reason: :invalid_option, op: op, detail: "expected a keyword list, got: #{inspect(opts)}"}}
-    end
-  end
 
   defp resolve(%{cwd: cwd}, path) do
     case Path.type(path) do

@@ -193,16 +193,8 @@ defmodule Condukt.Sandbox.Kubernetes.Ops do
   @spec edit_file(target(), String.t(), binary(), binary()) :: :ok | {:error, Error.t()}
   def edit_file(t, path, old_text, new_text) do
     with {:ok, content} <- error_op(read_file(t, path), :edit) do
-      case Condukt.Sandbox.Edit.replace_once(content, old_text, new_text) do
-        {:ok, updated} ->
-          error_op(write_file(t, path, IO.iodata_to_binary(updated)), :edit)
-
-        {:error, {:old_text_not_unique, n}} ->
-          {:error, %Error{reason: :old_text_not_unique, op: :edit, path: path, detail: n}}
-
-        {:error, reason} ->
-          {:error, %Error{reason: reason, op: :edit, path: path}}
-      end
+      with {:ok, updated} <- Condukt.Sandbox.Backend.replace_once(content, old_text, new_text, path),
+           do: error_op(write_file(t, path, updated), :edit)
     end
   end
 

@@ -55,16 +55,22 @@ defmodule Condukt.Sandbox.Local.Search do
     end
   end
 
-  defp matcher("", %{literal: true}), do: {:ok, fn _line -> true end}
+  # Shared with Condukt.Sandbox.Virtual.Search, so both backends match the
+  # same lines.
+  @doc false
+  @spec matcher(String.t(), map()) :: {:ok, (binary() -> boolean())} | {:error, {:invalid_pattern, String.t()}}
+  def matcher(pattern, opts)
 
-  defp matcher(pattern, %{literal: true, ignore_case: false}) do
+  def matcher("", %{literal: true}), do: {:ok, fn _line -> true end}
+
+  def matcher(pattern, %{literal: true, ignore_case: false}) do
     compiled = :binary.compile_pattern(pattern)
     {:ok, fn line -> :binary.match(line, compiled) != :nomatch end}
   end
 
-  defp matcher(pattern, %{literal: true} = opts), do: matcher(Regex.escape(pattern), %{opts | literal: false})
+  def matcher(pattern, %{literal: true} = opts), do: matcher(Regex.escape(pattern), %{opts | literal: false})
 
-  defp matcher(pattern, opts) do
+  def matcher(pattern, opts) do
     case Regex.compile(pattern, if(opts.ignore_case, do: "i", else: "")) do
       {:ok, regex} -> {:ok, &Regex.match?(regex, &1)}
       {:error, {what, at}} -> {:error, {:invalid_pattern, "#{what} at position #{at}"}}
@@ -118,16 +124,25 @@ defmodule Condukt.Sandbox.Local.Search do
 
   defp search_file(shown, abs, matcher) do
     with {:ok, %File.Stat{type: :regular, size: size}} when size <= @max_file_bytes <- File.stat(abs),
-         {:ok, content} <- File.read(abs),
-         false <- binary?(content) do
+         {:ok, content} <- File.read(abs) do
+      match_lines(shown, content, matcher)
+    else
+      _ -> []
+    end
+  end
+
+  @doc false
+  @spec match_lines(String.t(), binary(), (binary() -> boolean())) :: Enumerable.t()
+  def match_lines(shown, content, matcher) do
+    if binary?(content) do
+      []
+    else
       content
       |> :binary.split("\n", [:global])
       |> drop_final_empty()
       |> Stream.with_index(1)
       |> Stream.filter(fn {line, _} -> matcher.(line) end)
       |> Stream.map(fn {line, n} -> %{path: shown, line_number: n, line: display(line)} end)
-    else
-      _ -> []
     end
   end
 
