@@ -15,9 +15,9 @@ defmodule Condukt.Sandbox.Virtual do
 
   Every file lives in the sandbox's own memory and disappears with it,
   except under a mount, where reads (and, for `:readwrite`, writes) reach
-  the host directory. Commands are bashkit's builtins (about 150 of them:
-  `cat`, `grep`, `sed`, `awk`, `find`, `curl` …), interpreted in
-  the BEAM's OS process: nothing is spawned.
+  the host directory. Commands are bashkit's builtins (`cat`, `grep`,
+  `sed`, `awk`, `find`, `curl` …), interpreted in the BEAM's OS process:
+  nothing is spawned.
 
   The NIF is built from `native/condukt_virtual` with `make virtual-nif`
   (`mix compile` does it when `cargo` is on the PATH). Without it,
@@ -50,7 +50,7 @@ defmodule Condukt.Sandbox.Virtual do
   `{:error, %Condukt.Sandbox.Error{reason: :limit_exceeded}}` (`:detail`
   holds the message and the output so far). The interpreter runs on a
   thread of its own, never on a BEAM scheduler, so a runaway script delays
-  nobody else. Output past `:max_output_bytes` is dropped and the kept part
+  nobody else; it stops when the process that called `exec/3` dies. Output past `:max_output_bytes` is dropped and the kept part
   ends with `[condukt: output truncated: kept the first N bytes, dropped M more]`.
 
   ## glob and grep
@@ -74,8 +74,10 @@ defmodule Condukt.Sandbox.Virtual do
   the script (curl exits 7) with a message naming the rule or decider and
   the reason. Allowed requests may not reach loopback, private or
   link-local addresses unless an allow rule names the address or
-  `allow_private_networks: true`. `docs/virtual.md` compares this with the
-  other backends.
+  `allow_private_networks: true`. The policy is answered by a process
+  linked to nothing but watching the process that called `new/2`: when that
+  process ends, so does the policy, and later requests are refused.
+  `docs/virtual.md` compares this with the other backends.
   """
 
   @behaviour Condukt.Sandbox

@@ -69,6 +69,15 @@ impl Cancel {
     }
 }
 
+/// The handle is released when the process that called `exec` lets go of
+/// it: it received the result, or it died. In the second case the command
+/// has nobody to report to, so it stops.
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
 impl CancelInner {
     fn attach(&self, token: Arc<AtomicBool>) {
         if let Ok(mut slot) = self.token.lock() {

@@ -63,7 +63,8 @@ defmodule Condukt.Sandbox.Virtual.PolicyTest do
          ]}
       )
 
-    on_exit(fn -> Sandbox.shutdown(sb) end)
+    # From a task, the sandbox's policy process ends with the task.
+    if Keyword.get(extra, :on_exit, true), do: on_exit(fn -> Sandbox.shutdown(sb) end)
     {sb, session}
   end
 
@@ -212,6 +213,54 @@ defmodule Condukt.Sandbox.Virtual.PolicyTest do
     assert {:ok, %{exit_code: code}} = Sandbox.exec(sb, "curl -s #{url(ctx, "allowed.test")}")
     assert code != 0
     assert [_, {:request_allowed, _, _}, {:request_failed, _, %{reason: "upstream_tls: " <> _}}] = events(session)
+  end
+
+  test "a cached decision is asked once per host", ctx do
+    parent = self()
+    decider = fn _ctx, req -> send(parent, {:asked, req.host}) && :allow end
+    {sb, session} = sandbox(ctx, decide: decider)
+
+    assert {:ok, %{exit_code: 0}} =
+             Sandbox.exec(sb, "curl -s #{url(ctx, "decide.test", "/1")}; curl -s #{url(ctx, "decide.test", "/2")}")
+
+    assert_received {:asked, "decide.test"}
+    refute_received {:asked, _}
+    assert 2 == Enum.count(events(session), &match?({:request_closed, _, _}, &1))
+  end
+
+  test "no other way out: /dev/tcp, a proxy option and the http builtin all meet the policy", ctx do
+    {sb, session} = sandbox(ctx, allow: ["allowed.test"])
+
+    script = """
+    (exec 3<>/dev/tcp/127.0.0.1/#{ctx.port}) 2>/dev/null && echo TCP-OPEN
+    curl -s -x http://127.0.0.1:#{ctx.port} #{url(ctx, "denied.test")}
+    http GET #{url(ctx, "denied.test")}
+    true
+    """
+
+    assert {:ok, %{output: output}} = Sandbox.exec(sb, script)
+    refute output =~ "TCP-OPEN"
+    refute output =~ "hello from"
+    refute_received {:connected, _}
+    assert Enum.all?(events(session), fn {name, _, _} -> name in [:request_opened, :request_denied] end)
+  end
+
+  test "many sandboxes with policies at once, each gets its own answers", ctx do
+    results =
+      1..12
+      |> Task.async_stream(
+        fn i ->
+          {sb, _session} = sandbox(ctx, [allow: ["allowed.test"]], on_exit: false)
+          host = if rem(i, 2) == 0, do: "allowed.test", else: "denied.test"
+          {:ok, %{exit_code: code}} = Sandbox.exec(sb, "curl -s #{url(ctx, host, "/#{i}")}")
+          {host, code}
+        end,
+        max_concurrency: 12,
+        timeout: 60_000
+      )
+      |> Enum.map(fn {:ok, r} -> r end)
+
+    for {host, code} <- results, do: assert(code == if(host == "allowed.test", do: 0, else: 7))
   end
 
   test "the policy is the same module the sidecar compiles" do

@@ -134,6 +134,26 @@ defmodule Condukt.Sandbox.VirtualTest do
     end
   end
 
+  describe "the caller" do
+    test "a command stops when the process that called exec dies", %{tmp_dir: dir} do
+      File.mkdir_p!(Path.join(dir, "out"))
+      log = Path.join(dir, "out/ticks")
+      {:ok, sb} = Sandbox.new({Virtual, mounts: [{Path.join(dir, "out"), "/out", :readwrite}]})
+
+      caller =
+        spawn(fn -> Sandbox.exec(sb, "while true; do echo t >> /out/ticks; sleep 0.05; done", timeout: 60_000) end)
+
+      wait_until(fn -> File.exists?(log) and byte_size(File.read!(log)) > 10 end)
+      Process.exit(caller, :kill)
+      # Garbage collection of the dead caller releases the command's handle.
+      :erlang.garbage_collect()
+      Process.sleep(500)
+      size = byte_size(File.read!(log))
+      Process.sleep(500)
+      assert byte_size(File.read!(log)) == size
+    end
+  end
+
   describe "concurrency" do
     test "many sandboxes at once, each with its own files" do
       results =
@@ -161,6 +181,14 @@ defmodule Condukt.Sandbox.VirtualTest do
     assert {:ok, %{exit_code: code, output: output}} = Sandbox.exec(sb, "curl -s https://example.com/")
     assert code != 0
     assert output =~ "curl"
+  end
+
+  defp wait_until(fun, tries \\ 200) do
+    cond do
+      fun.() -> :ok
+      tries == 0 -> flunk("condition never held")
+      true -> Process.sleep(25) && wait_until(fun, tries - 1)
+    end
   end
 
   defp tick(parent, every) do
