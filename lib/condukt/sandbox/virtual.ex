@@ -271,26 +271,73 @@ defmodule Condukt.Sandbox.Virtual do
           max_output_bytes: max_output
         })
 
-      tag = make_ref()
-      {:ok, handle} = Native.exec(state.fs, command, native_opts, self(), tag)
-      await(tag, handle, timeout, max_output, opts[:cwd])
+      case run(state.fs, command, native_opts, timeout) do
+        {:ok, outcome} -> outcome(outcome, timeout, max_output, opts[:cwd])
+        :timeout -> timeout_error(timeout, "", opts[:cwd])
+        {:error, reason} -> {:error, %Error{reason: :spawn_failed, op: :exec, path: opts[:cwd], detail: reason}}
+      end
     end
   end
 
-  defp await(tag, handle, timeout, max_output, cwd) do
+  # The NIF reports to a pid, so a result that comes after the caller gave
+  # up would stay in the caller's mailbox forever. A short-lived process
+  # receives it instead, and forwards it only while the caller waits. It
+  # watches the caller: when the caller dies it exits, which releases the
+  # command's handle, which stops the command.
+  defp run(fs, command, native_opts, timeout) do
+    caller = self()
+    ref = make_ref()
+
+    {pid, monitor} =
+      spawn_monitor(fn ->
+        caller_down = Process.monitor(caller)
+        tag = make_ref()
+        {:ok, handle} = Native.exec(fs, command, native_opts, self(), tag)
+        relay(ref, caller, caller_down, tag, handle)
+      end)
+
     receive do
-      {^tag, outcome} -> outcome(outcome, timeout, max_output, cwd)
+      {^ref, outcome} ->
+        Process.demonitor(monitor, [:flush])
+        {:ok, outcome}
+
+      {:DOWN, ^monitor, :process, _, reason} ->
+        {:error, reason}
     after
       timeout + @grace_ms ->
-        Native.cancel(handle)
-
         # The interpreter stops at its next command boundary; its last
         # output is still worth having if it comes quickly.
+        send(pid, {ref, :cancel})
+
         receive do
-          {^tag, outcome} -> outcome(outcome, timeout, max_output, cwd)
+          {^ref, outcome} ->
+            Process.demonitor(monitor, [:flush])
+            {:ok, outcome}
         after
-          @grace_ms -> timeout_error(timeout, "", cwd)
+          @grace_ms ->
+            Process.exit(pid, :kill)
+            Process.demonitor(monitor, [:flush])
+
+            receive do
+              {^ref, outcome} -> {:ok, outcome}
+            after
+              0 -> :timeout
+            end
         end
+    end
+  end
+
+  defp relay(ref, caller, caller_down, tag, handle) do
+    receive do
+      {^tag, outcome} ->
+        send(caller, {ref, outcome})
+
+      {^ref, :cancel} ->
+        Native.cancel(handle)
+        relay(ref, caller, caller_down, tag, handle)
+
+      {:DOWN, ^caller_down, :process, _, _} ->
+        Native.cancel(handle)
     end
   end
 

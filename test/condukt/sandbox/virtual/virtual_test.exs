@@ -154,6 +154,14 @@ defmodule Condukt.Sandbox.VirtualTest do
     end
   end
 
+  test "exec leaves no messages behind, even when the command timed out", %{sb: sb} do
+    Process.flag(:trap_exit, true)
+    assert {:ok, _} = Sandbox.exec(sb, "echo hi")
+    assert {:error, %Error{reason: :timeout}} = Sandbox.exec(sb, "sleep 3", timeout: 100)
+    Process.sleep(3_500)
+    assert {:messages, []} = Process.info(self(), :messages)
+  end
+
   describe "concurrency" do
     test "many sandboxes at once, each with its own files" do
       results =
