@@ -203,7 +203,8 @@ clean:
 # Condukt.Sandbox.Virtual reports :not_available and everything else works.
 # Crates come from the Rust crate registry, pinned by the committed Cargo.lock;
 # the target directory lives outside the checkout so CI can cache it.
-CARGO ?= cargo
+# rustup puts cargo in ~/.cargo/bin, which a non-login shell may not have on PATH.
+CARGO ?= $(or $(shell command -v cargo 2>/dev/null),$(HOME)/.cargo/bin/cargo)
 CARGO_TARGET_DIR ?= $(HOME)/.cache/condukt/cargo
 CARGO_JOBS ?=
 VIRTUAL_CRATE := native/condukt_virtual

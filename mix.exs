@@ -43,7 +43,7 @@ defmodule Mix.Tasks.Compile.ConduktEgress do
   # Optional: a failed build is reported and the Virtual sandbox then says
   # :not_available; nothing else depends on it.
   defp virtual_nif(make, args) do
-    if System.find_executable("cargo") do
+    if System.find_executable("cargo") || File.exists?(Path.expand("~/.cargo/bin/cargo")) do
       if elem(System.cmd(make, args ++ ["-q", "virtual-nif"], stderr_to_stdout: true), 1) != 0,
         do: Mix.shell().info("==> condukt: building priv/condukt_virtual.so (Rust; minutes on a cold cache)")
 

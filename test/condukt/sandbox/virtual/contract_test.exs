@@ -9,13 +9,7 @@ defmodule Condukt.Sandbox.Virtual.ContractTest do
   alias Condukt.Sandbox.{Error, Local, Virtual}
 
   @moduletag :tmp_dir
-
-  setup_all do
-    case Virtual.available() do
-      :ok -> :ok
-      {:error, why} -> flunk("Condukt.Sandbox.Virtual is not built: #{why}")
-    end
-  end
+  @moduletag :virtual
 
   for backend <- [Local, Virtual] do
     describe "#{inspect(backend)}" do

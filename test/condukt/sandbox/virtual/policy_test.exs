@@ -11,6 +11,7 @@ defmodule Condukt.Sandbox.Virtual.PolicyTest do
   alias Condukt.Sandbox.NetworkPolicy.Telemetry
 
   @moduletag :tmp_dir
+  @moduletag :virtual
   # The untrusted-root case makes :ssl log the client's alert.
   @moduletag :capture_log
   @names ~w(allowed.test denied.test decide.test slow.test private.test)

@@ -5,6 +5,7 @@ defmodule Condukt.Sandbox.VirtualTest do
   alias Condukt.Sandbox.{Error, Virtual}
 
   @moduletag :tmp_dir
+  @moduletag :virtual
 
   setup do
     {:ok, sb} = Sandbox.new(Virtual)
