@@ -137,8 +137,12 @@ defmodule Condukt.Sandbox.Virtual.Policy do
   defp answer(state, id, :allow, matched) do
     request = state.requests[id]
     state = emit(state, "request_allowed", request, %{"matched_rule" => wire_rule(matched)})
-    Native.http_reply(state.link, id, {:allow, names_address?(matched, request)})
-    state
+
+    # Nobody waits any more (the command ended, or gave up waiting): no
+    # outcome will come, so the request is forgotten here.
+    if Native.http_reply(state.link, id, {:allow, names_address?(matched, request)}),
+      do: state,
+      else: %{state | requests: Map.delete(state.requests, id)}
   end
 
   defp answer(state, id, {:deny, reason}, matched) do
