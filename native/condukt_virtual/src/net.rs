@@ -157,19 +157,6 @@ impl PolicyTransport {
         }
     }
 
-    fn done<F>(&self, id: u64, outcome: F)
-    where
-        F: for<'a> FnOnce(rustler::Env<'a>) -> rustler::Term<'a>,
-    {
-        self.link.send(|env| (tags::condukt_virtual_http_done(), id, outcome(env)).encode(env));
-    }
-
-    fn failed(&self, id: u64, reason: String, bytes_in: u64, bytes_out: u64) -> HttpTransportError {
-        let r = reason.clone();
-        self.done(id, move |env| (tags::failed(), r, bytes_in, bytes_out).encode(env));
-        HttpTransportError::Transport(reason)
-    }
-
     /// The addresses the request may dial, or why none.
     async fn addresses(&self, host: &str, port: u16, private_ok: bool) -> Result<Vec<SocketAddr>, Result<String, String>> {
         let found: Vec<SocketAddr> = match self.resolve.get(&host.to_ascii_lowercase()) {
@@ -191,6 +178,45 @@ impl PolicyTransport {
     }
 }
 
+/// An allowed request whose outcome the policy process still expects.
+/// Exactly one outcome is reported: the one given, or, when the request is
+/// dropped half-way (curl's `--max-time`, the command's deadline), a failure.
+struct Pending<'a> {
+    transport: &'a PolicyTransport,
+    id: u64,
+    reported: bool,
+}
+
+impl Pending<'_> {
+    fn done<F>(&mut self, outcome: F)
+    where
+        F: for<'a> FnOnce(rustler::Env<'a>) -> rustler::Term<'a>,
+    {
+        self.reported = true;
+        let id = self.id;
+        self.transport
+            .link
+            .send(|env| (tags::condukt_virtual_http_done(), id, outcome(env)).encode(env));
+    }
+
+    fn failed(&mut self, reason: String, bytes_in: u64, bytes_out: u64) -> HttpTransportError {
+        let r = reason.clone();
+        self.done(move |env| (tags::failed(), r, bytes_in, bytes_out).encode(env));
+        HttpTransportError::Transport(reason)
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.reported {
+            self.done(|env| {
+                (tags::failed(), "upstream_timeout: the request was abandoned before it completed", 0u64, 0u64)
+                    .encode(env)
+            });
+        }
+    }
+}
+
 #[bashkit::async_trait]
 impl HttpTransport for PolicyTransport {
     async fn execute(&self, request: HttpTransportRequest) -> Result<HttpResponse, HttpTransportError> {
@@ -201,15 +227,16 @@ impl HttpTransport for PolicyTransport {
             Verdict::Allow(private_ok) => private_ok,
             Verdict::Deny(text) => return Err(HttpTransportError::Denied(text)),
         };
+        let mut pending = Pending { transport: self, id, reported: false };
 
         let bytes_out = request.body.as_ref().map_or(0, |b| b.len() as u64);
         let parsed = match url::Url::parse(&request.url) {
             Ok(u) => u,
-            Err(e) => return Err(self.failed(id, format!("bad_request: {e}"), 0, 0)),
+            Err(e) => return Err(pending.failed(format!("bad_request: {e}"), 0, 0)),
         };
         let (host, port) = match (parsed.host_str(), parsed.port_or_known_default()) {
             (Some(h), Some(p)) => (h.trim_start_matches('[').trim_end_matches(']').to_string(), p),
-            _ => return Err(self.failed(id, "bad_request: the URL names no host".into(), 0, 0)),
+            _ => return Err(pending.failed("bad_request: the URL names no host".into(), 0, 0)),
         };
 
         // 2. Where to connect: resolved once, here, and pinned, so the
@@ -218,13 +245,13 @@ impl HttpTransport for PolicyTransport {
             Ok(addrs) => addrs,
             Err(Ok(refusal)) => {
                 let r = refusal.clone();
-                self.done(id, move |env| (tags::refused(), r).encode(env));
+                pending.done(move |env| (tags::refused(), r).encode(env));
                 return Err(HttpTransportError::Denied(format!(
                     "the request to {host} was refused: {refusal} (private, loopback and link-local addresses \
                      need an allow rule naming the address)"
                 )));
             }
-            Err(Err(why)) => return Err(self.failed(id, why, 0, 0)),
+            Err(Err(why)) => return Err(pending.failed(why, 0, 0)),
         };
 
         // 3. The request itself: no redirects (bashkit follows them, one
@@ -241,11 +268,11 @@ impl HttpTransport for PolicyTransport {
         }
         let client = match builder.build() {
             Ok(c) => c,
-            Err(e) => return Err(self.failed(id, format!("internal: cannot build the HTTP client: {e}"), 0, 0)),
+            Err(e) => return Err(pending.failed(format!("internal: cannot build the HTTP client: {e}"), 0, 0)),
         };
         let method = match reqwest::Method::from_bytes(request.method.as_str().as_bytes()) {
             Ok(m) => m,
-            Err(e) => return Err(self.failed(id, format!("bad_request: {e}"), 0, 0)),
+            Err(e) => return Err(pending.failed(format!("bad_request: {e}"), 0, 0)),
         };
         let mut outgoing = client.request(method, parsed);
         for (name, value) in &request.headers {
@@ -257,7 +284,7 @@ impl HttpTransport for PolicyTransport {
 
         let mut response = match outgoing.send().await {
             Ok(r) => r,
-            Err(e) => return Err(self.failed(id, upstream_reason(&e), 0, bytes_out)),
+            Err(e) => return Err(pending.failed(upstream_reason(&e), 0, bytes_out)),
         };
         let status = response.status().as_u16();
         let headers: Vec<(String, String)> = response
@@ -272,7 +299,7 @@ impl HttpTransport for PolicyTransport {
                 Ok(Some(chunk)) => {
                     if body.len() + chunk.len() > request.max_response_bytes {
                         let read = (body.len() + chunk.len()) as u64;
-                        self.done(id, move |env| {
+                        pending.done(move |env| {
                             (tags::failed(), "response_too_large", read, bytes_out).encode(env)
                         });
                         return Err(HttpTransportError::TooLarge(format!(
@@ -283,13 +310,13 @@ impl HttpTransport for PolicyTransport {
                     body.extend_from_slice(&chunk);
                 }
                 Ok(None) => break,
-                Err(e) => return Err(self.failed(id, upstream_reason(&e), body.len() as u64, bytes_out)),
+                Err(e) => return Err(pending.failed(upstream_reason(&e), body.len() as u64, bytes_out)),
             }
         }
 
         let bytes_in = body.len() as u64;
         let h = headers.clone();
-        self.done(id, move |env| (tags::closed(), status, h, bytes_in, bytes_out).encode(env));
+        pending.done(move |env| (tags::closed(), status, h, bytes_in, bytes_out).encode(env));
         Ok(HttpResponse { status, headers, body })
     }
 }

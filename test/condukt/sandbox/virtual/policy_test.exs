@@ -216,6 +216,13 @@ defmodule Condukt.Sandbox.Virtual.PolicyTest do
     assert [_, {:request_allowed, _, _}, {:request_failed, _, %{reason: "upstream_tls: " <> _}}] = events(session)
   end
 
+  test "an allowed request that runs out of time ends with request_failed", ctx do
+    {sb, session} = sandbox(ctx, allow: ["allowed.test"])
+    assert {:ok, %{exit_code: 28}} = Sandbox.exec(sb, "curl -s -m 1 #{url(ctx, "allowed.test", "/slow")}")
+
+    assert [_, {:request_allowed, _, _}, {:request_failed, _, %{reason: "upstream_timeout" <> _}}] = events(session)
+  end
+
   test "a cached decision is asked once per host", ctx do
     parent = self()
     decider = fn _ctx, req -> send(parent, {:asked, req.host}) && :allow end
@@ -292,6 +299,10 @@ defmodule Condukt.Sandbox.Virtual.PolicyTest do
 
       response =
         case path do
+          "/slow" ->
+            Process.sleep(3_000)
+            "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
           "/redirect/" <> to ->
             "HTTP/1.1 302 Found\r\nlocation: https://#{to}:#{port}/\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
