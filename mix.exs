@@ -133,6 +133,7 @@ defmodule Condukt.MixProject do
       links: %{"GitHub" => @source_url, "Changelog" => "#{@source_url}/blob/main/CHANGELOG.md"},
       files:
         ~w(lib c_src offline priv/ca-certificates scripts/check-build-deps.sh docs mix.exs rebar.config Makefile) ++
+          ~w(native/condukt_virtual/Cargo.toml native/condukt_virtual/Cargo.lock native/condukt_virtual/src) ++
           ~w(README.md LICENSE CHANGELOG.md)
     ]
   end
@@ -140,7 +141,7 @@ defmodule Condukt.MixProject do
   # ex_doc (`mix docs`, with Hex): the guides and reference pages for
   # users, the pages for contributors grouped apart.
   @guides ["docs/guides/getting-started.md", "docs/guides/running-on-kubernetes.md"]
-  @reference ~w(docs/sandbox.md docs/host-matching.md docs/policy-json.md docs/kubernetes.md
+  @reference ~w(docs/sandbox.md docs/virtual.md docs/host-matching.md docs/policy-json.md docs/kubernetes.md
                 docs/local-network.md docs/beam-side.md docs/control-channel.md docs/image.md)
   @contributing ~w(docs/fuzzing.md docs/e2e-testbed.md docs/k8s-tier.md docs/tracing.md)
 
