@@ -29,6 +29,13 @@ defmodule Condukt.Sandbox.Virtual.ContractTest do
         assert {:ok, %{output: "out\nerr\n", exit_code: 3}} = Sandbox.exec(sb, "echo out; echo err >&2; exit 3")
       end
 
+      test "exec: an unknown command exits 127, a syntax error 2, both with a message", %{sb: sb} do
+        assert {:ok, %{exit_code: 127, output: out}} = Sandbox.exec(sb, "no_such_command_here")
+        assert out =~ "no_such_command_here"
+        assert {:ok, %{exit_code: 2, output: out}} = Sandbox.exec(sb, "if then")
+        assert out =~ "syntax error"
+      end
+
       test "exec is stateless: cd, export and variables do not persist, files do", %{sb: sb} do
         assert {:ok, %{exit_code: 0}} =
                  Sandbox.exec(sb, "mkdir -p sub && cd sub && export X=1 && Y=2 && echo kept > f.txt")
