@@ -126,7 +126,7 @@ defmodule Condukt.Sandbox.Virtual do
          {:ok, policy} <- network_policy(opts[:network_policy]),
          {:ok, http} <- http_options(opts, policy),
          {:ok, pid, link} <- start_policy(policy, opts),
-         {:ok, fs} <- native_new(link, http, pid) do
+         {:ok, fs} <- native_new(opts, link, http, pid) do
       state = %__MODULE__{
         fs: fs,
         cwd: opts[:cwd],
@@ -188,8 +188,10 @@ defmodule Condukt.Sandbox.Virtual do
     end
   end
 
-  defp native_new(link, http, policy_pid) do
-    case Native.new(link, http) do
+  defp native_new(opts, link, http, policy_pid) do
+    fs_opts = %{max_total_bytes: opts[:max_fs_bytes], max_file_bytes: opts[:max_file_bytes]}
+
+    case Native.new(fs_opts, link, http) do
       {:ok, fs} ->
         {:ok, fs}
 

@@ -24,8 +24,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bashkit::{FileSystem, FileType, InMemoryFs, MountableFs, PosixFs, RealFs, RealFsMode};
-use rustler::{Atom, Binary, Encoder, Env, LocalPid, NifResult, OwnedBinary, ResourceArc, Term};
+use bashkit::{FileSystem, FileType, FsLimits, InMemoryFs, MountableFs, PosixFs, RealFs, RealFsMode};
+use rustler::{Atom, Binary, Encoder, Env, LocalPid, NifMap, NifResult, OwnedBinary, ResourceArc, Term};
 
 mod exec;
 mod net;
@@ -62,9 +62,19 @@ pub struct Sandbox {
 #[rustler::resource_impl]
 impl rustler::Resource for Sandbox {}
 
+/// Bounds of the in-memory file system (mounts are the host's business).
+#[derive(NifMap)]
+pub struct FsOptions {
+    max_total_bytes: u64,
+    max_file_bytes: u64,
+}
+
 /// Builds the file system shared by every command of a sandbox.
-fn new_fs() -> Arc<MountableFs> {
-    let memory = InMemoryFs::new();
+fn new_fs(opts: &FsOptions) -> Arc<MountableFs> {
+    let limits = FsLimits::default()
+        .max_total_bytes(opts.max_total_bytes)
+        .max_file_size(opts.max_file_bytes);
+    let memory = InMemoryFs::with_limits(limits);
     memory.add_dir(HOME, 0o755);
     Arc::new(MountableFs::new(Arc::new(memory)))
 }
@@ -103,6 +113,8 @@ fn fs_error<'a>(env: Env<'a>, err: &bashkit::Error) -> Term<'a> {
 fn posix(err: &bashkit::Error) -> Atom {
     use std::io::ErrorKind as K;
     match err {
+        // A file-system limit (size, count, depth): "no space", as ENOSPC/EFBIG.
+        bashkit::Error::Io(io) if is_fs_limit(io) => atoms::efbig(),
         bashkit::Error::Io(io) => match io.kind() {
             K::NotFound => atoms::enoent(),
             K::PermissionDenied | K::ReadOnlyFilesystem => atoms::eacces(),
@@ -117,6 +129,15 @@ fn posix(err: &bashkit::Error) -> Atom {
         bashkit::Error::ResourceLimit(_) => atoms::efbig(),
         _ => atoms::eio(),
     }
+}
+
+fn is_fs_limit(io: &std::io::Error) -> bool {
+    if io.get_ref().is_some_and(|e| e.downcast_ref::<bashkit::FsLimitExceeded>().is_some()) {
+        return true;
+    }
+    // bashkit words its limit errors this way when it does not wrap the type.
+    let text = io.to_string();
+    text.contains("too large") || text.contains("filesystem full") || text.contains("exceeds")
 }
 
 fn kind(t: FileType) -> Atom {
@@ -135,13 +156,18 @@ fn vfs_path(path: &str) -> PathBuf {
 
 /// `{:ok, sandbox}`, or `{:error, message}` for unusable HTTP options.
 #[rustler::nif]
-fn new<'a>(env: Env<'a>, network: Option<ResourceArc<net::PolicyLink>>, http: net::HttpOptions) -> Term<'a> {
+fn new<'a>(
+    env: Env<'a>,
+    fs: FsOptions,
+    network: Option<ResourceArc<net::PolicyLink>>,
+    http: net::HttpOptions,
+) -> Term<'a> {
     let network = match network.map(|link| net::PolicyTransport::new(link, http)) {
         None => None,
         Some(Ok(transport)) => Some(Arc::new(transport)),
         Some(Err(why)) => return (atoms::error(), why).encode(env),
     };
-    (atoms::ok(), ResourceArc::new(Sandbox { fs: new_fs(), network })).encode(env)
+    (atoms::ok(), ResourceArc::new(Sandbox { fs: new_fs(&fs), network })).encode(env)
 }
 
 #[rustler::nif(schedule = "DirtyIo")]

@@ -43,7 +43,7 @@ defmodule Condukt.Sandbox.Virtual.Native do
   def available, do: :persistent_term.get({__MODULE__, :status}, {:error, "the NIF was never loaded; #{@build_hint}"})
 
   @doc false
-  def new(_policy_link, _http_options), do: :erlang.nif_error(:not_loaded)
+  def new(_fs_options, _policy_link, _http_options), do: :erlang.nif_error(:not_loaded)
   @doc false
   def mount(_sb, _host, _at, _readonly), do: :erlang.nif_error(:not_loaded)
   @doc false

@@ -38,6 +38,12 @@ defmodule Condukt.Sandbox.Virtual.Schema do
         default: 1_000_000,
         doc: "the most loop iterations of one `exec/3`, all loops together."
       ],
+      max_fs_bytes: [
+        type: :pos_integer,
+        default: 100_000_000,
+        doc: "the most bytes the in-memory file system holds, all files together (mounts not counted)."
+      ],
+      max_file_bytes: [type: :pos_integer, default: 10_000_000, doc: "the largest in-memory file."],
       network_policy: [
         type: :any,
         default: nil,

@@ -118,6 +118,16 @@ defmodule Condukt.Sandbox.VirtualTest do
       assert Exception.message(e) =~ "resource limit"
     end
 
+    test "the in-memory file system is bounded" do
+      {:ok, sb} = Sandbox.new({Virtual, max_file_bytes: 1_000, max_fs_bytes: 2_500})
+      assert :ok = Sandbox.write(sb, "a", String.duplicate("a", 1_000))
+      assert {:error, %Error{reason: :efbig}} = Sandbox.write(sb, "b", String.duplicate("b", 1_001))
+      assert :ok = Sandbox.write(sb, "c", String.duplicate("c", 1_000))
+      assert {:error, %Error{reason: :efbig}} = Sandbox.write(sb, "d", String.duplicate("d", 900))
+      assert {:ok, %{exit_code: code}} = Sandbox.exec(sb, "printf '%2000s' x > e")
+      assert code != 0
+    end
+
     test "too many commands end with :limit_exceeded" do
       {:ok, sb} = Sandbox.new({Virtual, max_commands: 50})
       assert {:error, %Error{reason: :limit_exceeded}} = Sandbox.exec(sb, "for i in $(seq 1 200); do echo $i; done")
