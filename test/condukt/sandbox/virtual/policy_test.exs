@@ -223,6 +223,24 @@ defmodule Condukt.Sandbox.Virtual.PolicyTest do
     assert [_, {:request_allowed, _, _}, {:request_failed, _, %{reason: "upstream_timeout" <> _}}] = events(session)
   end
 
+  test "credentials never leave the sandbox in events or decider requests", ctx do
+    parent = self()
+    decider = fn _ctx, req -> send(parent, {:headers, req.headers}) && :allow end
+    {sb, session} = sandbox(ctx, decide: decider)
+
+    assert {:ok, %{exit_code: 0}} =
+             Sandbox.exec(sb, "curl -s -H 'Authorization: Bearer s3cr3t' -H 'X-Trace: t1' #{url(ctx, "decide.test")}")
+
+    assert_received {:headers, headers}
+    assert {"authorization", "[redacted]"} in headers
+    assert {"x-trace", "t1"} in headers
+
+    for {_name, _m, %{request: request}} <- events(session) do
+      refute inspect(request) =~ "s3cr3t"
+      assert {"authorization", "[redacted]"} in request.headers
+    end
+  end
+
   test "a cached decision is asked once per host", ctx do
     parent = self()
     decider = fn _ctx, req -> send(parent, {:asked, req.host}) && :allow end
