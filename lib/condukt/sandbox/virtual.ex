@@ -67,7 +67,7 @@ defmodule Condukt.Sandbox.Virtual do
 
   Without `:network_policy` a command has no network at all. With one,
   every HTTP(S) request a script makes (`curl`, `wget`, `http`, every hop of
-  a redirect) is evaluated by the policy before a connection is opened: the
+  a `curl -L` redirect) is evaluated by the policy before a connection is opened: the
   same rules, host matching, decide runtime (timeouts, cache, decider
   failures) and `:telemetry` events as the egress sidecar
   (`Condukt.Sandbox.NetworkPolicy.Telemetry`). A refused request fails in
