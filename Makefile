@@ -193,7 +193,7 @@ mozilla-pem:
 	sh scripts/refresh-mozilla-pem.sh
 
 clean:
-	rm -rf build $(BIN) _build
+	rm -rf build $(BIN) $(VIRTUAL_NIF) _build
 
 -include $(REL_OBJS:.o=.d) $(SAN_OBJS:.o=.d)
 
