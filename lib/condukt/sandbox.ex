@@ -7,8 +7,8 @@ defmodule Condukt.Sandbox do
   returns a handle (`t:t/0`); tools call the facade functions below with
   that handle and never `File.*` or `System.cmd/3` directly, so the same
   agent runs against the host (`Condukt.Sandbox.Local`) or against an
-  isolated backend (`Condukt.Sandbox.Kubernetes`, or your own) by changing
-  one option.
+  isolated backend (`Condukt.Sandbox.Kubernetes`, `Condukt.Sandbox.Virtual`,
+  or your own) by changing one option.
 
       {:ok, sb} = Condukt.Sandbox.new({Condukt.Sandbox.Local, cwd: "/path/to/project"})
       {:ok, %{output: "hi\\n", exit_code: 0}} = Condukt.Sandbox.exec(sb, "echo hi")
