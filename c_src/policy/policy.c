@@ -362,11 +362,25 @@ static int load_document(ce_policy_t *p, const json_t *root,
     if (p->rules == NULL)
       return fail(err, CE_ENOMEM, "$.rules", "%s", ce_strerror(CE_ENOMEM));
   }
+  /* The first decide rule answers every request that reaches it: a rule
+   * after it could never match, which is a mistake, not a policy. */
+  size_t terminal = n;
   for (size_t i = 0; i < n; i++) {
     rc = load_rule(p, json_array_get(rules, i), i, err);
     if (rc != 0)
       return rc;
     p->rule_count = i + 1;
+    if (i > terminal) {
+      char path[PATH_MAX_LEN];
+      format_into(path, sizeof(path), "$.rules[%zu]", i);
+      return fail(err, CE_EINVAL, path,
+                  "unreachable: rule %zu (decide) before it answers every request "
+                  "that reaches it, so this rule is never consulted; move it before "
+                  "rule %zu, or remove it",
+                  terminal, terminal);
+    }
+    if (terminal == n && p->rules[i].kind == CE_RULE_DECIDE)
+      terminal = i;
   }
   return 0;
 }

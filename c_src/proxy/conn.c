@@ -570,25 +570,25 @@ static void refuse(ce_conn_t *c, int status, const char *event_reason, const cha
   refuse_as(c, "request_denied", status, event_reason, text);
 }
 
-static void deny_text(ce_conn_t *c, char *out, size_t cap, const char *who, const char *reason) {
-  char host[300], why[600];
-  plain(host, sizeof(host), c->req.host);
+void ce_conn_deny_text(char *out, size_t cap, const char *host, const char *who, const char *reason) {
+  char h[CE_HOST_TEXT_MAX + 1], why[CE_CONN_DENY_REASON_MAX + 1];
+  plain(h, sizeof(h), host);
   plain(why, sizeof(why), reason);
   snprintf(out, cap,
            "condukt: the network policy of this sandbox refused the request to %s\n"
            "refused by: %s\nreason: %s\n",
-           host, who, why);
+           h, who, why);
 }
 
 static void refuse_policy(ce_conn_t *c, int32_t rule, const char *kind, const char *reason) {
-  char who[64], text[1200];
+  char who[CE_CONN_DENY_WHO_MAX], text[CE_CONN_DENY_TEXT_MAX];
   if (rule >= 0)
     snprintf(who, sizeof(who), "rule %d (%s)", (int)rule, kind);
   else
     snprintf(who, sizeof(who), "the policy default");
   c->req.matched_rule = rule;
   c->req.matched_kind = kind;
-  deny_text(c, text, sizeof(text), who, reason);
+  ce_conn_deny_text(text, sizeof(text), c->req.host, who, reason);
   refuse(c, 403, reason, text);
 }
 
@@ -985,9 +985,9 @@ static void decided(ce_conn_t *c, bool allow, const char *reason) {
   if (allow) {
     connect_upstream(c);
   } else {
-    char text[1200], who[64];
+    char text[CE_CONN_DENY_TEXT_MAX], who[CE_CONN_DENY_WHO_MAX];
     snprintf(who, sizeof(who), "the decider of rule %d", (int)c->decide_rule);
-    deny_text(c, text, sizeof(text), who, reason);
+    ce_conn_deny_text(text, sizeof(text), c->req.host, who, reason);
     refuse(c, 403, reason, text);
   }
 }

@@ -1,6 +1,7 @@
 /*
  * The connection record shared by conn.c and h2conn.c (the HTTP/2 path,
- * docs/http2.md). Nothing else includes this.
+ * docs/http2.md), h1h2.c, and stats.c (which only reads it). Nothing else
+ * includes this.
  */
 #ifndef CE_PROXY_CONN_INTERNAL_H
 #define CE_PROXY_CONN_INTERNAL_H
@@ -9,6 +10,7 @@
 #include <stdbool.h>
 #include <uv.h>
 
+#include "control/control.h"
 #include "http1/parser.h"
 #include "policy/host.h"
 #include "proxy/clienthello.h"
@@ -176,6 +178,17 @@ void ce_conn_process(ce_conn_t *c);
  * for the HTTP/1.1 request and the h2 stream. */
 bool ce_conn_decision_outcome(ce_proxy_t *p, int status, bool allow, const char *reason, bool cacheable,
                               bool cache, int32_t rule, const char *host, const char **why);
+/* The 403 text of a policy refusal, in the same words on HTTP/1.1 and
+ * h2: the host, who refused ("rule 2 (deny)", "the policy default", "the
+ * decider of rule 2") and the reason. The reason is kept whole up to
+ * CE_CONN_DENY_REASON_MAX bytes, the control channel's limit on a
+ * decider's reason, so the workspace reads everything a decider said;
+ * bytes outside printable ASCII become '?'. out holds
+ * CE_CONN_DENY_TEXT_MAX bytes. */
+#define CE_CONN_DENY_REASON_MAX CE_CONTROL_MAX_REASON
+#define CE_CONN_DENY_WHO_MAX 64u
+#define CE_CONN_DENY_TEXT_MAX (128u + CE_HOST_TEXT_MAX + CE_CONN_DENY_WHO_MAX + CE_CONN_DENY_REASON_MAX)
+void ce_conn_deny_text(char *out, size_t cap, const char *host, const char *who, const char *reason);
 /* Moves a TLS side's decrypted bytes into its input buffer. */
 void ce_conn_pump_tls_input(side_t *s);
 /* Gives an empty input buffer back to the proxy's pool (docs/proxy.md
@@ -230,6 +243,10 @@ void ce_h2conn_timeout(ce_conn_t *c);
 void ce_h2conn_drain(ce_conn_t *c);
 void ce_h2conn_abort(ce_conn_t *c, const char *reason);
 void ce_h2conn_free(struct ce_h2conn *h);
+/* What an h2 connection holds beyond c->c and c->u (stats.c): bytes
+ * queued towards its own upstream connections (*queued), and its
+ * streams' data buffers and request heads (*streams). */
+void ce_h2conn_held(const struct ce_h2conn *h, size_t *queued, size_t *streams);
 /* Reading on the pool's own upstream connections (from update_reading). */
 void ce_h2conn_update_reading(ce_conn_t *c);
 /* conn_abort: closes the pool's own handles and cancels its lookups. */

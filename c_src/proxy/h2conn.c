@@ -709,14 +709,6 @@ static ssize_t up_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf
 
 /* ---- a request head: evaluate and forward ----------------------------------------- */
 
-static void deny_text(h2s_t *s, char *text, size_t cap, const char *who, const char *reason) {
-  char hs[300], why[300];
-  plain(hs, sizeof(hs), s->req.host);
-  plain(why, sizeof(why), reason);
-  snprintf(text, cap, "condukt: the network policy of this sandbox refused the request to %s\nrefused by: %s\nreason: %s\n",
-           hs, who, why);
-}
-
 /* ---- HTTP/1.1 upstream: the queue ------------------------------------------------- */
 
 /* The streams that may wait: over HTTP/1.1, CE_H2_H1_QUEUE; for an h2
@@ -831,9 +823,9 @@ static void stream_decided(h2s_t *s, bool allow, const char *reason) {
     stream_forward(s);
     return;
   }
-  char text[1200], who[64];
+  char text[CE_CONN_DENY_TEXT_MAX], who[CE_CONN_DENY_WHO_MAX];
   snprintf(who, sizeof(who), "the decider of rule %d", (int)s->decide_rule);
-  deny_text(s, text, sizeof(text), who, reason);
+  ce_conn_deny_text(text, sizeof(text), s->req.host, who, reason);
   refuse(s, 403, reason, text);
 }
 
@@ -1047,12 +1039,12 @@ static void stream_request(h2s_t *s) {
   if (v.decision != CE_DECISION_ALLOW) {
     const char *reason = v.decision == CE_DECISION_DENY ? ce_reason_name(v.reason) : "decider_error";
     /* In the words of the HTTP/1.1 path (conn.c refuse_policy). */
-    char text[900], who[64];
+    char text[CE_CONN_DENY_TEXT_MAX], who[CE_CONN_DENY_WHO_MAX];
     if (v.rule_index >= 0)
       snprintf(who, sizeof(who), "rule %d (%s)", (int)v.rule_index, ce_rule_kind_name(v.rule_kind));
     else
       snprintf(who, sizeof(who), "the policy default");
-    deny_text(s, text, sizeof(text), who, reason);
+    ce_conn_deny_text(text, sizeof(text), s->req.host, who, reason);
     refuse(s, 403, reason, text);
     return;
   }
@@ -2415,6 +2407,17 @@ int ce_h2conn_start(ce_conn_t *c) {
     return CE_ENOMEM;
   CE_TRACE_D("proxy", 'c', c->id, "h2 with the workspace and the upstream");
   return CE_OK;
+}
+
+void ce_h2conn_held(const struct ce_h2conn *h, size_t *queued, size_t *streams) {
+  size_t q = 0, up = 0;
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++)
+    if (!h->slots[i].conn_slot)
+      q += h->slots[i].own.queued;
+  for (const h2s_t *s = h->streams; s != NULL; s = s->next)
+    up += s->up.cap;
+  *queued = q;
+  *streams = h->down_held + h->rq_held + up;
 }
 
 void ce_h2conn_free(struct ce_h2conn *h) {

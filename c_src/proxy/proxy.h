@@ -26,7 +26,8 @@
 
 /* Definitive decider answers cached per (decide rule, host). */
 #define CE_DECISION_CACHE_SIZE 4096u
-#define CE_DECISION_REASON_MAX 512u
+/* A cached reason is a decider's: the control channel's limit. */
+#define CE_DECISION_REASON_MAX CE_CONTROL_MAX_REASON
 
 typedef struct ce_conn ce_conn_t;
 
@@ -54,6 +55,7 @@ typedef struct ce_proxy {
   uv_signal_t sigterm;
   uv_signal_t sigint;
   uv_signal_t sigpipe;
+  uv_signal_t sigusr1;     /* writes the buffer statistics (stats.h) */
 
   ce_conn_t *conns;          /* intrusive list of live connections */
   size_t conn_count;

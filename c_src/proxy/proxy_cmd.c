@@ -18,6 +18,7 @@
 #include "proxy/conn.h"
 #include "proxy/netaddr.h"
 #include "proxy/proxy.h"
+#include "proxy/stats.h"
 #include "tls/context.h"
 
 #define PROG "condukt-egress proxy"
@@ -119,6 +120,7 @@ static void begin_drain(ce_proxy_t *p, const char *why) {
   uv_close((uv_handle_t *)&p->sigterm, NULL);
   uv_close((uv_handle_t *)&p->sigint, NULL);
   uv_close((uv_handle_t *)&p->sigpipe, NULL);
+  uv_close((uv_handle_t *)&p->sigusr1, NULL);
   ce_conn_drain_all(p);
   uv_timer_init(p->loop, &drain_timer);
   drain_timer.data = p;
@@ -131,6 +133,15 @@ static void on_signal(uv_signal_t *s, int signum) {
   ce_proxy_t *p = s->data;
   if (signum == SIGPIPE)
     return;
+  if (signum == SIGUSR1) {
+    /* Whatever the trace level, as "proxy ready" is: it was asked for. */
+    ce_buffer_stats_t st;
+    char line[256];
+    ce_proxy_buffer_stats(p, &st);
+    ce_proxy_buffer_stats_text(&st, line, sizeof(line));
+    fprintf(stderr, "condukt-egress: %s\n", line);
+    return;
+  }
   begin_drain(p, signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 
@@ -327,10 +338,12 @@ int ce_cmd_proxy(int argc, char **argv) {
   uv_signal_init(p->loop, &p->sigterm);
   uv_signal_init(p->loop, &p->sigint);
   uv_signal_init(p->loop, &p->sigpipe);
-  p->sigterm.data = p->sigint.data = p->sigpipe.data = p;
+  uv_signal_init(p->loop, &p->sigusr1);
+  p->sigterm.data = p->sigint.data = p->sigpipe.data = p->sigusr1.data = p;
   uv_signal_start(&p->sigterm, on_signal, SIGTERM);
   uv_signal_start(&p->sigint, on_signal, SIGINT);
   uv_signal_start(&p->sigpipe, on_signal, SIGPIPE);
+  uv_signal_start(&p->sigusr1, on_signal, SIGUSR1);
 
   /* "proxy ready" and "drained, exiting" are not traces but the start and
    * end markers test/support/netns/sidecar.ex waits for: written whatever

@@ -17,7 +17,13 @@ defmodule Condukt.Sandbox.Kubernetes.Schema do
           "stable identifier the pod name is derived from (1 to 253 bytes once a string). Defaults to the " <>
             "session id when started through a session; without one a random id is generated and the pod is single-use."
       ],
-      namespace: [type: {:custom, &__MODULE__.dns_label/1}, default: "default", doc: "Kubernetes namespace."],
+      namespace: [
+        type: {:custom, &__MODULE__.dns_label_or_nil/1},
+        default: nil,
+        doc:
+          "Kubernetes namespace. When not given: the `namespace` of the kubeconfig context in use, or the " <>
+            "in-cluster ServiceAccount's namespace, else `\"default\"` (as `kubectl` resolves it)."
+      ],
       image: [
         type: {:custom, &__MODULE__.non_empty/1},
         default: "debian:bookworm-slim",
@@ -186,6 +192,10 @@ defmodule Condukt.Sandbox.Kubernetes.Schema do
   end
 
   def dns_label(_), do: {:error, "a DNS-1123 label (lowercase letters, digits and '-', at most 63)"}
+
+  @doc false
+  def dns_label_or_nil(nil), do: :ok
+  def dns_label_or_nil(v), do: dns_label(v)
 
   @doc false
   def non_empty(v) when is_binary(v) and v != "", do: :ok

@@ -5,7 +5,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
 
   alias Condukt.Sandbox.Error
   alias Condukt.Sandbox.Kubernetes
-  alias Condukt.Sandbox.Kubernetes.{Glob, Manifest, Names, Schema}
+  alias Condukt.Sandbox.Kubernetes.{Glob, Heartbeat, Manifest, Names, Schema}
   alias Condukt.Sandbox.NetworkPolicy.K8s.Manifests
 
   describe "names" do
@@ -113,7 +113,8 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
 
     test "defaults are the seed's" do
       {:ok, opts} = Condukt.Options.validate([], Schema.init())
-      assert opts[:namespace] == "default"
+      # Resolved at connection time ("namespace resolution" below).
+      assert opts[:namespace] == nil
       assert opts[:image] == "debian:bookworm-slim"
       assert opts[:cwd] == "/workspace"
       assert opts[:active_deadline_seconds] == 8 * 3600
@@ -190,7 +191,8 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert c["volumeMounts"] == [%{"name" => "workspace", "mountPath" => "/workspace"}]
       assert pod["metadata"]["labels"]["tenant"] == "acme"
       assert pod["metadata"]["annotations"]["condukt.dev/id"] == "job-42"
-      assert pod["metadata"]["annotations"]["condukt.dev/heartbeat"] == "2026-01-02T03:04:05Z"
+      assert pod["metadata"]["annotations"]["condukt.tuist.dev/heartbeat-at"] == "2026-01-02T03:04:05Z"
+      refute Map.has_key?(pod["metadata"]["annotations"], "condukt.dev/heartbeat")
       assert pod["metadata"]["annotations"]["condukt.dev/delete-on-shutdown"] == "false"
       assert pod["metadata"]["annotations"]["x"] == "y"
       # JSON-ready
@@ -382,6 +384,147 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert {:ok, {"", _, 1}} = Glob.compile("mix.exs", false)
       assert {:error, _} = Glob.compile("{a", false)
       assert {:error, _} = Glob.compile("[a", false)
+    end
+  end
+
+  describe "heartbeat worker" do
+    # The owner starts the worker (as init/1 does), reports it, waits
+    # for :go, then ends with `how`.
+    defp owner_with_worker(how) do
+      test = self()
+
+      owner =
+        spawn(fn ->
+          beat = fn ->
+            send(test, {:beat, self()})
+            {:error, :unreachable}
+          end
+
+          send(test, {:worker, Heartbeat.start(self(), beat, 20, "condukt-p")})
+
+          receive do
+            :go -> :ok
+          end
+
+          case how do
+            :return -> :ok
+            {:exit, reason} -> exit(reason)
+          end
+        end)
+
+      assert_receive {:worker, worker}, 1_000
+      assert_receive {:beat, ^worker}, 1_000
+      {owner, worker}
+    end
+
+    @tag :capture_log
+    test "stops with its owner, whatever the owner's exit reason" do
+      for how <- [:return, {:exit, :normal}, {:exit, :shutdown}, {:exit, {:shutdown, :done}}, {:exit, :boom}, :kill] do
+        {owner, worker} = owner_with_worker(how)
+        ref = Process.monitor(worker)
+        if how == :kill, do: Process.exit(owner, :kill), else: send(owner, :go)
+
+        assert_receive {:DOWN, ^ref, :process, ^worker, _},
+                       1_000,
+                       "the worker outlived an owner that ended by #{inspect(how)}"
+
+        # No beat (and no failure logged) after it is gone.
+        flush_beats(worker)
+        Process.sleep(60)
+        refute_received {:beat, ^worker}
+      end
+    end
+
+    test "an owner that returns right after starting it: the worker stops at once, before any beat" do
+      test = self()
+
+      owner =
+        spawn(fn ->
+          worker = Heartbeat.start(self(), fn -> send(test, :beat) && :ok end, 10_000, "condukt-p")
+
+          send(test, {:worker, worker})
+        end)
+
+      assert_receive {:worker, worker}, 1_000
+      ref = Process.monitor(worker)
+      assert_receive {:DOWN, ^ref, :process, ^worker, _}, 1_000
+      refute Process.alive?(owner)
+      refute_received :beat
+    end
+
+    test "stop/1 ends it and leaves the owner alone" do
+      worker = Heartbeat.start(self(), fn -> :ok end, 10, "condukt-p")
+      assert :ok = Heartbeat.stop(worker)
+      refute Process.alive?(worker)
+      assert :ok = Heartbeat.stop(nil)
+    end
+
+    defp flush_beats(worker) do
+      receive do
+        {:beat, ^worker} -> flush_beats(worker)
+      after
+        0 -> :ok
+      end
+    end
+  end
+
+  describe "namespace resolution" do
+    # A kubeconfig whose server refuses connections: every operation
+    # fails at its first request, and the error names the namespace it
+    # was made in.
+    defp kubeconfig(context_namespace) do
+      dir = Path.join(System.tmp_dir!(), "condukt-ns-#{System.unique_integer([:positive])}")
+      File.mkdir_p!(dir)
+      on_exit(fn -> File.rm_rf(dir) end)
+      ns = if context_namespace, do: ", namespace: #{context_namespace}", else: ""
+      path = Path.join(dir, "config")
+
+      File.write!(path, """
+      apiVersion: v1
+      kind: Config
+      clusters:
+      - name: c
+        cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}
+      users:
+      - name: u
+        user: {token: abc}
+      contexts:
+      - name: x
+        context: {cluster: c, user: u#{ns}}
+      current-context: x
+      """)
+
+      path
+    end
+
+    defp namespace_tried({:error, %Error{reason: :backend, detail: %Condukt.Kube.Error{namespace: ns}}}), do: ns
+
+    test "the kubeconfig context's namespace, unless :namespace is given; \"default\" when it has none" do
+      agents = kubeconfig("agents")
+
+      assert namespace_tried(Kubernetes.reap_stale(kubeconfig: agents)) == "agents"
+      assert namespace_tried(Kubernetes.terminate("job-1", kubeconfig: agents)) == "agents"
+      assert namespace_tried(Kubernetes.init(kubeconfig: agents, id: "job-1")) == "agents"
+
+      assert namespace_tried(Kubernetes.reap_stale(kubeconfig: agents, namespace: "other")) == "other"
+      assert namespace_tried(Kubernetes.terminate("job-1", kubeconfig: agents, namespace: "other")) == "other"
+      assert namespace_tried(Kubernetes.init(kubeconfig: agents, id: "job-1", namespace: "other")) == "other"
+
+      plain = kubeconfig(nil)
+      assert namespace_tried(Kubernetes.reap_stale(kubeconfig: plain)) == "default"
+      assert namespace_tried(Kubernetes.init(kubeconfig: plain, id: "job-1")) == "default"
+    end
+
+    test "a context namespace that is not a DNS-1123 label is refused, naming the context" do
+      path = kubeconfig("Not_A_Label")
+
+      assert {:error, %Error{reason: :backend, detail: %Condukt.Kube.Error{reason: :config}} = e} =
+               Kubernetes.init(kubeconfig: path, id: "job-1")
+
+      assert Exception.message(e) =~ ~s(the namespace "Not_A_Label" of the kubeconfig context "x")
+      assert Exception.message(e) =~ "pass :namespace"
+      # An explicit one is used instead.
+      assert namespace_tried(Kubernetes.terminate("job-1", kubeconfig: path, namespace: "agents")) == "agents"
     end
   end
 end
