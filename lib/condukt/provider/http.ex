@@ -1,0 +1,122 @@
+defmodule Condukt.Provider.HTTP do
+  @moduledoc """
+  JSON over HTTP(S) for the providers, with OTP's `:httpc`.
+
+  HTTPS verifies the server's certificate chain against the operating
+  system's CA store (`:public_key.cacerts_get/0`) and its host name; there
+  is no switch to turn that off. Each attempt is bounded by `:timeout`
+  (connect included). A 429 or 5xx answer, or a connection that failed
+  before any answer, is retried up to `:retries` times with exponential
+  backoff (0.5 s, 1 s, 2 s, … plus jitter, at most 20 s, or the server's
+  `retry-after` when it gives one, capped the same way).
+
+  What `:httpc` costs compared with Finch or Req: one request per
+  connection round (no HTTP/2 multiplexing, a small pool per host), no
+  streaming of the answer into the caller here (the whole answer is read,
+  then decoded), and TLS settings that are ours to keep right rather than
+  a library's.
+  """
+
+  require Logger
+
+  alias Condukt.Error
+
+  @max_backoff 20_000
+
+  @doc """
+  POSTs `body` (encoded as JSON) to `url` and decodes the JSON answer.
+  Options: `:headers` (a list of `{name, value}` strings), `:timeout`
+  (ms per attempt), `:retries`.
+  """
+  @spec post_json(String.t(), term(), keyword()) :: {:ok, term()} | {:error, Error.t()}
+  def post_json(url, body, opts) do
+    headers = Enum.map(Keyword.get(opts, :headers, []), fn {k, v} -> {to_charlist(k), to_charlist(v)} end)
+    request = {to_charlist(url), headers, ~c"application/json", Condukt.JSON.encode!(body)}
+    attempt(url, request, Keyword.get(opts, :timeout, 120_000), Keyword.get(opts, :retries, 3), 0)
+  end
+
+  @doc """
+  POSTs one provider turn: `body` to the request's `:base_url` (or
+  `default_base`) followed by `path`, with the request's `:timeout` and
+  `:retries`.
+  """
+  @spec post_turn(Condukt.Provider.request(), String.t(), String.t(), [{String.t(), String.t()}], map()) ::
+          {:ok, term()} | {:error, Error.t()}
+  def post_turn(req, default_base, path, headers, body) do
+    base = String.trim_trailing(req.base_url || default_base, "/")
+    post_json(base <> path, body, headers: headers, timeout: req.timeout, retries: req.retries)
+  end
+
+  defp attempt(url, request, timeout, retries, n) do
+    http_opts = [timeout: timeout, connect_timeout: min(timeout, 15_000), autoredirect: false] ++ ssl(url)
+
+    case :httpc.request(:post, request, http_opts, body_format: :binary) do
+      {:ok, {{_, status, _}, _headers, body}} when status in 200..299 ->
+        decode(body)
+
+      {:ok, {{_, status, _}, headers, body}} when status == 429 or status >= 500 ->
+        retry(url, request, timeout, retries, n, retry_after(headers), %Error{
+          reason: :http_status,
+          detail: %{status: status, body: body}
+        })
+
+      {:ok, {{_, status, _}, _headers, body}} ->
+        {:error, %Error{reason: :http_status, detail: %{status: status, body: body}}}
+
+      {:error, :timeout} ->
+        {:error, %Error{reason: :http, detail: "no answer within #{timeout} ms"}}
+
+      {:error, reason} ->
+        retry(url, request, timeout, retries, n, nil, %Error{reason: :http, detail: reason})
+    end
+  end
+
+  defp retry(_url, _request, _timeout, retries, n, _after, error) when n >= retries, do: {:error, error}
+
+  defp retry(url, request, timeout, retries, n, after_ms, error) do
+    delay = min(after_ms || backoff(n), @max_backoff)
+    Logger.debug("condukt: #{url}: #{Exception.message(error)}; retrying in #{delay} ms")
+    Process.sleep(delay)
+    attempt(url, request, timeout, retries, n + 1)
+  end
+
+  @doc false
+  # 500 ms, 1 s, 2 s, ... with up to 25% jitter, so that many sessions
+  # hitting the same rate limit do not retry in lockstep.
+  @spec backoff(non_neg_integer()) :: pos_integer()
+  def backoff(n) do
+    base = min(500 * Integer.pow(2, n), @max_backoff)
+    base + :rand.uniform(div(base, 4) + 1) - 1
+  end
+
+  defp retry_after(headers) do
+    with {_, value} <- List.keyfind(headers, ~c"retry-after", 0),
+         {seconds, ""} <- Integer.parse(to_string(value)) do
+      seconds * 1000
+    else
+      _ -> nil
+    end
+  end
+
+  defp decode(body) do
+    {:ok, Condukt.JSON.decode!(body)}
+  rescue
+    _ -> {:error, %Error{reason: :bad_response, detail: "not JSON: #{String.slice(body, 0, 200)}"}}
+  end
+
+  defp ssl("https://" <> rest) do
+    host = rest |> String.split(["/", ":"], parts: 2) |> hd() |> to_charlist()
+
+    [
+      ssl: [
+        verify: :verify_peer,
+        cacerts: :public_key.cacerts_get(),
+        server_name_indication: host,
+        depth: 10,
+        customize_hostname_check: [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)]
+      ]
+    ]
+  end
+
+  defp ssl(_plain_http), do: []
+end
