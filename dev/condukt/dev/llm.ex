@@ -25,6 +25,15 @@ defmodule Condukt.Dev.LLM do
   @spec check() :: :ok | {:skip, String.t()}
   def check, do: Condukt.Dev.SystemTools.once(@key, &compute/0)
 
+  @doc "The skip reason, or nil when the tier can run."
+  @spec skip_reason() :: String.t() | nil
+  def skip_reason do
+    case check() do
+      :ok -> nil
+      {:skip, reason} -> reason
+    end
+  end
+
   @doc """
   Called from test/test_helper.exs: excludes `:llm` with a printed reason
   when the model is not installed, or fails the run under

@@ -7,6 +7,8 @@ defmodule Condukt.Tools.Bash do
 
       Condukt.Tools.Bash.call(%{"command" => "echo hi"}, %{sandbox: sb})
       #=> {:ok, "hi\\n[exit code: 0]"}
+      Condukt.Tools.Bash.call(%{"command" => "printf hi"}, %{sandbox: sb})
+      #=> {:ok, "hi\\n[exit code: 0]"}
 
   A non-zero exit code is still a successful tool call (the model reads
   the output); a command that times out or cannot start is an error result.
@@ -41,6 +43,9 @@ defmodule Condukt.Tools.Bash do
     opts = if args["timeout"], do: [timeout: args["timeout"]], else: []
 
     with {:ok, %{output: output, exit_code: code}} <- Condukt.Sandbox.exec(sandbox, command, opts),
-         do: {:ok, output <> "[exit code: #{code}]"}
+         do: {:ok, output <> separator(output) <> "[exit code: #{code}]"}
   end
+
+  defp separator(""), do: ""
+  defp separator(output), do: if(String.ends_with?(output, "\n"), do: "", else: "\n")
 end
