@@ -123,7 +123,7 @@ defmodule Condukt do
     end
   end
 
-  @run_keys [:output, :timeout]
+  @run_keys [:output, :timeout, :on_event]
 
   @doc """
   Runs an agent on `input` and returns its final answer.
@@ -142,6 +142,8 @@ defmodule Condukt do
       validated, and a mismatch is
       `{:error, %Condukt.Error{reason: :invalid_output}}`.
     * `:timeout` — milliseconds for the whole run (default 300 000).
+    * `:on_event` — streams the answer's text and reports tool calls; see
+      `Condukt.Session.run/3`.
 
   ## Examples
 

@@ -108,18 +108,31 @@ defmodule Condukt.Session do
   Runs `prompt` to a final answer: `{:ok, text}`, or with an `:output`
   schema `{:ok, map}` (the decoded, validated JSON answer).
 
-  Options: `:output` (a JSON schema for a structured answer, see
-  `Condukt.run/3`), `:timeout` (milliseconds for the whole run, default
-  300 000; on expiry the run is cancelled).
+  Options:
+
+    * `:output` — a JSON schema for a structured answer (see `Condukt.run/3`).
+    * `:timeout` — milliseconds for the whole run (default 300 000); on
+      expiry the run is cancelled.
+    * `:on_event` — a 1-arity function called, in the session's loop task,
+      with `{:text, chunk}` as the model's text streams in (the providers
+      then stream), `{:tool_call, %{id:, name:, arguments:}}` before a tool
+      runs and `{:tool_result, %Condukt.Message{}}` after. An exception in
+      it is logged and ignored.
 
       {:ok, text} = Condukt.Session.run(agent, "List the modules under lib/.")
+
+      Condukt.Session.run(agent, "Explain OTP.", on_event: fn
+        {:text, chunk} -> IO.write(chunk)
+        {:tool_call, call} -> IO.puts("\n→ \#{call.name}")
+        {:tool_result, _message} -> :ok
+      end)
   """
   @spec run(session(), String.t(), keyword()) :: {:ok, String.t() | map()} | {:error, Error.t()}
   def run(session, prompt, opts \\ []) when is_binary(prompt) do
     timeout = Keyword.get(opts, :timeout, 300_000)
 
     try do
-      GenServer.call(session, {:run, prompt, Keyword.take(opts, [:output])}, timeout)
+      GenServer.call(session, {:run, prompt, Keyword.take(opts, [:output, :on_event])}, timeout)
     catch
       :exit, {:timeout, _} ->
         GenServer.cast(session, :cancel)
@@ -202,7 +215,8 @@ defmodule Condukt.Session do
           base_url: settings.base_url,
           api_key: opts[:api_key] || settings.api_key,
           timeout: settings.timeout,
-          retries: settings.retries
+          retries: settings.retries,
+          on_text: nil
         },
         tools: Map.new(tools, &{&1.name(), &1}),
         max_turns: opts[:max_turns],
@@ -280,9 +294,17 @@ defmodule Condukt.Session do
     tag = make_ref()
     output = if opts[:output], do: Condukt.JSONSchema.stringify(opts[:output])
 
+    emit = emitter(opts[:on_event])
+
     cfg = %{
       provider: state.provider,
-      request: %{state.request | output: output, system: output_system(state.request.system, output)},
+      request: %{
+        state.request
+        | output: output,
+          system: output_system(state.request.system, output),
+          on_text: emit && fn chunk -> emit.({:text, chunk}) end
+      },
+      emit: emit,
       tools: state.tools,
       tool_context: %{sandbox: state.sandbox, session_id: state.id, agent: state.agent},
       output: output,
@@ -359,6 +381,18 @@ defmodule Condukt.Session do
         Condukt.JSON.encode!(schema)
 
     Enum.join(Enum.reject([system, format], &is_nil/1), "\n\n")
+  end
+
+  defp emitter(nil), do: nil
+
+  defp emitter(fun) when is_function(fun, 1) do
+    fn event ->
+      try do
+        fun.(event)
+      rescue
+        e -> Logger.error("condukt: an :on_event function raised: " <> Exception.message(e))
+      end
+    end
   end
 
   defp check_agent(agent) do

@@ -10,11 +10,15 @@ defmodule Condukt.Provider.HTTP do
   backoff (0.5 s, 1 s, 2 s, … plus jitter, at most 20 s, or the server's
   `retry-after` when it gives one, capped the same way).
 
-  What `:httpc` costs compared with Finch or Req: one request per
-  connection round (no HTTP/2 multiplexing, a small pool per host), no
-  streaming of the answer into the caller here (the whole answer is read,
-  then decoded), and TLS settings that are ours to keep right rather than
-  a library's.
+  `post_stream/6` reads a server-sent-events answer as it arrives
+  (`:httpc`'s `stream: :self`), for providers that stream. It is retried
+  like `post_json/3` only while nothing has been received; `:timeout` is
+  then the longest silence between two chunks.
+
+  What `:httpc` costs compared with Finch or Req: no HTTP/2 (one request
+  per connection at a time, a small pool per host), streaming only as
+  whole chunks delivered to the calling process, and TLS settings that
+  are ours to keep right rather than a library's.
   """
 
   require Logger
@@ -47,6 +51,99 @@ defmodule Condukt.Provider.HTTP do
     post_json(base <> path, body, headers: headers, timeout: req.timeout, retries: req.retries)
   end
 
+  @doc """
+  POSTs `body` like `post_turn/5`, asking for a stream, and folds every
+  server-sent event of the answer into `acc` with
+  `fun.({event_name, data}, acc)` (`event_name` is nil when the event has
+  none). Returns `{:ok, acc}` when the stream ends.
+  """
+  @spec post_stream(Condukt.Provider.request(), String.t(), String.t(), [{String.t(), String.t()}], map(), {acc, fun}) ::
+          {:ok, acc} | {:error, Error.t()}
+        when acc: term(), fun: ({String.t() | nil, String.t()}, acc -> acc)
+  def post_stream(req, default_base, path, headers, body, {acc, fun}) do
+    url = String.trim_trailing(req.base_url || default_base, "/") <> path
+
+    headers = [
+      {~c"accept", ~c"text/event-stream"} | Enum.map(headers, fn {k, v} -> {to_charlist(k), to_charlist(v)} end)
+    ]
+
+    request = {to_charlist(url), headers, ~c"application/json", Condukt.JSON.encode!(body)}
+    stream_attempt(url, request, req.timeout, req.retries, 0, {acc, fun})
+  end
+
+  defp stream_attempt(url, request, timeout, retries, n, folder) do
+    http_opts = [timeout: :infinity, connect_timeout: min(timeout, 15_000), autoredirect: false] ++ ssl(url)
+    {:ok, ref} = :httpc.request(:post, request, http_opts, sync: false, stream: :self, body_format: :binary)
+
+    case receive_stream(ref, timeout, "", folder, false) do
+      {:retry, after_ms, error} ->
+        retry_with(retries, n, after_ms, error, url, fn ->
+          stream_attempt(url, request, timeout, retries, n + 1, folder)
+        end)
+
+      other ->
+        other
+    end
+  end
+
+  defp receive_stream(ref, timeout, buffer, {acc, fun} = folder, started?) do
+    receive do
+      {:http, {^ref, :stream_start, _headers}} ->
+        receive_stream(ref, timeout, buffer, folder, true)
+
+      {:http, {^ref, :stream, chunk}} ->
+        {events, rest} = sse_events(buffer <> chunk)
+        receive_stream(ref, timeout, rest, {Enum.reduce(events, acc, fun), fun}, true)
+
+      {:http, {^ref, :stream_end, _headers}} ->
+        {events, _} = sse_events(buffer <> "\n\n")
+        {:ok, Enum.reduce(events, acc, fun)}
+
+      {:http, {^ref, {{_, status, _}, headers, body}}} when status == 429 or status >= 500 ->
+        {:retry, retry_after(headers), %Error{reason: :http_status, detail: %{status: status, body: body}}}
+
+      {:http, {^ref, {{_, status, _}, _headers, body}}} ->
+        {:error, %Error{reason: :http_status, detail: %{status: status, body: body}}}
+
+      {:http, {^ref, {:error, reason}}} when not started? ->
+        {:retry, nil, %Error{reason: :http, detail: reason}}
+
+      {:http, {^ref, {:error, reason}}} ->
+        {:error, %Error{reason: :http, detail: reason}}
+    after
+      timeout ->
+        :httpc.cancel_request(ref)
+        {:error, %Error{reason: :http, detail: "no data for #{timeout} ms"}}
+    end
+  end
+
+  @doc false
+  # Splits server-sent events off the front of `buffer` (RFC-less but
+  # per the WHATWG EventSource format: blank-line separated blocks of
+  # `field: value` lines). Returns the complete events and the rest.
+  @spec sse_events(binary()) :: {[{String.t() | nil, String.t()}], binary()}
+  def sse_events(buffer) do
+    blocks = buffer |> String.replace("\r\n", "\n") |> String.split("\n\n")
+    {complete, [rest]} = Enum.split(blocks, -1)
+
+    events =
+      for block <- complete, block != "" do
+        lines = String.split(block, "\n")
+        name = Enum.find_value(lines, fn l -> field(l, "event") end)
+        data = lines |> Enum.map(&field(&1, "data")) |> Enum.reject(&is_nil/1) |> Enum.join("\n")
+        {name, data}
+      end
+
+    {Enum.reject(events, fn {_, data} -> data == "" end), rest}
+  end
+
+  defp field(line, name) do
+    case String.split(line, ":", parts: 2) do
+      [^name, value] -> String.replace_prefix(value, " ", "")
+      _ -> nil
+    end
+  end
+
   defp attempt(url, request, timeout, retries, n) do
     http_opts = [timeout: timeout, connect_timeout: min(timeout, 15_000), autoredirect: false] ++ ssl(url)
 
@@ -71,13 +168,16 @@ defmodule Condukt.Provider.HTTP do
     end
   end
 
-  defp retry(_url, _request, _timeout, retries, n, _after, error) when n >= retries, do: {:error, error}
+  defp retry(url, request, timeout, retries, n, after_ms, error),
+    do: retry_with(retries, n, after_ms, error, url, fn -> attempt(url, request, timeout, retries, n + 1) end)
 
-  defp retry(url, request, timeout, retries, n, after_ms, error) do
+  defp retry_with(retries, n, _after, error, _url, _again) when n >= retries, do: {:error, error}
+
+  defp retry_with(_retries, n, after_ms, error, url, again) do
     delay = min(after_ms || backoff(n), @max_backoff)
     Logger.debug("condukt: #{url}: #{Exception.message(error)}; retrying in #{delay} ms")
     Process.sleep(delay)
-    attempt(url, request, timeout, retries, n + 1)
+    again.()
   end
 
   @doc false

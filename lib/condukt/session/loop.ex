@@ -14,6 +14,7 @@ defmodule Condukt.Session.Loop do
           request: map(),
           tools: %{String.t() => module()},
           tool_context: Tool.context(),
+          emit: (term() -> any()) | nil,
           output: map() | nil,
           max_turns: pos_integer()
         }
@@ -34,12 +35,22 @@ defmodule Condukt.Session.Loop do
           finish(cfg.output, resp.text || "")
 
         calls ->
-          results = Enum.map(calls, &call_tool(cfg, &1))
-          Enum.each(results, notify)
+          results =
+            Enum.map(calls, fn call ->
+              emit(cfg, {:tool_call, call})
+              result = call_tool(cfg, call)
+              emit(cfg, {:tool_result, result})
+              notify.(result)
+              result
+            end)
+
           turn(cfg, messages ++ [reply | results], notify, n + 1)
       end
     end
   end
+
+  defp emit(%{emit: nil}, _event), do: :ok
+  defp emit(%{emit: emit}, event), do: emit.(event)
 
   defp call_tool(cfg, %{id: id, name: name, arguments: args}) do
     case Map.fetch(cfg.tools, name) do

@@ -60,7 +60,14 @@ defmodule Condukt.SessionLoopTest do
       ])
 
     {:ok, s} = Coder.start_link(cwd: dir, model: model)
-    assert {:ok, "You need to buy milk."} = Session.run(s, "What is in notes.txt?")
+    on_event = fn event -> send(test, {:event, event}) end
+    assert {:ok, "You need to buy milk."} = Session.run(s, "What is in notes.txt?", on_event: on_event)
+
+    # Each tool call is announced, then its result.
+    assert_received {:event, {:tool_call, %{id: "c1", name: "Read"}}}
+    assert_received {:event, {:tool_result, %Message{tool_call_id: "c1"}}}
+    assert_received {:event, {:tool_call, %{id: "c4"}}}
+    assert_received {:event, {:tool_result, %Message{tool_call_id: "c4", is_error: true}}}
 
     assert_received {:second_turn, sent}
     assert [%Message{role: :user}, %Message{role: :assistant, tool_calls: [_, _, _, _]} | results] = sent

@@ -89,6 +89,32 @@ defmodule Condukt.SessionTest do
     assert Exception.message(e) =~ "does not match the output schema"
   end
 
+  test "streaming: the text arrives in pieces through :on_event, on both APIs", %{model: model} do
+    test = self()
+    on_event = fn {:text, chunk} -> send(test, {:chunk, chunk}) end
+
+    for opts <- [model, Keyword.merge(model, model: "anthropic:smollm2", base_url: LLM.url())] do
+      assert {:ok, text} = Condukt.run(Assistant, "Name three animals.", opts ++ [on_event: on_event])
+      chunks = collect_chunks([])
+      assert length(chunks) > 1
+      assert Enum.join(chunks) == text
+    end
+
+    # A streamed structured answer is validated like any other.
+    schema = %{type: "object", properties: %{animal: %{type: "string", maxLength: 20}}, required: ["animal"]}
+
+    assert {:ok, %{"animal" => _}} =
+             Condukt.run(Assistant, "Pick an animal.", model ++ [output: schema, on_event: on_event])
+  end
+
+  defp collect_chunks(acc) do
+    receive do
+      {:chunk, c} -> collect_chunks([c | acc])
+    after
+      0 -> Enum.reverse(acc)
+    end
+  end
+
   test "project instructions are read through the sandbox", %{model: model, tmp_dir: dir} do
     File.write!(Path.join(dir, "AGENTS.md"), "Run mix test before every commit.\n")
     File.mkdir_p!(Path.join(dir, ".agents/skills/release"))
