@@ -171,6 +171,12 @@ defmodule Condukt.Provider.HTTP do
   defp retry(url, request, timeout, retries, n, after_ms, error),
     do: retry_with(retries, n, after_ms, error, url, fn -> attempt(url, request, timeout, retries, n + 1) end)
 
+  # :httpc reuses kept-alive connections, and a server may have closed one
+  # just before we used it; that first failure says nothing about the
+  # server, so it is tried again at once, whatever the retry budget.
+  defp retry_with(_retries, 0, _after, %Error{reason: :http, detail: :socket_closed_remotely}, _url, again),
+    do: again.()
+
   defp retry_with(retries, n, _after, error, _url, _again) when n >= retries, do: {:error, error}
 
   defp retry_with(_retries, n, after_ms, error, url, again) do

@@ -11,6 +11,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.AgentDeciderE2ETest do
   alias Condukt.Sandbox.NetworkPolicy.AgentDecider
 
   @moduletag :llm
+  @moduletag :capture_log
   if reason = LLM.skip_reason(), do: @moduletag(skip: "llm tier: " <> reason)
 
   @events Enum.map(~w(request_allowed request_denied decider_failure)a, &[:condukt, :sandbox, :network_policy, &1])

@@ -1,6 +1,7 @@
 defmodule Condukt.AgentTest do
   # `use Condukt`, session start-up and the errors that need no model.
   use ExUnit.Case, async: true
+  @moduletag :capture_log
 
   alias Condukt.{Error, Sandbox, Session}
 
