@@ -176,8 +176,7 @@ defmodule Condukt.Session do
 
     case setup(agent, id, opts) do
       {:ok, state} ->
-        if opts[:owner], do: Process.monitor(opts[:owner])
-        {:ok, state}
+        {:ok, %{state | owner_ref: opts[:owner] && Process.monitor(opts[:owner])}}
 
       {:error, error} ->
         # {:stop, reason} would also kill a linked caller; :ignore does
@@ -221,6 +220,7 @@ defmodule Condukt.Session do
         tools: Map.new(tools, &{&1.name(), &1}),
         max_turns: opts[:max_turns],
         parent_id: opts[:parent_id],
+        owner_ref: nil,
         running: nil
       }
 
@@ -347,7 +347,7 @@ defmodule Condukt.Session do
 
   # The owner of a one-shot run (Condukt.run/3) went away: nobody waits
   # for this session any more.
-  def handle_info({:DOWN, _ref, :process, _pid, _reason}, state), do: {:stop, :normal, state}
+  def handle_info({:DOWN, ref, :process, _pid, _reason}, %{owner_ref: ref} = state), do: {:stop, :normal, state}
   def handle_info({:EXIT, _pid, _reason}, state), do: {:noreply, state}
   def handle_info(_other, state), do: {:noreply, state}
 
