@@ -110,4 +110,19 @@ defmodule Condukt.SessionLoopTest do
     # The session is still there and free.
     assert [%Message{content: "first"}] = Session.messages(s)
   end
+
+  test "Condukt.run/3 on a running session, by pid or by registered name; a map input is sent as JSON", %{tmp_dir: dir} do
+    test = self()
+
+    echo = fn req ->
+      send(test, {:asked, List.last(req.messages).content})
+      answer("ok").(req)
+    end
+
+    {:ok, s} = Coder.start_link(cwd: dir, model: replay([echo, echo]), name: :condukt_loop_test_session)
+    assert {:ok, "ok"} = Condukt.run(s, "by pid")
+    assert_received {:asked, "by pid"}
+    assert {:ok, "ok"} = Condukt.run(:condukt_loop_test_session, %{task: "by name"})
+    assert_received {:asked, ~s({"task":"by name"})}
+  end
 end
