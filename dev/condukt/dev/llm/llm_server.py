@@ -57,7 +57,7 @@ def main():
 
     if args.log:
         # llama.cpp writes its log to fd 2 from C++; point fd 2 at the file.
-        fd = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 2)
         os.close(fd)
 
