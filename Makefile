@@ -158,6 +158,7 @@ test: c-test fuzz-smoke elixir-test
 setup:
 	sh scripts/setup-debian.sh
 	sh scripts/k8s/setup-go.sh
+	sh scripts/setup-llm.sh
 
 demo: $(BIN)
 	mix run scripts/demo.exs

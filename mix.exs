@@ -83,7 +83,7 @@ defmodule Condukt.MixProject do
   def application do
     [
       mod: {Condukt.Application, []},
-      extra_applications: [:logger, :crypto] ++ if(offline?(), do: [:jiffy], else: [])
+      extra_applications: [:logger, :crypto, :inets, :ssl, :public_key] ++ if(offline?(), do: [:jiffy], else: [])
     ]
   end
 

@@ -160,6 +160,88 @@ try do
   :ok = Sandbox.shutdown(sb)
   :telemetry.detach("demo")
   IO.puts("\nSession shut down: namespace, sidecar and secrets removed.")
+
+  # ── second act: an agent session whose policy asks a model ───────────────
+  # A Condukt.Session (use Condukt) with the same local internet; its
+  # decide rule is AgentDecider running a gatekeeper agent on a real local
+  # model (SmolLM2-135M through llama.cpp's server, installed by
+  # scripts/setup-llm.sh). Skipped, with the reason, when it is missing.
+  case Condukt.Dev.LLM.check() do
+    {:skip, reason} ->
+      IO.puts("\nSecond act skipped (an agent deciding): #{reason}")
+
+    :ok ->
+      IO.puts("\nSecond act: an agent session; the decide rule asks a local model (SmolLM2-135M)…")
+      model = Condukt.Dev.LLM.openai_options()
+
+      defmodule Demo.Coder do
+        use Condukt
+        def system_prompt, do: "You are a coding agent. Answer in one short sentence."
+        def tools, do: Condukt.Tools.coding_tools()
+      end
+
+      agent_policy =
+        NetworkPolicy.new!(
+          rules: [
+            deny: ["denied.test"],
+            decide: [
+              call: {NetworkPolicy.AgentDecider, [agent: Condukt.Dev.NetGuard] ++ model},
+              timeout: 30_000
+            ]
+          ],
+          default: :deny
+        )
+
+      :ok =
+        :telemetry.attach_many(
+          "demo-agent",
+          Enum.map(events, &[:condukt, :sandbox, :network_policy, &1]),
+          &Demo.Table.handle/4,
+          nil
+        )
+
+      {:ok, agent} =
+        Demo.Coder.start_link(
+          [
+            id: "demo-agent-session",
+            sandbox:
+              {Sandbox.Local,
+               cwd: work,
+               network_policy: agent_policy,
+               network_policy_required: true,
+               network: [
+                 uplink: {:netns, tb.inet_ns},
+                 hosts: Map.new(names, &{&1, tb.inet.v4}),
+                 allow_private: [tb.inet.v4 <> "/32"],
+                 upstream_ca: tb.ca_cert
+               ]}
+          ] ++ model
+        )
+
+      prompt = "Fetch the project page from decide.test and tell me what it says."
+      {:ok, reply} = Condukt.Session.run(agent, prompt)
+      IO.puts("  user: #{prompt}\n  model: #{String.trim(reply)}\n")
+
+      # The session's Bash tool, as the model would call it.
+      ctx = %{sandbox: Condukt.Session.sandbox(agent), session_id: "demo-agent-session", agent: Demo.Coder}
+      Demo.Table.header()
+
+      seen =
+        for url <- ~w(https://decide.test/ https://other.test/ https://denied.test/) do
+          {_, out} = Condukt.Tool.run(Condukt.Tools.Bash, %{"command" => "curl -sS --max-time 40 #{url}"}, ctx)
+          Process.sleep(150)
+          {url, out}
+        end
+
+      IO.puts("\nWhat the agent's commands saw:")
+
+      for {url, out} <- seen,
+          do: IO.puts("\n  $ curl #{url}\n    " <> (out |> String.trim() |> String.replace("\n", "\n    ")))
+
+      Condukt.Session.stop(agent)
+      :telemetry.detach("demo-agent")
+      IO.puts("\nAgent session stopped; its sandbox was shut down with it.")
+  end
 after
   Testbed.stop(tb)
 end

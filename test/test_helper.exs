@@ -5,4 +5,7 @@ Condukt.Dev.Netns.Tier.configure_exunit()
 # The :kubernetes tier (docs/k8s-tier.md): the same rule, for a real
 # kube-apiserver, etcd and kwok built by scripts/k8s/binaries.sh.
 Condukt.Test.K8s.Tier.configure_exunit()
+# The :llm tier (docs/agents.md): a real local model from
+# scripts/setup-llm.sh, skipped with a printed reason when it is missing.
+Condukt.Dev.LLM.configure_exunit()
 ExUnit.start()
