@@ -83,7 +83,7 @@ defmodule Condukt.Test.Netns.Sidecar do
         Testbed.command(
           tb,
           :pod,
-          [bin, "netfilter-setup", "--proxy-port", "#{@port}", "--mark", @mark] ++
+          [bin, "netfilter-setup", "--proxy-port", "#{@port}", "--mark", @mark, "--sidecar-uid", "#{@uid}"] ++
             if(ports = opts[:ports], do: ["--ports", Enum.join(ports, ",")], else: []),
           env: san_env()
         )
