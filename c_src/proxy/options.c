@@ -43,6 +43,8 @@ static const opt_spec_t specs[] = {
     {"upstream-extra-ca", "CONDUKT_EGRESS_UPSTREAM_EXTRA_CA", OPT_STR, 0, 0,
      "one more PEM file of upstream roots (tests, private registries)"},
     {"mark", "CONDUKT_EGRESS_MARK", OPT_MARK, 0, 0, "SO_MARK of upstream sockets (default 0x539)"},
+    {"user", "CONDUKT_EGRESS_USER", OPT_U32, 1, 4294967294u,
+     "uid (and gid) to become, keeping only CAP_NET_ADMIN, before any socket is opened (docs/netfilter.md)"},
     {"allow-private", "CONDUKT_EGRESS_ALLOW_PRIVATE", OPT_CIDR, 0, 0,
      "private/loopback/link-local range upstreams may use without the policy naming the IP (repeatable)"},
     {"redact-header", "CONDUKT_EGRESS_REDACT_HEADER", OPT_LIST, 0, 0,
@@ -206,6 +208,7 @@ static int apply(const opt_spec_t *spec, const char *value, ce_proxy_options_t *
     else if (strcmp(f, "connect-timeout-ms") == 0) o->connect_ms = v;
     else if (strcmp(f, "header-timeout-ms") == 0) o->header_ms = v;
     else if (strcmp(f, "idle-timeout-ms") == 0) o->idle_ms = v;
+    else if (strcmp(f, "user") == 0) o->user = v;
     return CE_EXIT_OK;
   }
   return CE_EXIT_OK;

@@ -45,6 +45,7 @@ typedef struct {
   const char *trust_bundle_path;
   const char *upstream_extra_ca_path;
   uint32_t mark;
+  uint32_t user; /* --user: the uid to become when started as root; 0 = stay */
   ce_cidr_t allow_private[CE_PROXY_MAX_CIDRS];
   size_t allow_private_count;
   const char *redact[CE_PROXY_MAX_REDACT];

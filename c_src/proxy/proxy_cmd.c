@@ -17,6 +17,7 @@
 #include "netfilter/ctflush.h"
 #include "proxy/conn.h"
 #include "proxy/netaddr.h"
+#include "proxy/privdrop.h"
 #include "proxy/proxy.h"
 #include "proxy/stats.h"
 #include "tls/context.h"
@@ -299,6 +300,14 @@ int ce_cmd_proxy(int argc, char **argv) {
   p->head_buf = malloc(CE_CONN_HEAD_OUT_MAX);
   if (p->decisions == NULL || p->read_buf == NULL || p->head_buf == NULL) {
     fprintf(stderr, PROG ": out of memory\n");
+    goto fail;
+  }
+
+  /* Every file is read; no socket exists yet. From here on the proxy is
+   * the sidecar's uid, whose marked sockets alone are exempt
+   * (docs/netfilter.md, "The exemption"). */
+  if (opts.user != 0 && ce_privdrop(opts.user, err, sizeof(err)) != CE_OK) {
+    fprintf(stderr, PROG ": %s\n", err);
     goto fail;
   }
 

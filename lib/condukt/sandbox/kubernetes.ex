@@ -154,6 +154,7 @@ defmodule Condukt.Sandbox.Kubernetes do
   def init(opts) do
     with {:ok, opts} <- validate(opts, Schema.init(), :new),
          {:ok, policy} <- network_policy(opts[:network_policy]),
+         :ok <- workspace_options(opts, policy),
          {:ok, kube, namespace} <- connect(opts, :new) do
       opts = Keyword.put(opts, :namespace, namespace)
       {id, explicit?} = if opts[:id] == nil, do: {random_id(), false}, else: {to_string(opts[:id]), true}
@@ -181,6 +182,15 @@ defmodule Condukt.Sandbox.Kubernetes do
           Kube.close(kube)
           error
       end
+    end
+  end
+
+  # Capabilities and a uid that would let the workspace forge the
+  # sidecar's exemption are refused before anything is created.
+  defp workspace_options(opts, policy) do
+    case Manifest.check_workspace(opts, policy != nil) do
+      :ok -> :ok
+      {:error, detail} -> {:error, %Error{reason: :invalid_option, op: :new, detail: detail}}
     end
   end
 

@@ -130,6 +130,18 @@ defmodule Condukt.K8s.KubernetesE2ETest do
     assert {:ok, %{exit_code: code}} = Sandbox.exec(sb, "iptables -t nat -F")
     assert code != 0
 
+    # ... nor NET_RAW (the socket mark, AF_PACKET frames) nor SETUID (the
+    # sidecar's uid), whatever the runtime's defaults: the manifest drops them.
+    for {what, py} <- [
+          mark: "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, 36, 0x539)",
+          packet: "socket.socket(socket.AF_PACKET, socket.SOCK_RAW)",
+          setuid: "os.setuid(1337)"
+        ] do
+      assert {:ok, %{exit_code: code, output: out}} = Sandbox.exec(sb, "python3 -c 'import os, socket; #{py}' 2>&1")
+
+      assert code != 0 and out =~ "PermissionError", "#{what}: #{out}"
+    end
+
     # Reattach (a retried job): the bridge comes back, decisions still run here.
     :ok = Sandbox.shutdown(sb)
 

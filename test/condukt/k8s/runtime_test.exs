@@ -121,7 +121,9 @@ defmodule Condukt.K8s.RuntimeTest do
         "--listen",
         "[::1]:15001",
         "--upstream-extra-ca",
-        "/etc/condukt-egress/upstream-ca.pem"
+        "/etc/condukt-egress/upstream-ca.pem",
+        "--user",
+        "1337"
       ] ++ Enum.flat_map(tier.allow_private, &["--allow-private", &1])
 
     %{
@@ -184,7 +186,7 @@ defmodule Condukt.K8s.RuntimeTest do
               runAsNonRoot: false,
               allowPrivilegeEscalation: false,
               readOnlyRootFilesystem: true,
-              capabilities: %{drop: ["ALL"], add: ["NET_ADMIN"]}
+              capabilities: %{drop: ["ALL"], add: ["NET_ADMIN", "SETUID", "SETGID"]}
             },
             volumeMounts: [%{name: "condukt-egress", mountPath: "/etc/condukt-egress", readOnly: true}]
           }
@@ -286,12 +288,13 @@ defmodule Condukt.K8s.RuntimeTest do
     assert %{"running" => _} = statuses["condukt-egress"]["state"]
     assert %{"terminated" => %{"exitCode" => 0}} = statuses["condukt-netfilter"]["state"]
 
-    # The sidecar runs as root with only CAP_NET_ADMIN, no_new_privs
+    # The sidecar starts as root with NET_ADMIN, SETUID and SETGID and
+    # becomes 1337 with CAP_NET_ADMIN alone, no_new_privs
     # (docs/kubernetes.md: the one combination runc makes work).
     status = File.read!("/proc/#{info.pids["condukt-egress"]}/status")
-    assert status =~ ~r/^Uid:\s+0\s+0\s+0\s+0$/m
+    assert status =~ ~r/^Uid:\s+1337\s+1337\s+1337\s+1337$/m
     assert status =~ ~r/^Gid:\s+1337\s+1337\s+1337\s+1337$/m
-    assert status =~ ~r/^CapBnd:\s+0000000000001000$/m
+    assert status =~ ~r/^CapPrm:\s+0000000000001000$/m
     assert status =~ ~r/^CapEff:\s+0000000000001000$/m
     assert status =~ ~r/^NoNewPrivs:\s+1$/m
 

@@ -43,7 +43,9 @@ defmodule Condukt.Test.Netns.Sidecar do
   testbed's veth /24 and /64, where its "internet" lives), `:netfilter`
   (default true), `:ports` (the TCP ports redirected to the proxy; default
   netfilter-setup's 80 and 443), `:caps` (default true: the proxy gets
-  CAP_NET_ADMIN; false runs it with no capability at all).
+  CAP_NET_ADMIN; false runs it with no capability at all), `:drop_from_root`
+  (default false; true starts it as a Kubernetes pod does: root with
+  NET_ADMIN, SETUID and SETGID, group 1337, and `--user 1337`).
   """
   @spec start(Testbed.t(), NetworkPolicy.t() | keyword(), keyword()) :: t()
   def start(tb, policy, opts \\ []) do
@@ -75,6 +77,13 @@ defmodule Condukt.Test.Netns.Sidecar do
     for f <- [ca_key, token_path, policy_path], do: File.chmod!(f, 0o600)
     for f <- [dir, ca_key, token_path, policy_path], do: File.chown!(f, @uid)
     File.chmod!(dir, 0o711)
+
+    # As the pod's Secret volume: group 1337, 0440 (root without
+    # CAP_DAC_OVERRIDE reads them through its group).
+    if opts[:drop_from_root] do
+      for f <- [ca_key, token_path, policy_path], do: File.chgrp!(f, @uid) && File.chmod!(f, 0o440)
+    end
+
     File.chmod!(ca_cert, 0o644)
     File.chmod!(bundle, 0o644)
 
@@ -83,7 +92,7 @@ defmodule Condukt.Test.Netns.Sidecar do
         Testbed.command(
           tb,
           :pod,
-          [bin, "netfilter-setup", "--proxy-port", "#{@port}", "--mark", @mark] ++
+          [bin, "netfilter-setup", "--proxy-port", "#{@port}", "--mark", @mark, "--sidecar-uid", "#{@uid}"] ++
             if(ports = opts[:ports], do: ["--ports", Enum.join(ports, ",")], else: []),
           env: san_env()
         )
@@ -107,16 +116,28 @@ defmodule Condukt.Test.Netns.Sidecar do
       ["proxy", "--policy", policy_path, "--ca-cert", ca_cert, "--ca-key", ca_key, "--session-id", "e2e-#{tb.id}"] ++
         ["--token-file", token_path, "--control", control, "--upstream-extra-ca", tb.ca_cert] ++
         ["--trust-bundle", mozilla, "--mark", @mark] ++
-        Enum.flat_map(private, &["--allow-private", &1]) ++ Keyword.get(opts, :extra_args, [])
+        Enum.flat_map(private, &["--allow-private", &1]) ++
+        Keyword.get(opts, :extra_args, []) ++
+        if(opts[:drop_from_root], do: ["--user", "#{@uid}"], else: [])
 
     env =
       ["/usr/bin/env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"] ++ Enum.map(san_env(), fn {k, v} -> "#{k}=#{v}" end)
 
+    identity =
+      cond do
+        opts[:drop_from_root] ->
+          ["--regid=#{@uid}", "--clear-groups", "--bounding-set=-all,+net_admin,+setuid,+setgid"] ++
+            ["--inh-caps=-all", "--no-new-privs"]
+
+        Keyword.get(opts, :caps, true) ->
+          ["--reuid=#{@uid}", "--regid=#{@uid}", "--clear-groups", "--inh-caps=+net_admin", "--ambient-caps=+net_admin"]
+
+        true ->
+          ["--reuid=#{@uid}", "--regid=#{@uid}", "--clear-groups"]
+      end
+
     argv =
-      [Tier.tool!("ip"), "netns", "exec", tb.pod_ns, Tier.tool!("setpriv")] ++
-        ["--reuid=#{@uid}", "--regid=#{@uid}", "--clear-groups"] ++
-        if(Keyword.get(opts, :caps, true), do: ["--inh-caps=+net_admin", "--ambient-caps=+net_admin"], else: []) ++
-        ["--"] ++ env ++ [bin | args]
+      [Tier.tool!("ip"), "netns", "exec", tb.pod_ns, Tier.tool!("setpriv")] ++ identity ++ ["--"] ++ env ++ [bin | args]
 
     stdout = Path.join(dir, "events.ndjson")
     stderr = Path.join(dir, "proxy.stderr")

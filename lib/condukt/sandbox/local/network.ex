@@ -355,7 +355,7 @@ defmodule Condukt.Sandbox.Local.Network do
     |> tap(fn net ->
       run!(
         [net.tools["ip"], "netns", "exec", net.name, copy, "netfilter-setup", "--proxy-port", "#{@proxy_port}"] ++
-          ["--mark", @mark]
+          ["--mark", @mark, "--sidecar-uid", "#{opts[:sidecar_uid]}"]
       )
     end)
   end

@@ -173,6 +173,43 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       |> Map.merge(Map.new(Keyword.drop(extra, Keyword.keys(Schema.init()))))
     end
 
+    test "capabilities and run_as_user reach the workspace's securityContext" do
+      c = hd(Manifest.pod(cfg(capabilities: ["SYS_PTRACE", "cap_chown"], run_as_user: 1000))["spec"]["containers"])
+
+      assert c["securityContext"]["capabilities"]["add"] ==
+               ~w(CHOWN DAC_OVERRIDE FOWNER FSETID KILL NET_BIND_SERVICE SYS_PTRACE)
+
+      assert c["securityContext"]["runAsUser"] == 1000
+    end
+
+    test "with a policy, capabilities that forge the exemption and the sidecar's uid are refused" do
+      for cap <- ~w(NET_RAW net_admin CAP_SETUID SETGID SYS_ADMIN BPF SYS_MODULE ALL) do
+        assert {:error, {:invalid, :capabilities, [^cap], expected}} =
+                 Manifest.check_workspace([capabilities: [cap]], true)
+
+        assert expected =~ "with a network policy the workspace may not have"
+      end
+
+      assert {:error, {:invalid, :run_as_user, 1337, _}} = Manifest.check_workspace([run_as_user: 1337], true)
+      assert :ok = Manifest.check_workspace([capabilities: ["SYS_PTRACE"], run_as_user: 1000], true)
+      # Without a policy there is no exemption to forge.
+      assert :ok = Manifest.check_workspace([capabilities: ["NET_RAW"], run_as_user: 1337], false)
+
+      # Through init: refused before any connection is attempted, naming the option.
+      assert {:error, %Condukt.Sandbox.Error{reason: :invalid_option} = e} =
+               Condukt.Sandbox.Kubernetes.init(
+                 network_policy: [rules: [allow: ["a.test"]]],
+                 capabilities: ["NET_RAW"],
+                 conn: [server: "https://127.0.0.1:1"]
+               )
+
+      assert Exception.message(e) =~ ":capabilities"
+      assert Exception.message(e) =~ "NET_RAW"
+
+      assert {:error, %Condukt.Sandbox.Error{reason: :invalid_option, detail: {:invalid, :capabilities, _, _}}} =
+               Condukt.Sandbox.Kubernetes.init(capabilities: ["NOT A CAP"])
+    end
+
     test "the plain pod: keepalive workspace, emptyDir at cwd, no token, no secret" do
       pod = Manifest.pod(cfg(env: %{"A" => "1"}, labels: %{"tenant" => "acme"}, annotations: %{"x" => "y"}))
       spec = pod["spec"]
@@ -189,6 +226,17 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert c["workingDir"] == "/workspace"
       assert c["env"] == [%{"name" => "A", "value" => "1"}]
       assert c["volumeMounts"] == [%{"name" => "workspace", "mountPath" => "/workspace"}]
+      # Least privilege for the workspace too: the caps a root workspace
+      # needs to edit its files, nothing to regain more.
+      assert c["securityContext"] == %{
+               "allowPrivilegeEscalation" => false,
+               "capabilities" => %{
+                 "drop" => ["ALL"],
+                 "add" => ~w(CHOWN DAC_OVERRIDE FOWNER FSETID KILL NET_BIND_SERVICE)
+               },
+               "seccompProfile" => %{"type" => "RuntimeDefault"}
+             }
+
       assert pod["metadata"]["labels"]["tenant"] == "acme"
       assert pod["metadata"]["annotations"]["condukt.dev/id"] == "job-42"
       assert pod["metadata"]["annotations"]["condukt.tuist.dev/heartbeat-at"] == "2026-01-02T03:04:05Z"
@@ -226,9 +274,17 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert sidecar["name"] == "condukt-egress"
       assert sidecar["restartPolicy"] == "Always"
       sc = sidecar["securityContext"]
-      # uid 0 with NET_ADMIN only (docs/kubernetes.md: no ambient capabilities for non-root)
+      # Started as uid 0 with NET_ADMIN, SETUID and SETGID; the proxy then
+      # becomes 1337 with NET_ADMIN alone (--user).
       assert sc["runAsUser"] == 0 and sc["runAsGroup"] == 1337 and sc["runAsNonRoot"] == false
-      assert sc["capabilities"] == %{"drop" => ["ALL"], "add" => ["NET_ADMIN"]}
+      assert sc["capabilities"] == %{"drop" => ["ALL"], "add" => ["NET_ADMIN", "SETUID", "SETGID"]}
+      assert Enum.chunk_every(sidecar["command"], 2, 1) |> Enum.member?(["--user", "1337"])
+      assert Enum.chunk_every(sidecar["command"], 2, 1) |> Enum.member?(["--mark", "0x539"])
+
+      nf_cmd = Enum.chunk_every(netfilter["command"], 2, 1)
+      assert ["--sidecar-uid", "1337"] in nf_cmd and ["--mark", "0x539"] in nf_cmd
+      assert ["--dns-port", "15053"] in nf_cmd
+      refute "--dns" in netfilter["command"]
       assert sc["allowPrivilegeEscalation"] == false and sc["readOnlyRootFilesystem"] == true
 
       assert sidecar["volumeMounts"] == [
@@ -255,6 +311,8 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert Enum.chunk_every(probe_args, 2) == proxy_listen
 
       [c] = spec["containers"]
+      assert c["securityContext"]["allowPrivilegeEscalation"] == false
+      refute Enum.any?(c["securityContext"]["capabilities"]["add"], &(&1 in ~w(NET_RAW NET_ADMIN SETUID SETGID)))
       ca_vars = ~w(NODE_EXTRA_CA_CERTS REQUESTS_CA_BUNDLE SSL_CERT_FILE PIP_CERT CURL_CA_BUNDLE GIT_SSL_CAINFO)
 
       for v <- ca_vars,

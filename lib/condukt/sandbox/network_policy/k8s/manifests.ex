@@ -21,6 +21,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   @control_port 15_002
   @mark "0x539"
   @sidecar_uid 1337
+  @dns_port 15_053
   @listen ["127.0.0.1:#{@proxy_port}", "[::1]:#{@proxy_port}"]
 
   @doc "`ghcr.io/tuist/condukt-egress:<library version>`."
@@ -121,7 +122,9 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
     netfilter = %{
       "name" => "condukt-netfilter",
       "image" => p.image,
-      "command" => [@binary, "netfilter-setup", "--proxy-port", "#{@proxy_port}", "--mark", @mark],
+      "command" =>
+        [@binary, "netfilter-setup", "--proxy-port", "#{@proxy_port}", "--mark", @mark] ++
+          ["--sidecar-uid", "#{@sidecar_uid}", "--dns-port", "#{@dns_port}"],
       "securityContext" => %{
         "runAsUser" => 0,
         "runAsNonRoot" => false,
@@ -153,7 +156,11 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
           "--session-id",
           p.session_id,
           "--control",
-          "127.0.0.1:#{@control_port}"
+          "127.0.0.1:#{@control_port}",
+          "--mark",
+          @mark,
+          "--user",
+          "#{@sidecar_uid}"
         ] ++ listen_args() ++ upstream ++ private,
       # The kubelet starts the workspace once this succeeds, not once the
       # sidecar's process started: until the proxy listens, the
@@ -168,17 +175,19 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
         "timeoutSeconds" => 1,
         "failureThreshold" => 30
       },
-      # uid 0 with NET_ADMIN alone (docs/kubernetes.md): runtimes give a
+      # Started as uid 0 with NET_ADMIN, SETUID and SETGID, the proxy
+      # reads its files and then becomes uid 1337 keeping NET_ADMIN alone
+      # (`--user`, docs/netfilter.md, "The exemption"): runtimes give a
       # non-root process no ambient capabilities, and no_new_privs rules
       # out file capabilities, so this is the one way to hold SO_MARK's
-      # capability and nothing else.
+      # capability as the uid the rules exempt.
       "securityContext" => %{
         "runAsUser" => 0,
         "runAsGroup" => @sidecar_uid,
         "runAsNonRoot" => false,
         "allowPrivilegeEscalation" => false,
         "readOnlyRootFilesystem" => true,
-        "capabilities" => %{"drop" => ["ALL"], "add" => ["NET_ADMIN"]}
+        "capabilities" => %{"drop" => ["ALL"], "add" => ["NET_ADMIN", "SETUID", "SETGID"]}
       },
       "volumeMounts" => [%{"name" => "condukt-egress", "mountPath" => @egress_dir, "readOnly" => true}]
     }
