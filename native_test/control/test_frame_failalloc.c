@@ -30,7 +30,7 @@ static void parse_loop(const char *text, ce_frame_type_t type) {
     }
     /* Every failure is CE_ENOMEM, including those jansson hides
      * (common/json.h): before that fix, allocation 11 here gave a hello
-     * whose token had lost a byte. */
+     * whose token (then sent in the hello) had lost a byte. */
     cr_assert_eq(rc, CE_ENOMEM, "allocation %zu: %s (%s)", n, ce_err_name(rc), why);
     cr_assert_str_eq(why, "out of memory");
     for (size_t i = 0; i < sizeof(f); i++)
@@ -40,7 +40,8 @@ static void parse_loop(const char *text, ce_frame_type_t type) {
 }
 
 Test(frame_failalloc, parse_hello) {
-  parse_loop("{\"type\":\"hello\",\"version\":1,\"token\":\"00ff10ab00ff10ab00ff10ab00ff10ab\"}",
+  parse_loop("{\"type\":\"hello\",\"version\":2,\"session_id\":\"ws-7f3a\",\"nonce\":"
+             "\"00ff10ab00ff10ab00ff10ab00ff10ab00ff10ab00ff10ab00ff10ab00ff10ab\"}",
              CE_FRAME_HELLO);
 }
 

@@ -23,6 +23,9 @@ defmodule Condukt.Test.Netns.Sidecar do
 
   @type t :: %__MODULE__{}
 
+  @doc "The session id the proxy was started with (its control peer must name it)."
+  def session_id(%__MODULE__{tb: tb}), do: "e2e-#{tb.id}"
+
   @doc "The uid the proxy runs as (a workspace process may use it too)."
   def uid, do: @uid
 
