@@ -46,7 +46,8 @@ defmodule Condukt.Test.Netns.Sidecar do
   testbed's veth /24 and /64, where its "internet" lives), `:netfilter`
   (default true), `:ports` (the TCP ports redirected to the proxy; default
   netfilter-setup's 80 and 443), `:caps` (default true: the proxy gets
-  CAP_NET_ADMIN; false runs it with no capability at all).
+  CAP_NET_ADMIN; false runs it with no capability at all), `:token` (the
+  control token as lowercase hex; default a fresh one).
   """
   @spec start(Testbed.t(), NetworkPolicy.t() | keyword(), keyword()) :: t()
   def start(tb, policy, opts \\ []) do
@@ -64,7 +65,7 @@ defmodule Condukt.Test.Netns.Sidecar do
     ca_cert = Path.join(dir, "ca.pem")
     ca_key = Path.join(dir, "ca.key")
     Cmd.run!([bin, "ca", "new", "--cert", ca_cert, "--key", ca_key], env: san_env())
-    token = :crypto.strong_rand_bytes(32) |> Base.encode16(case: :lower)
+    token = opts[:token] || :crypto.strong_rand_bytes(32) |> Base.encode16(case: :lower)
     token_path = Path.join(dir, "token")
     File.write!(token_path, token <> "\n")
 
@@ -189,7 +190,8 @@ defmodule Condukt.Test.Netns.Sidecar do
   For a sidecar started with `control: "tcp"`: starts, inside the pod, the
   testbed's stand-in for `kubectl port-forward` (servers/port_forward.py),
   which joins every connection to a Unix socket outside the pod to the
-  control port 127.0.0.1:15002 inside it. Returns the sidecar with
+  control port 15002 inside it, dialled as Kubernetes does: 127.0.0.1, and
+  [::1] when that refuses. Returns the sidecar with
   `control_relay` set, which `ControlPeer` then dials. The relay is killed
   with everything else in the pod by `Testbed.stop/1`, or by `Cmd.kill/1`
   through the on_exit registered here.
@@ -201,7 +203,7 @@ defmodule Condukt.Test.Netns.Sidecar do
     log = Path.join(sc.dir, "port_forward.log")
 
     pid =
-      Testbed.spawn_in(sc.tb, :pod, [py, Path.join(sc.tb.bin_dir, "port_forward.py"), path, "127.0.0.1", port], log: log)
+      Testbed.spawn_in(sc.tb, :pod, [py, Path.join(sc.tb.bin_dir, "port_forward.py"), path, "localhost", port], log: log)
 
     ExUnit.Callbacks.on_exit({__MODULE__, path}, fn -> Cmd.kill([pid]) end)
 
