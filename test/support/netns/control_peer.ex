@@ -46,7 +46,7 @@ defmodule Condukt.Test.Netns.ControlPeer do
     case :gen_tcp.connect(
            {:local, String.to_charlist(path)},
            0,
-           [:binary, packet: :line, active: true, buffer: 1_048_576 * 2],
+           [:binary, packet: :line, active: false, buffer: 1_048_576 * 2],
            5_000
          ) do
       {:ok, sock} ->
