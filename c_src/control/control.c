@@ -817,6 +817,7 @@ static void peer_frame(peer_t *p, const char *s, size_t n) {
       memcpy(p->peer_nonce, f.nonce, sizeof(p->peer_nonce));
       ce_control_hex(p->sidecar_nonce, sizeof(p->sidecar_nonce), nonce_hex);
       p->state = PEER_AUTH;
+      ctl_log(ctl, CE_TRACE_DEBUG, "peer %llu: hello, challenge sent", (unsigned long long)p->num);
       peer_send_obj(p, json_pack("{s:s, s:i, s:s}", "type", "challenge", "version",
                                  CE_CONTROL_PROTOCOL_VERSION, "nonce", nonce_hex));
     }
@@ -997,6 +998,8 @@ static void on_connection(uv_stream_t *server, int status) {
   if (ctl->unauth_count >= CE_CONTROL_MAX_PREAUTH && ctl->preauth_head != NULL)
     auth_fail(ctl->preauth_head, "evicted: the oldest of too many connections in the handshake");
   preauth_append(p);
+  ctl_log(ctl, CE_TRACE_DEBUG, "peer %llu: accepted (%zu in the handshake)",
+          (unsigned long long)p->num, ctl->unauth_count);
   if (!ctl->is_unix)
     uv_tcp_nodelay(&p->io.tcp, 1); /* frames are small and decisions urgent */
   uv_timer_start(&p->hello_timer, hello_timeout_cb, ctl->hello_timeout_ms, 0);
