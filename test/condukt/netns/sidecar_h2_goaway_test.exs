@@ -32,7 +32,7 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
 
   setup %{sc: sc} do
     {:ok, peer} = ControlPeer.start_link(sc, self(), fn _ -> :allow end)
-    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 1}}, 5_000
+    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 2}}, 5_000
     on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
     :ok
   end

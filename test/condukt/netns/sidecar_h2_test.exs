@@ -74,7 +74,7 @@ defmodule Condukt.Netns.SidecarH2Test do
 
   setup %{sc: sc} do
     {:ok, peer} = ControlPeer.start_link(sc, self(), &decide/1)
-    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 1}}, 5_000
+    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 2}}, 5_000
     on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
     {:ok, peer: peer}
   end

@@ -23,6 +23,9 @@ defmodule Condukt.Test.Netns.Sidecar do
 
   @type t :: %__MODULE__{}
 
+  @doc "The session id the proxy was started with (its control peer must name it)."
+  def session_id(%__MODULE__{tb: tb}), do: "e2e-#{tb.id}"
+
   @doc "The uid the proxy runs as (a workspace process may use it too)."
   def uid, do: @uid
 
@@ -45,7 +48,8 @@ defmodule Condukt.Test.Netns.Sidecar do
   netfilter-setup's 80 and 443), `:caps` (default true: the proxy gets
   CAP_NET_ADMIN; false runs it with no capability at all), `:drop_from_root`
   (default false; true starts it as a Kubernetes pod does: root with
-  NET_ADMIN, SETUID and SETGID, group 1337, and `--user 1337`).
+  NET_ADMIN, SETUID and SETGID, group 1337, and `--user 1337`), `:token`
+  (the control token as lowercase hex; default a fresh one).
   """
   @spec start(Testbed.t(), NetworkPolicy.t() | keyword(), keyword()) :: t()
   def start(tb, policy, opts \\ []) do
@@ -63,7 +67,7 @@ defmodule Condukt.Test.Netns.Sidecar do
     ca_cert = Path.join(dir, "ca.pem")
     ca_key = Path.join(dir, "ca.key")
     Cmd.run!([bin, "ca", "new", "--cert", ca_cert, "--key", ca_key], env: san_env())
-    token = :crypto.strong_rand_bytes(32) |> Base.encode16(case: :lower)
+    token = opts[:token] || :crypto.strong_rand_bytes(32) |> Base.encode16(case: :lower)
     token_path = Path.join(dir, "token")
     File.write!(token_path, token <> "\n")
 
@@ -207,7 +211,8 @@ defmodule Condukt.Test.Netns.Sidecar do
   For a sidecar started with `control: "tcp"`: starts, inside the pod, the
   testbed's stand-in for `kubectl port-forward` (servers/port_forward.py),
   which joins every connection to a Unix socket outside the pod to the
-  control port 127.0.0.1:15002 inside it. Returns the sidecar with
+  control port 15002 inside it, dialled as Kubernetes does: 127.0.0.1, and
+  [::1] when that refuses. Returns the sidecar with
   `control_relay` set, which `ControlPeer` then dials. The relay is killed
   with everything else in the pod by `Testbed.stop/1`, or by `Cmd.kill/1`
   through the on_exit registered here.
@@ -219,7 +224,7 @@ defmodule Condukt.Test.Netns.Sidecar do
     log = Path.join(sc.dir, "port_forward.log")
 
     pid =
-      Testbed.spawn_in(sc.tb, :pod, [py, Path.join(sc.tb.bin_dir, "port_forward.py"), path, "127.0.0.1", port], log: log)
+      Testbed.spawn_in(sc.tb, :pod, [py, Path.join(sc.tb.bin_dir, "port_forward.py"), path, "localhost", port], log: log)
 
     ExUnit.Callbacks.on_exit({__MODULE__, path}, fn -> Cmd.kill([pid]) end)
 
