@@ -93,6 +93,19 @@ defmodule Condukt.Sandbox.Local do
   `shutdown/1` removes it all.
   File operations are not network operations and stay on the host.
 
+  An enforced session's commands never run as root, even when the BEAM
+  does: a command running as uid 0, even without any capability, owns
+  every root-owned file on the host (the programs the BEAM runs as root,
+  the session's audit log, its hosts file). They run as the uid in
+  `network: [user: uid]`, or by default as the owner of `:cwd`, so that
+  they can work in it — unless that owner is root, the sidecar's uid or
+  the BEAM's own, and then as `nobody` (65534), for whom a root-owned cwd
+  is read-only: give the directory to an unprivileged user, or pass
+  `user:` with one that owns it. `user:` 0, the sidecar's uid (it can read
+  the control token) and the BEAM's uid are refused with
+  `:network_policy_unenforceable`. docs/local-network.md has the threat
+  model.
+
   Where that is impossible, `init/1` logs one warning and the commands run
   unenforced (the seeds' portability), unless `network_policy_required:
   true`, which makes `init/1` fail with
@@ -101,6 +114,9 @@ defmodule Condukt.Sandbox.Local do
   """
 
   @behaviour Condukt.Sandbox
+
+  # The uid of an enforced session whose cwd belongs to root.
+  @nobody 65_534
 
   require Logger
 
@@ -163,12 +179,17 @@ defmodule Condukt.Sandbox.Local do
   defp enforce(state, opts) do
     required? = opts[:network_policy_required]
 
-    net_opts = Keyword.merge(opts[:network], policy: state.network_policy, session_id: session_id(state.id))
+    net_opts =
+      opts[:network]
+      |> Keyword.merge(policy: state.network_policy, session_id: session_id(state.id))
+      |> Keyword.put_new_lazy(:user, fn -> session_user(state.cwd, opts[:network][:sidecar_uid] || 1337) end)
 
     with :ok <- Network.available?(net_opts),
          {:ok, pid, net} <- Network.start(net_opts),
          {:ok, bridge} <- start_bridge(state, net, pid, opts) do
-      {:ok, %{state | network: net, network_pid: pid, bridge: bridge}}
+      # The outer shell of every exec runs as the BEAM: the bash the
+      # network checked to be root's alone, not whatever the PATH finds.
+      {:ok, %{state | network: net, network_pid: pid, bridge: bridge, bash: net.tools["bash"]}}
     else
       {:error, %NetworkError{reason: reason} = error}
       when reason in [:unsupported_os, :not_privileged, :missing_tool] and not required? ->
@@ -203,6 +224,19 @@ defmodule Condukt.Sandbox.Local do
       {:error, reason} ->
         Network.stop(net_pid)
         {:error, %NetworkError{reason: :sidecar_failed, detail: "the control bridge did not start: #{inspect(reason)}"}}
+    end
+  end
+
+  # Commands of an enforced session never run as root: as the owner of the
+  # sandbox's cwd, so that they can work in it, unless that owner is root,
+  # the sidecar's uid or the BEAM's own; then as nobody (65534).
+  defp session_user(cwd, sidecar_uid) do
+    case File.stat(cwd) do
+      {:ok, %File.Stat{uid: uid}} ->
+        if uid in [0, sidecar_uid, Network.beam_uid()], do: @nobody, else: uid
+
+      {:error, _} ->
+        @nobody
     end
   end
 

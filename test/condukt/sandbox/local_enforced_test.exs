@@ -123,6 +123,164 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
     assert bytes > 0
   end
 
+  # The decider of the cache attack: it allows reading /headers and
+  # nothing else, and tells the test each time it is asked. It decides by
+  # method and path, so its denies are for the request (a bare deny would
+  # cover the host).
+  def public_only(ctx, req) do
+    send(ctx.metadata.test, {:asked, req.method, req.path})
+
+    if req.method == "GET" and req.path == "/headers",
+      do: :allow,
+      else: {:deny, "only GET /headers", scope: :request}
+  end
+
+  test "an allowed GET does not let a POST elsewhere out without asking the decider", %{tb: tb} do
+    test = self()
+    id = "cache-#{System.unique_integer([:positive])}"
+    denied = [:condukt, :sandbox, :network_policy, :request_denied]
+
+    :ok =
+      :telemetry.attach(
+        id,
+        denied,
+        fn _, _, %{request: %{host: "decide.test"}} = meta, _ -> send(test, {:denied, meta}) end,
+        nil
+      )
+
+    on_exit(fn -> :telemetry.detach(id) end)
+
+    # cache: true is the default; spelt out because it is what is attacked.
+    rule = [call: &__MODULE__.public_only/2, cache: true, context_metadata: %{test: test}]
+    policy = NetworkPolicy.new!(rules: [decide: rule], default: :deny)
+    hosts = %{"decide.test" => tb.inet.v4}
+    {:ok, sb} = Sandbox.new({Sandbox.Local, id: id, network_policy: policy, network: network(tb, hosts: hosts)})
+    on_exit(fn -> Sandbox.shutdown(sb) end)
+
+    curl = "curl -sS --max-time 10 -w '\n%{http_code}' "
+    assert {:ok, %{output: out}} = Sandbox.exec(sb, curl <> "https://decide.test/headers")
+    assert out =~ "method=GET" and out =~ ~r/\n200$/
+    assert_receive {:asked, "GET", "/headers"}, 10_000
+
+    # The same request again is answered from the cache: the decider is
+    # not asked.
+    assert {:ok, %{output: out}} = Sandbox.exec(sb, curl <> "https://decide.test/headers")
+    assert out =~ ~r/\n200$/
+    refute_received {:asked, _, _}
+
+    # The attack: a POST with a body to another path of the same host.
+    assert {:ok, %{output: out}} =
+             Sandbox.exec(sb, curl <> "-X POST --data-binary 'the secret' https://decide.test/upload")
+
+    assert_receive {:asked, "POST", "/upload"}, 10_000
+    assert out =~ ~r/\n403$/
+    assert out =~ "only GET /headers"
+    assert_receive {:denied, %{reason: "only GET /headers", request: %{method: "POST", path: "/upload"}}}, 10_000
+
+    # Another method on the allowed path is asked too.
+    assert {:ok, %{output: out}} = Sandbox.exec(sb, curl <> "-X DELETE https://decide.test/headers")
+    assert_receive {:asked, "DELETE", "/headers"}, 10_000
+    assert out =~ ~r/\n403$/
+
+    # And the allowed request is still allowed, from the cache.
+    assert {:ok, %{output: out}} = Sandbox.exec(sb, curl <> "https://decide.test/headers")
+    assert out =~ ~r/\n200$/
+    refute_received {:asked, _, _}
+  end
+
+  defp scratch(tb) do
+    cwd = Path.join(tb.dir, "scratch/local-#{System.unique_integer([:positive])}")
+    File.mkdir_p!(cwd)
+    cwd
+  end
+
+  test "a session cannot replace what the BEAM runs, nor touch the audit log or its hosts file", %{tb: tb} do
+    {:ok, sb} = Sandbox.new({Sandbox.Local, cwd: scratch(tb), network_policy: policy(), network: network(tb)})
+    on_exit(fn -> Sandbox.shutdown(sb) end)
+    net = sb.state.network
+
+    # Not root (whose uid owns every root file, capabilities or not): the
+    # cwd is root's, so the session runs as nobody.
+    assert {:ok, %{output: "65534\n"}} = Sandbox.exec(sb, "id -u")
+
+    assert {:ok, %{output: out}} = Sandbox.exec(sb, "curl -sS --max-time 10 https://allowed.test/")
+    assert out =~ "hello from allowed.test"
+    hosts = File.read!(Path.join(["/etc/netns", net.name, "hosts"]))
+    audit = File.read!(net.events_log)
+    assert audit =~ "allowed.test"
+
+    probe = "condukt-probe-#{System.unique_integer([:positive])}"
+    tool_dirs = net.tools |> Map.values() |> Enum.map(&Path.dirname/1) |> Enum.uniq()
+    # Only there if an attack below worked.
+    on_exit(fn -> Enum.each(tool_dirs, &File.rm(Path.join(&1, probe))) end)
+
+    # Each opens for writing (appending nothing, so that a success would
+    # change no file) or creates a file: every one must be refused.
+    attacks =
+      for({tool, path} <- net.tools, do: {"write #{tool}", ": >> #{path}"}) ++
+        for(dir <- tool_dirs, do: {"add a program to #{dir}", ": > #{dir}/#{probe}"}) ++
+        [
+          {"write the sidecar binary", ": >> #{Path.join(net.dir, "condukt-egress")}"},
+          {"write the sidecar binary's source", ": >> #{Condukt.Test.Netns.Sidecar.bin()}"},
+          {"truncate the audit log", ": > #{net.events_log}"},
+          {"append to the audit log", "echo '{\"event\":\"request_closed\"}' >> #{net.events_log}"},
+          {"read the audit log", "cat #{net.events_log}"},
+          {"list the audit directory", "ls #{Path.dirname(net.events_log)}"},
+          {"rewrite the hosts file", "echo '203.0.113.9 allowed.test' >> /etc/hosts"},
+          {"rewrite it by its own name", "echo '203.0.113.9 allowed.test' >> /etc/netns/#{net.name}/hosts"},
+          {"rewrite resolv.conf", "echo 'nameserver 203.0.113.9' >> /etc/resolv.conf"},
+          {"signal the sidecar", "kill -0 #{net.proxy_pid}"}
+        ]
+
+    for {what, command} <- attacks do
+      assert {:ok, %{exit_code: code, output: out}} = Sandbox.exec(sb, command)
+      assert code != 0, "the session could #{what} (#{command}): #{out}"
+      assert out =~ ~r/Permission denied|Operation not permitted/, "#{what}: #{out}"
+    end
+
+    assert File.read!(Path.join(["/etc/netns", net.name, "hosts"])) == hosts
+    assert String.starts_with?(File.read!(net.events_log), audit)
+    refute File.read!(net.events_log) =~ "203.0.113.9"
+    assert {:ok, %{output: out}} = Sandbox.exec(sb, "curl -sS --max-time 10 https://allowed.test/")
+    assert out =~ "hello from allowed.test"
+  end
+
+  test "the session's uid: the cwd's owner by default; root and the sidecar's uid are refused", %{tb: tb} do
+    cwd = scratch(tb)
+    File.chown!(cwd, 4242)
+    {:ok, sb} = Sandbox.new({Sandbox.Local, cwd: cwd, network_policy: policy(), network: network(tb)})
+    on_exit(fn -> Sandbox.shutdown(sb) end)
+    # The owner of the cwd works in it.
+    assert {:ok, %{output: "4242\n", exit_code: 0}} = Sandbox.exec(sb, "echo made > made.txt && id -u")
+    assert File.read!(Path.join(cwd, "made.txt")) == "made\n"
+    :ok = Sandbox.shutdown(sb)
+
+    # The sidecar's uid reads the control token and answers decisions.
+    before = Testbed.list_namespaces()
+
+    for {network, said} <- [
+          {[user: 1337], "sidecar's uid"},
+          {[user: 4000, sidecar_uid: 4000], "sidecar's uid"},
+          {[user: 0], "uid 0 owns the host's root files"}
+        ] do
+      assert {:error, %Sandbox.Error{reason: :network_policy_unenforceable} = e} =
+               Sandbox.new({Sandbox.Local, cwd: cwd, network_policy: policy(), network: network(tb, network)})
+
+      assert Exception.message(e) =~ said
+    end
+
+    # Refused before anything was made.
+    assert Testbed.list_namespaces() -- before == []
+
+    # A cwd owned by the sidecar's uid does not make the session that uid.
+    File.chown!(cwd, 1337)
+    {:ok, sb} = Sandbox.new({Sandbox.Local, cwd: cwd, network_policy: policy(), network: network(tb)})
+    assert {:ok, %{output: "65534\n"}} = Sandbox.exec(sb, "id -u")
+    assert {:ok, %{exit_code: code}} = Sandbox.exec(sb, "cat #{Path.join(sb.state.network.dir, "token")}")
+    assert code != 0
+    :ok = Sandbox.shutdown(sb)
+  end
+
   test "unenforceable: one warning and unenforced, or an error when required", %{tb: tb} do
     # No `setpriv` in this tool path: enforcement is impossible.
     empty = Path.join(tb.dir, "no-tools-#{System.unique_integer([:positive])}")
