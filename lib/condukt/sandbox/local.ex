@@ -7,7 +7,9 @@ defmodule Condukt.Sandbox.Local do
 
   Local is a convenience for development, not an isolation boundary: paths
   are not confined to `:cwd` (`..` and absolute paths reach the whole
-  filesystem the BEAM can reach), and commands run as the BEAM's user.
+  filesystem the BEAM can reach), and commands run as the BEAM's user
+  (with an enforced network policy: as an unprivileged uid, see "Network
+  policy").
 
   ## Init options
 
@@ -79,14 +81,15 @@ defmodule Condukt.Sandbox.Local do
   `Condukt.Sandbox.NetworkPolicy.new/1`, so a bad policy fails `init/1`
   here just as it would on Kubernetes.
 
-  The seeds let Local ignore the policy; this Local enforces it where it
-  can. On Linux, when the BEAM holds CAP_NET_ADMIN and CAP_SYS_ADMIN (root)
-  and `ip`, `setpriv` and `iptables` are installed, `init/1` puts the
+  Upstream Condukt's Local ignores the policy; this Local enforces it where it
+  can. On Linux, when the BEAM runs as root (CAP_NET_ADMIN, CAP_SYS_ADMIN,
+  CAP_SETUID, CAP_SETGID, CAP_CHOWN) and `ip`, `setpriv` and `iptables`
+  are installed, owned by root and writable by nobody else, `init/1` puts the
   session in a network namespace of its own with the real egress sidecar
   (`Condukt.Sandbox.Local.Network`, docs/local-network.md): every `exec/3`
-  runs inside it without any capability, its TCP 80/443 goes through the
+  runs inside it as an unprivileged uid without any capability (below), its TCP 80/443 goes through the
   policy, everything else is rejected, and the clients trust the session
-  CA through the six variables of the seeds. A
+  CA through the six usual CA variables. A
   `Condukt.Sandbox.NetworkPolicy.ControlBridge` attaches to the sidecar's
   control channel: decide rules run here, on the BEAM, and every request's
   events become `:telemetry` events (`Condukt.Sandbox.NetworkPolicy.Telemetry`).
@@ -107,7 +110,7 @@ defmodule Condukt.Sandbox.Local do
   model.
 
   Where that is impossible, `init/1` logs one warning and the commands run
-  unenforced (the seeds' portability), unless `network_policy_required:
+  unenforced (as upstream Condukt's Local does), unless `network_policy_required:
   true`, which makes `init/1` fail with
   `%Condukt.Sandbox.Error{reason: :network_policy_unenforceable}` whose
   `:detail` is the `Condukt.Sandbox.Local.NetworkError` that says why.
