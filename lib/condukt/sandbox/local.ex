@@ -43,7 +43,9 @@ defmodule Condukt.Sandbox.Local do
   `{:error, %Condukt.Sandbox.Error{reason: :timeout}}`, whose `:detail`
   holds the output so far. If the calling process dies, the command is
   killed as well. A process that deliberately leaves the group (`setsid`)
-  escapes this cleanup.
+  escapes this cleanup, except in a session with an enforced network
+  policy, where each command has a PID namespace of its own and nothing
+  outlives it.
 
   Output past `:max_output_bytes` is dropped and the kept part ends with a
   line `[condukt: output truncated: kept the first N bytes, dropped M more]`.

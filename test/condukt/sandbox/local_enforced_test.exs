@@ -49,6 +49,17 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
     # A timeout still kills the whole command inside the namespace.
     assert {:error, %Sandbox.Error{reason: :timeout}} = Sandbox.exec(sb, "sleep 30", timeout: 500)
 
+    # A process that leaves the process group (setsid) does not outlive
+    # the command either: it dies with the command's PID namespace.
+    marker = "#{3000 + rem(System.unique_integer([:positive]), 1000)}.5"
+    assert {:ok, %{exit_code: 0}} = Sandbox.exec(sb, "setsid sleep #{marker} </dev/null >/dev/null 2>&1 & sleep 0.2")
+
+    :ok =
+      Condukt.Test.Netns.Cmd.poll(
+        fn -> match?({_, 1}, Condukt.Test.Netns.Cmd.run(["pgrep", "-f", "^sleep #{marker}$"])) end,
+        5_000
+      )
+
     events = Condukt.Sandbox.Local.Network.events(net)
     assert Enum.any?(events, &(&1["event"] == "request_denied" and &1["host"] == "denied.test"))
 
@@ -235,7 +246,7 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
     for {what, command} <- attacks do
       assert {:ok, %{exit_code: code, output: out}} = Sandbox.exec(sb, command)
       assert code != 0, "the session could #{what} (#{command}): #{out}"
-      assert out =~ ~r/Permission denied|Operation not permitted/, "#{what}: #{out}"
+      assert out =~ ~r/Permission denied|Operation not permitted|No such process/, "#{what}: #{out}"
     end
 
     assert File.read!(Path.join(["/etc/netns", net.name, "hosts"])) == hosts

@@ -15,10 +15,12 @@ defmodule Condukt.Sandbox.Local.Exec do
   #     timeout) or end-of-file (the port closed: the process that owned it
   #     died, or the whole BEAM did).
   #
-  # With a network policy, a prefix (`ip netns exec NS setpriv … --`, see
-  # Condukt.Sandbox.Local.Network.prefix/1) goes in front of the inner
-  # bash. Each program in it execs the next, so the job's process group
-  # is still the command's own.
+  # With a network policy, a prefix (`ip netns exec NS unshare … setpriv
+  # … --`, see Condukt.Sandbox.Local.Network.prefix/1) goes in front of the
+  # inner bash. Each program in it execs the next except unshare, which
+  # forks the command into a new PID namespace and waits; the fork stays
+  # in the job's process group, so the group kill still reaches it (and
+  # everything left in the namespace dies with the command anyway).
   #
   # The command's exit status is the wrapper's. The command itself reads
   # /dev/null, never the port. A process that leaves the group on purpose

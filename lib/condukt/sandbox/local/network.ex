@@ -5,7 +5,7 @@ defmodule Condukt.Sandbox.Local.Network do
   # looked up once, checked to be root's alone (TrustedPath), and run by
   # that path from then on. iptables-restore and ip6tables-restore are run
   # by netfilter-setup from beside iptables and ip6tables.
-  @tools ~w(ip setpriv iptables iptables-restore ip6tables ip6tables-restore sh env bash)
+  @tools ~w(ip setpriv unshare iptables iptables-restore ip6tables ip6tables-restore sh env bash)
 
   @schema [
     policy: [type: {:custom, &__MODULE__.check_policy/1}, required: true, doc: "the `%NetworkPolicy{}` to enforce."],
@@ -83,9 +83,11 @@ defmodule Condukt.Sandbox.Local.Network do
   proxy` there as its own uid with only CAP_NET_ADMIN (for the socket
   mark). Its secrets (CA key, token, policy) are readable by that uid only.
 
-  Commands run through `wrap/2`: inside the namespace, as an unprivileged
-  uid (`:user`, by default 65534, never root, the sidecar's uid or the
-  BEAM's), with every capability dropped (no CAP_NET_ADMIN to flush the
+  Commands run through `wrap/2`: inside the namespace, each in a PID
+  namespace of its own (no other process is visible or reachable, and none
+  outlives the command), as an unprivileged uid (`:user`, by default
+  65534, never root, the sidecar's uid or the BEAM's), with every
+  capability dropped (no CAP_NET_ADMIN to flush the
   rules, no CAP_SYS_ADMIN to leave the namespace, no CAP_SETUID or DAC
   override to read the sidecar's secrets) and `no_new_privs` set. `env/1`
   gives them the CA variables, pointed at the trust bundle (Mozilla roots
@@ -241,13 +243,20 @@ defmodule Condukt.Sandbox.Local.Network do
   end
 
   @doc """
-  The argv that runs `argv` inside the session's namespace as the
-  session's uid (`:user`), without any capability or supplementary group.
-  Environment is not touched: pass `env/1` along.
+  The argv that runs `argv` inside the session's network namespace, in a
+  PID namespace of its own (with its own `/proc`), as the session's uid
+  (`:user`), without any capability or supplementary group. Environment
+  is not touched: pass `env/1` along.
+
+  The PID namespace keeps commands from seeing, signalling or tracing any
+  process outside it (another session's with the same uid included), and
+  when `argv` exits, everything it left in the namespace is killed.
   """
   @spec wrap(t(), [String.t()]) :: [String.t()]
   def wrap(%__MODULE__{user: uid} = net, [_ | _] = argv) when is_integer(uid) do
-    [net.tools["ip"], "netns", "exec", net.name, net.tools["setpriv"], "--reuid=#{uid}", "--regid=#{uid}"] ++
+    [net.tools["ip"], "netns", "exec", net.name] ++
+      [net.tools["unshare"], "--pid", "--fork", "--kill-child", "--mount-proc"] ++
+      [net.tools["setpriv"], "--reuid=#{uid}", "--regid=#{uid}"] ++
       ["--clear-groups", "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--"] ++ argv
   end
 

@@ -105,7 +105,7 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
       Enum.find(Enum.map(~w(/usr/sbin /usr/bin /sbin /bin), &Path.join(&1, tool)), &File.regular?/1)
     end
 
-    for tool <- ~w(setpriv iptables iptables-restore ip6tables ip6tables-restore sh env bash) do
+    for tool <- ~w(setpriv unshare iptables iptables-restore ip6tables ip6tables-restore sh env bash) do
       File.ln_s!(debian.(tool), Path.join(dir, tool))
     end
 
@@ -159,6 +159,41 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
 
       assert Exception.message(e) =~ said
     end
+  end
+
+  test "sessions with the same uid cannot see, signal or trace each other's processes", %{tb: tb} do
+    {_, a} = start_network(tb)
+    {_, b} = start_network(tb)
+    assert a.user == b.user
+
+    # Session b runs a command holding a secret in its environment.
+    env = [{"PATH", "/usr/sbin:/usr/bin:/sbin:/bin"}, {"CONDUKT_SECRET", "s3cret-of-b"}]
+    # Its sleep dies with b's namespace at the latest (stop/1 kills it).
+    victim = Task.async(fn -> Cmd.run(Network.wrap(b, ["sleep", "30"]), env: env, timeout: 40_000) end)
+
+    :ok =
+      Cmd.poll(
+        fn -> match?({_, 0}, Cmd.run(["pgrep", "-u", "#{b.user}", "-f", "^sleep 30$"], timeout: 2_000)) end,
+        10_000
+      )
+
+    {pgrep, 0} = Cmd.run(["pgrep", "-u", "#{b.user}", "-f", "^sleep 30$"])
+    host_pid = pgrep |> String.split() |> hd()
+
+    # Session a looks for it, reads environments, signals by the host pid.
+    script = """
+    for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < "$f"; done 2>/dev/null | grep CONDUKT_SECRET
+    ls /proc | grep -c '^[0-9]' ; kill -KILL #{host_pid} && echo killed
+    """
+
+    {out, _} = session_cmd(a, ["sh", "-c", script])
+    refute out =~ "s3cret-of-b"
+    refute out =~ "killed"
+    # It sees its own few processes only (sh, tr/ls, grep).
+    [count | _] = out |> String.split("\n", trim: true) |> Enum.filter(&(&1 =~ ~r/^\d+$/))
+    assert String.to_integer(count) < 10
+    assert File.exists?("/proc/#{host_pid}")
+    Task.shutdown(victim, :brutal_kill)
   end
 
   test "stop/1 and the owner's exit remove everything", %{tb: tb} do
