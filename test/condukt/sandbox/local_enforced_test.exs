@@ -256,6 +256,58 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
     assert out =~ "hello from allowed.test"
   end
 
+  test "variables set for the commands never make the BEAM run the session's files as root", %{tb: tb} do
+    cwd = scratch(tb)
+    File.chown!(cwd, 4242)
+    # Only root can write here: the marker exists only if root ran a hook.
+    marks = "/run/condukt-test-marks-#{System.unique_integer([:positive])}"
+    File.mkdir_p!(marks)
+    File.chmod!(marks, 0o755)
+    on_exit(fn -> File.rm_rf!(marks) end)
+    marker = Path.join(marks, "ran-as-root")
+
+    # A preload library whose constructor marks a root process; the test
+    # compiles it, the session owns it (it could write one like it).
+    src = Path.join(tb.dir, "hook-#{System.unique_integer([:positive])}.c")
+
+    File.write!(src, """
+    #include <stdio.h>
+    #include <unistd.h>
+    __attribute__((constructor)) static void hook(void) {
+      if (getuid() == 0 || geteuid() == 0) { FILE *f = fopen("#{marker}", "a"); if (f) { fputs("preload\\n", f); fclose(f); } }
+    }
+    """)
+
+    {_, 0} = Condukt.Test.Netns.Cmd.run(["cc", "-shared", "-fPIC", "-o", Path.join(cwd, "hook.so"), src])
+    File.chown!(Path.join(cwd, "hook.so"), 4242)
+
+    env = %{
+      "BASH_ENV" => Path.join(cwd, "hook.sh"),
+      "LD_PRELOAD" => Path.join(cwd, "hook.so"),
+      "BASH_FUNC_kill%%" => "() { echo function >> #{marker}; }"
+    }
+
+    {:ok, sb} = Sandbox.new({Sandbox.Local, cwd: cwd, env: env, network_policy: policy(), network: network(tb)})
+
+    on_exit(fn -> Sandbox.shutdown(sb) end)
+
+    # The session writes the file BASH_ENV names.
+    hook = "[ \"$(id -u)\" = 0 ] && echo bash_env >> #{marker}; echo \"hook as $(id -u)\""
+    assert {:ok, %{exit_code: 0}} = Sandbox.exec(sb, "printf '%s\\n' '#{hook}' > hook.sh")
+
+    # The command's own shell, as the session, gets the variables ...
+    assert {:ok, %{output: out, exit_code: 0}} = Sandbox.exec(sb, "echo \"$LD_PRELOAD\"; kill -0 $$ && echo alive")
+    assert out =~ "hook as 4242"
+    assert out =~ Path.join(cwd, "hook.so")
+    assert out =~ "alive"
+    # ... and nothing ran as root with them (the wrapper's bash sources
+    # BASH_ENV and calls kill; ip, unshare and setpriv load LD_PRELOAD).
+    assert {:error, :enoent} = File.read(marker)
+    # The watchdog's kill on a timeout is the builtin, not the function.
+    assert {:error, %Sandbox.Error{reason: :timeout}} = Sandbox.exec(sb, "sleep 5", timeout: 300)
+    assert {:error, :enoent} = File.read(marker)
+  end
+
   test "the session's uid: the cwd's owner by default; root and the sidecar's uid are refused", %{tb: tb} do
     cwd = scratch(tb)
     File.chown!(cwd, 4242)
