@@ -113,12 +113,18 @@ try do
     )
 
   work = Testbed.scratch_dir(tb)
+  # An enforced session never runs as root: it runs as its cwd's owner
+  # (root's cwd would make it nobody, for whom it is read-only), so the
+  # work directory is given to an unprivileged uid that can clone into it;
+  # it is the session's HOME too (the BEAM's, /root, is not its to read).
+  File.chown!(work, 65_534)
 
   {:ok, sb} =
     Sandbox.new(
       {Sandbox.Local,
        id: "demo-session",
        cwd: work,
+       env: %{"HOME" => work},
        network_policy: policy,
        network_policy_required: true,
        network: [
