@@ -196,8 +196,9 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
     end
   end
 
-  # The widest scope first: a host-wide answer covers the request whatever
-  # narrower answers exist.
+  # The widest scope first. It is also the newest answer that covers the
+  # request: once a wider answer is cached, every request it covers is a
+  # hit, so no narrower answer for them is asked for afterwards.
   defp cached(rt, rule_index, request) do
     Enum.find_value([:host, :path, :request], fn scope -> rt.cache[key(rule_index, scope, request)] end)
   end
