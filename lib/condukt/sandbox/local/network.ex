@@ -359,9 +359,11 @@ defmodule Condukt.Sandbox.Local.Network do
     uid = opts[:sidecar_uid]
     root_dirs!()
     File.mkdir_p!(@state_dir)
-    # The state directory and each session's belong to the sidecar's uid:
-    # a session command running as root without capabilities (no DAC
-    # override) can neither read the secrets nor rename the directories.
+    # The state directory and each session's belong to the sidecar's uid
+    # (its control socket is made there), mode 0711: a session command,
+    # never that uid nor root, can neither list them, read the secrets nor
+    # rename anything in them. What the BEAM itself trusts later (owner
+    # files, the audit log) is in root's @root_dir instead.
     File.chown!(@state_dir, uid)
     File.chmod!(@state_dir, 0o711)
     File.mkdir_p!(net.dir)
