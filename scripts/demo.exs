@@ -113,10 +113,9 @@ try do
     )
 
   work = Testbed.scratch_dir(tb)
-  # An enforced session never runs as root: it runs as its cwd's owner
-  # (root's cwd would make it nobody, for whom it is read-only), so the
-  # work directory is given to an unprivileged uid that can clone into it;
-  # it is the session's HOME too (the BEAM's, /root, is not its to read).
+  # An enforced session never runs as root: by default as nobody (65534),
+  # so the work directory is given to nobody, which can then clone into
+  # it; it is the session's HOME too (the BEAM's, /root, is not its).
   File.chown!(work, 65_534)
 
   {:ok, sb} =

@@ -101,15 +101,15 @@ defmodule Condukt.Sandbox.Local do
   An enforced session's commands never run as root, even when the BEAM
   does: a command running as uid 0, even without any capability, owns
   every root-owned file on the host (the programs the BEAM runs as root,
-  the session's audit log, its hosts file). They run as the uid in
-  `network: [user: uid]`, or by default as the owner of `:cwd`, so that
-  they can work in it — unless that owner is root, the sidecar's uid or
-  the BEAM's own, and then as `nobody` (65534), for whom a root-owned cwd
-  is read-only: give the directory to an unprivileged user, or pass
-  `user:` with one that owns it. `user:` 0, the sidecar's uid (it can read
-  the control token) and the BEAM's uid are refused with
-  `:network_policy_unenforceable`. docs/local-network.md has the threat
-  model.
+  the session's audit log, its hosts file). They run as `nobody` (65534),
+  or as the uid in `network: [user: uid]`. For the commands to work in
+  `:cwd`, give the directory to that uid (`init/1` logs a warning when it
+  cannot write it). `user:` 0, the sidecar's uid (it can read the control
+  token) and the BEAM's uid are refused with
+  `:network_policy_unenforceable`. A real user's uid works, but that
+  user's own processes outside the namespace (a tmux server, a systemd
+  user manager) and dotfiles are then the session's too: prefer a uid of
+  its own. docs/local-network.md has the threat model.
 
   Where that is impossible, `init/1` logs one warning and the commands run
   unenforced (as upstream Condukt's Local does), unless `network_policy_required:
@@ -119,9 +119,6 @@ defmodule Condukt.Sandbox.Local do
   """
 
   @behaviour Condukt.Sandbox
-
-  # The uid of an enforced session whose cwd belongs to root.
-  @nobody 65_534
 
   require Logger
 
@@ -184,14 +181,12 @@ defmodule Condukt.Sandbox.Local do
   defp enforce(state, opts) do
     required? = opts[:network_policy_required]
 
-    net_opts =
-      opts[:network]
-      |> Keyword.merge(policy: state.network_policy, session_id: session_id(state.id))
-      |> Keyword.put_new_lazy(:user, fn -> session_user(state.cwd, opts[:network][:sidecar_uid] || 1337) end)
+    net_opts = Keyword.merge(opts[:network], policy: state.network_policy, session_id: session_id(state.id))
 
     with :ok <- Network.available?(net_opts),
          {:ok, pid, net} <- Network.start(net_opts),
          {:ok, bridge} <- start_bridge(state, net, pid, opts) do
+      warn_unwritable(state.cwd, net.user)
       # The outer shell of every exec runs as the BEAM: the bash the
       # network checked to be root's alone, not whatever the PATH finds.
       {:ok, %{state | network: net, network_pid: pid, bridge: bridge, bash: net.tools["bash"]}}
@@ -232,16 +227,22 @@ defmodule Condukt.Sandbox.Local do
     end
   end
 
-  # Commands of an enforced session never run as root: as the owner of the
-  # sandbox's cwd, so that they can work in it, unless that owner is root,
-  # the sidecar's uid or the BEAM's own; then as nobody (65534).
-  defp session_user(cwd, sidecar_uid) do
+  # Commands of an enforced session never run as root (by default as
+  # nobody): say so once when that leaves them a cwd they cannot write.
+  defp warn_unwritable(cwd, uid) do
     case File.stat(cwd) do
-      {:ok, %File.Stat{uid: uid}} ->
-        if uid in [0, sidecar_uid, Network.beam_uid()], do: @nobody, else: uid
+      {:ok, %File.Stat{uid: ^uid}} ->
+        :ok
 
-      {:error, _} ->
-        @nobody
+      {:ok, %File.Stat{uid: owner, mode: mode}} when Bitwise.band(mode, 0o002) == 0 ->
+        Logger.warning(
+          "condukt: Local sandbox: commands run as uid #{uid}, which cannot write the cwd #{cwd} " <>
+            "(owned by uid #{owner}). Give the directory to uid #{uid}, or pass network: [user: uid] " <>
+            "with an unprivileged uid that owns it (docs/local-network.md)."
+        )
+
+      _ ->
+        :ok
     end
   end
 

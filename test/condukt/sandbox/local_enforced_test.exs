@@ -26,9 +26,7 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
   defp policy, do: NetworkPolicy.new!(rules: [deny: ["denied.test"], allow: ["allowed.test"]], default: :deny)
 
   test "exec runs behind the sidecar; shutdown removes the namespace", %{tb: tb} do
-    cwd = Path.join(tb.dir, "scratch/local-#{System.unique_integer([:positive])}")
-    File.mkdir_p!(cwd)
-
+    cwd = scratch(tb)
     {:ok, sb} = Sandbox.new({Sandbox.Local, cwd: cwd, id: "sess-1", network_policy: policy(), network: network(tb)})
 
     net = sb.state.network
@@ -100,7 +98,10 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
       )
 
     hosts = Map.new(~w(allowed.test denied.test decide.test other.test), &{&1, tb.inet.v4})
-    {:ok, sb} = Sandbox.new({Sandbox.Local, id: id, network_policy: policy, network: network(tb, hosts: hosts)})
+
+    {:ok, sb} =
+      Sandbox.new({Sandbox.Local, id: id, cwd: scratch(tb), network_policy: policy, network: network(tb, hosts: hosts)})
+
     on_exit(fn -> Sandbox.shutdown(sb) end)
 
     curl = "curl -sS --max-time 10 -w '\\n%{http_code}' "
@@ -165,7 +166,10 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
     rule = [call: &__MODULE__.public_only/2, cache: true, context_metadata: %{test: test}]
     policy = NetworkPolicy.new!(rules: [decide: rule], default: :deny)
     hosts = %{"decide.test" => tb.inet.v4}
-    {:ok, sb} = Sandbox.new({Sandbox.Local, id: id, network_policy: policy, network: network(tb, hosts: hosts)})
+
+    {:ok, sb} =
+      Sandbox.new({Sandbox.Local, id: id, cwd: scratch(tb), network_policy: policy, network: network(tb, hosts: hosts)})
+
     on_exit(fn -> Sandbox.shutdown(sb) end)
 
     curl = "curl -sS --max-time 10 -w '\n%{http_code}' "
@@ -199,9 +203,11 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
     refute_received {:asked, _, _}
   end
 
+  # A working directory the session's default uid (nobody) owns.
   defp scratch(tb) do
     cwd = Path.join(tb.dir, "scratch/local-#{System.unique_integer([:positive])}")
     File.mkdir_p!(cwd)
+    File.chown!(cwd, 65_534)
     cwd
   end
 
@@ -210,8 +216,8 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
     on_exit(fn -> Sandbox.shutdown(sb) end)
     net = sb.state.network
 
-    # Not root (whose uid owns every root file, capabilities or not): the
-    # cwd is root's, so the session runs as nobody.
+    # Not root (whose uid owns every root file, capabilities or not):
+    # nobody.
     assert {:ok, %{output: "65534\n"}} = Sandbox.exec(sb, "id -u")
 
     assert {:ok, %{output: out}} = Sandbox.exec(sb, "curl -sS --max-time 10 https://allowed.test/")
@@ -287,7 +293,8 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
       "BASH_FUNC_kill%%" => "() { echo function >> #{marker}; }"
     }
 
-    {:ok, sb} = Sandbox.new({Sandbox.Local, cwd: cwd, env: env, network_policy: policy(), network: network(tb)})
+    {:ok, sb} =
+      Sandbox.new({Sandbox.Local, cwd: cwd, env: env, network_policy: policy(), network: network(tb, user: 4242)})
 
     on_exit(fn -> Sandbox.shutdown(sb) end)
 
@@ -308,12 +315,27 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
     assert {:error, :enoent} = File.read(marker)
   end
 
-  test "the session's uid: the cwd's owner by default; root and the sidecar's uid are refused", %{tb: tb} do
+  test "the session's uid: nobody by default, another on request; root and the sidecar's uid are refused",
+       %{tb: tb} do
     cwd = scratch(tb)
     File.chown!(cwd, 4242)
-    {:ok, sb} = Sandbox.new({Sandbox.Local, cwd: cwd, network_policy: policy(), network: network(tb)})
+
+    # Not the cwd's owner by default (its own processes and dotfiles live
+    # outside the namespace): nobody, and a warning that it cannot write.
+    log =
+      capture_log(fn ->
+        {:ok, sb} = Sandbox.new({Sandbox.Local, cwd: cwd, network_policy: policy(), network: network(tb)})
+        assert {:ok, %{output: out}} = Sandbox.exec(sb, "id -u; echo made > made.txt")
+        assert out =~ "65534\n"
+        assert out =~ "Permission denied"
+        :ok = Sandbox.shutdown(sb)
+      end)
+
+    assert log =~ "commands run as uid 65534, which cannot write the cwd #{cwd} (owned by uid 4242)"
+
+    # The uid that owns the cwd, asked for, works in it.
+    {:ok, sb} = Sandbox.new({Sandbox.Local, cwd: cwd, network_policy: policy(), network: network(tb, user: 4242)})
     on_exit(fn -> Sandbox.shutdown(sb) end)
-    # The owner of the cwd works in it.
     assert {:ok, %{output: "4242\n", exit_code: 0}} = Sandbox.exec(sb, "echo made > made.txt && id -u")
     assert File.read!(Path.join(cwd, "made.txt")) == "made\n"
     :ok = Sandbox.shutdown(sb)
@@ -335,8 +357,9 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
     # Refused before anything was made.
     assert Testbed.list_namespaces() -- before == []
 
-    # A cwd owned by the sidecar's uid does not make the session that uid.
-    File.chown!(cwd, 1337)
+    # The default session cannot read the token either.
+    File.chown!(cwd, 65_534)
+
     {:ok, sb} = Sandbox.new({Sandbox.Local, cwd: cwd, network_policy: policy(), network: network(tb)})
     assert {:ok, %{output: "65534\n"}} = Sandbox.exec(sb, "id -u")
     assert {:ok, %{exit_code: code}} = Sandbox.exec(sb, "cat #{Path.join(sb.state.network.dir, "token")}")

@@ -47,8 +47,8 @@ defmodule Condukt.Sandbox.Local.Schema do
         default: [],
         doc:
           "options of the enforcement plane (`Condukt.Sandbox.Local.Network`): `:uplink`, `:hosts`, `:dns`, " <>
-            "`:allow_private`, `:upstream_ca`, `:user` (the commands' uid; default: the owner of `:cwd`, " <>
-            "or 65534 when that is root), `:sidecar_uid`, `:proxy_args`, `:binary`."
+            "`:allow_private`, `:upstream_ca`, `:user` (the commands' uid; default 65534, which " <>
+            "should own `:cwd`), `:sidecar_uid`, `:proxy_args`, `:binary`."
       ],
       messages: [
         type: :any,
