@@ -252,7 +252,9 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
     for {what, command} <- attacks do
       assert {:ok, %{exit_code: code, output: out}} = Sandbox.exec(sb, command)
       assert code != 0, "the session could #{what} (#{command}): #{out}"
-      assert out =~ ~r/Permission denied|Operation not permitted|No such process/, "#{what}: #{out}"
+
+      assert out =~ ~r/Permission denied|Operation not permitted|No such process|No such file or directory/,
+             "#{what}: #{out}"
     end
 
     assert File.read!(Path.join(["/etc/netns", net.name, "hosts"])) == hosts
@@ -260,6 +262,43 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
     refute File.read!(net.events_log) =~ "203.0.113.9"
     assert {:ok, %{output: out}} = Sandbox.exec(sb, "curl -sS --max-time 10 https://allowed.test/")
     assert out =~ "hello from allowed.test"
+  end
+
+  test "a host service's Unix socket under /run is out of the session's reach", %{tb: tb} do
+    # A world-connectable socket, as the system D-Bus or systemd-resolved
+    # offer: a resolver would make DNS queries from the host's network.
+    sock = "/run/condukt-test-service-#{System.unique_integer([:positive])}.sock"
+    on_exit(fn -> File.rm(sock) end)
+
+    server = """
+    import os, socket
+    s = socket.socket(socket.AF_UNIX); s.bind(#{inspect(sock)}); os.chmod(#{inspect(sock)}, 0o777); s.listen(4)
+    while True:
+        c, _ = s.accept(); c.sendall(b"host service here\\n"); c.close()
+    """
+
+    daemon = Condukt.Test.Netns.Cmd.spawn_daemon(["python3", "-c", server], Path.join(tb.dir, "service.log"))
+    on_exit(fn -> Condukt.Test.Netns.Cmd.kill([daemon]) end)
+
+    client =
+      "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); " <>
+        "s.connect(\"#{sock}\"); print(s.recv(64).decode(), end=\"\")'"
+
+    :ok = Condukt.Test.Netns.Cmd.poll(fn -> File.exists?(sock) end, 5_000)
+    # Any uid on the host reaches it.
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", client]
+    assert {"host service here\n", 0} = Condukt.Test.Netns.Cmd.run(nobody)
+
+    {:ok, sb} = Sandbox.new({Sandbox.Local, cwd: scratch(tb), network_policy: policy(), network: network(tb)})
+    on_exit(fn -> Sandbox.shutdown(sb) end)
+    assert {:ok, %{output: out, exit_code: code}} = Sandbox.exec(sb, client)
+    assert code != 0
+    assert out =~ "No such file or directory"
+    refute out =~ "host service here"
+
+    # The session's own directory is still there (its trust bundle).
+    assert {:ok, %{output: pem, exit_code: 0}} = Sandbox.exec(sb, "cat #{sb.state.network.bundle}")
+    assert pem =~ "BEGIN CERTIFICATE"
   end
 
   test "variables set for the commands never make the BEAM run the session's files as root", %{tb: tb} do

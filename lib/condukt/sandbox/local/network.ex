@@ -5,7 +5,7 @@ defmodule Condukt.Sandbox.Local.Network do
   # looked up once, checked to be root's alone (TrustedPath), and run by
   # that path from then on. iptables-restore and ip6tables-restore are run
   # by netfilter-setup from beside iptables and ip6tables.
-  @tools ~w(ip setpriv unshare iptables iptables-restore ip6tables ip6tables-restore sh env bash)
+  @tools ~w(ip setpriv unshare mount mkdir iptables iptables-restore ip6tables ip6tables-restore sh env bash)
 
   @schema [
     policy: [type: {:custom, &__MODULE__.check_policy/1}, required: true, doc: "the `%NetworkPolicy{}` to enforce."],
@@ -85,7 +85,8 @@ defmodule Condukt.Sandbox.Local.Network do
 
   Commands run through `wrap/2`: inside the namespace, each in a PID
   namespace of its own (no other process is visible or reachable, and none
-  outlives the command), as an unprivileged uid (`:user`, by default
+  outlives the command) with an empty `/run` (no host service's socket),
+  as an unprivileged uid (`:user`, by default
   65534, never root, the sidecar's uid or the BEAM's), with every
   capability dropped (no CAP_NET_ADMIN to flush the
   rules, no CAP_SYS_ADMIN to leave the namespace, no CAP_SETUID or DAC
@@ -140,6 +141,27 @@ defmodule Condukt.Sandbox.Local.Network do
   # between probes while the sidecar starts.
   @probe_ms 1_000
   @probe_pause 20
+
+  # Runs as root in the command's own mount namespace (unshare's, private)
+  # before the privileges are dropped: an empty /run hides the host
+  # services' Unix sockets (the system D-Bus, systemd-resolved's, nscd's,
+  # databases'), which no network namespace covers, and which could make
+  # requests from the host's network for the session. Only the session's
+  # own directory (the trust bundle, the CA certificate) comes back, bound
+  # from the hidden /run through the working directory. Programs are run
+  # by absolute path: the caller's environment may name a PATH the session
+  # can write. Any failure stops the command (exit 125) rather than run it
+  # with /run visible.
+  @hide_run ~S"""
+  mount=$1; mkdir=$2; session=$3; shift 3
+  here=$PWD
+  cd "$session" || exit 125
+  "$mount" -t tmpfs -o mode=0755,nosuid,nodev,noexec tmpfs /run || exit 125
+  "$mkdir" -p "$session" || exit 125
+  "$mount" --no-canonicalize --bind . "$session" || exit 125
+  cd "$here" || exit 125
+  exec "$@"
+  """
 
   @doc false
   def __schema__, do: @schema
@@ -256,6 +278,7 @@ defmodule Condukt.Sandbox.Local.Network do
   def wrap(%__MODULE__{user: uid} = net, [_ | _] = argv) when is_integer(uid) do
     [net.tools["ip"], "netns", "exec", net.name] ++
       [net.tools["unshare"], "--pid", "--fork", "--kill-child", "--mount-proc"] ++
+      [net.tools["sh"], "-c", @hide_run, "condukt-hide-run", net.tools["mount"], net.tools["mkdir"], net.dir] ++
       [net.tools["setpriv"], "--reuid=#{uid}", "--regid=#{uid}"] ++
       ["--clear-groups", "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--"] ++ argv
   end

@@ -105,7 +105,7 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
       Enum.find(Enum.map(~w(/usr/sbin /usr/bin /sbin /bin), &Path.join(&1, tool)), &File.regular?/1)
     end
 
-    for tool <- ~w(setpriv unshare iptables iptables-restore ip6tables ip6tables-restore sh env bash) do
+    for tool <- ~w(setpriv unshare mount mkdir iptables iptables-restore ip6tables ip6tables-restore sh env bash) do
       File.ln_s!(debian.(tool), Path.join(dir, tool))
     end
 
