@@ -62,7 +62,7 @@ defmodule Condukt.Sandbox.Local.Network do
   @moduledoc """
   The network enforcement of `Condukt.Sandbox.Local` on Linux: a network
   namespace per session with the real egress sidecar in it, set up the way
-  a Kubernetes pod has it (DESIGN §4–§6, docs/local-network.md).
+  a Kubernetes pod has it (docs/local-network.md).
 
   ```
    host (or the uplink namespace)            session namespace condukt-<hex>
