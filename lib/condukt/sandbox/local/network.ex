@@ -766,21 +766,28 @@ defmodule Condukt.Sandbox.Local.Network do
   end
 
   defp read_owner(name) do
-    case File.read(owner_file(name)) do
-      {:ok, data} ->
-        {_, _, net} = :erlang.binary_to_term(data, [:safe])
-        net
-
-      {:error, _} ->
-        %__MODULE__{name: name, dir: Path.join(@state_dir, name)}
+    with {:ok, data} <- File.read(owner_file(name)),
+         {_, _, %__MODULE__{name: ^name} = net} <- decode_owner(data) do
+      net
+    else
+      _ -> %__MODULE__{name: name, dir: Path.join(@state_dir, name)}
     end
   end
 
   defp owner_alive?(name) do
-    case File.read(owner_file(name)) do
+    # Owner files used to live in @state_dir/owners: a namespace of an
+    # older Condukt on this machine is only looked at, never trusted for
+    # teardown (read_owner/1 reads root's directory only).
+    found =
+      with {:error, _} <- File.read(owner_file(name)),
+           do: File.read(Path.join([@state_dir, "owners", name]))
+
+    case found do
       {:ok, data} ->
-        {os_pid, boot, _} = :erlang.binary_to_term(data, [:safe])
-        boot == boot_id() and beam_alive?(os_pid)
+        case decode_owner(data) do
+          {os_pid, boot, _net} -> boot == boot_id() and beam_alive?(os_pid)
+          nil -> false
+        end
 
       {:error, _} ->
         # Created moments ago by a BEAM that has not written its owner file
@@ -790,6 +797,16 @@ defmodule Condukt.Sandbox.Local.Network do
           {:error, _} -> false
         end
     end
+  end
+
+  defp decode_owner(data) do
+    case :erlang.binary_to_term(data, [:safe]) do
+      # System.pid/0 is a string; any pid-like term is only interpolated.
+      {os_pid, boot, net} when (is_binary(os_pid) or is_integer(os_pid)) and is_binary(boot) -> {os_pid, boot, net}
+      _ -> nil
+    end
+  rescue
+    ArgumentError -> nil
   end
 
   defp beam_alive?(os_pid) do
