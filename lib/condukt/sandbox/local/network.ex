@@ -272,12 +272,15 @@ defmodule Condukt.Sandbox.Local.Network do
 
   The PID namespace keeps commands from seeing, signalling or tracing any
   process outside it (another session's with the same uid included), and
-  when `argv` exits, everything it left in the namespace is killed.
+  when `argv` exits, everything it left in the namespace is killed. An IPC
+  namespace keeps them from the host's System V and POSIX IPC objects, and
+  a mount namespace gives them an empty `/run` (see `@hide_run`) with only
+  the session's directory in it.
   """
   @spec wrap(t(), [String.t()]) :: [String.t()]
   def wrap(%__MODULE__{user: uid} = net, [_ | _] = argv) when is_integer(uid) do
     [net.tools["ip"], "netns", "exec", net.name] ++
-      [net.tools["unshare"], "--pid", "--fork", "--kill-child", "--mount-proc"] ++
+      [net.tools["unshare"], "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc"] ++
       [net.tools["sh"], "-c", @hide_run, "condukt-hide-run", net.tools["mount"], net.tools["mkdir"], net.dir] ++
       [net.tools["setpriv"], "--reuid=#{uid}", "--regid=#{uid}"] ++
       ["--clear-groups", "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--"] ++ argv
