@@ -274,7 +274,7 @@ defmodule Condukt.Sandbox.Local.Network do
   process outside it (another session's with the same uid included), and
   when `argv` exits, everything it left in the namespace is killed. An IPC
   namespace keeps them from the host's System V and POSIX IPC objects, and
-  a mount namespace gives them an empty `/run` (see `@hide_run`) with only
+  a mount namespace gives them an empty `/run` (no host service's socket) with only
   the session's directory in it.
   """
   @spec wrap(t(), [String.t()]) :: [String.t()]
