@@ -107,12 +107,17 @@ try do
     )
 
   work = Testbed.scratch_dir(tb)
+  # An enforced session never runs as root: by default as nobody (65534),
+  # so the work directory is given to nobody, which can then clone into
+  # it; it is the session's HOME too (the BEAM's, /root, is not its).
+  File.chown!(work, 65_534)
 
   {:ok, sb} =
     Sandbox.new(
       {Sandbox.Local,
        id: "demo-session",
        cwd: work,
+       env: %{"HOME" => work},
        network_policy: policy,
        network_policy_required: true,
        network: [

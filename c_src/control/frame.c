@@ -162,7 +162,9 @@ static int parse_decision(json_t *root, ce_frame_t *f, const char **why) {
     f->reason[n] = '\0';
   }
 
-  f->cacheable = true;
+  /* Absent means "do not cache": the sidecar's cache is per rule and host,
+   * so only a peer that says an answer covers the whole host may fill it. */
+  f->cacheable = false;
   json_t *cache = optional(root, "cache");
   if (cache != NULL) {
     if (!json_is_boolean(cache))

@@ -1403,7 +1403,7 @@ Test(control, decision_round_trip) {
   cr_assert_eq(a2.status, CE_OK);
   cr_assert_not(a2.allow);
   cr_assert(a2.reason_null, "no reason → NULL");
-  cr_assert(a2.cacheable);
+  cr_assert_not(a2.cacheable, "no cache member → not cached");
 
   send_decision(c, 1, "\"decision\":\"allow\",\"reason\":\"looks fine\",\"cache\":false");
   cr_assert(pump_until(answered, &a1, WAIT_MS));

@@ -123,13 +123,16 @@ Test(frame, decision_accepted) {
   cr_assert_eq(f.id, UINT64_MAX);
   cr_assert(f.allow);
   cr_assert_str_empty(f.reason);
-  cr_assert(f.cacheable, "cache defaults to true");
+  cr_assert_not(f.cacheable, "cache defaults to false");
 
   f = parse_ok("{\"type\":\"decision\",\"id\":\"0\",\"decision\":\"allow\","
                "\"reason\":null,\"cache\":null,\"extra\":[1]}");
   cr_assert_eq(f.id, 0);
   cr_assert_str_empty(f.reason);
-  cr_assert(f.cacheable, "null means absent");
+  cr_assert_not(f.cacheable, "null means absent");
+
+  f = parse_ok("{\"type\":\"decision\",\"id\":\"1\",\"decision\":\"deny\",\"cache\":true}");
+  cr_assert(f.cacheable);
 }
 
 Test(frame, decision_reason_limit) {

@@ -36,6 +36,34 @@ defmodule Condukt.Sandbox.NetworkPolicy do
 
   If no rule matches, `:default` fires (`:deny` unless set to `:allow`).
 
+  ## Caching
+
+  A decider is shown one request: its method, URL and headers. With
+  `cache: true` (the default) its answer is remembered for the session and
+  reused for a later request only inside the answer's scope, which the
+  decider may state as `{:allow, scope: scope}` or
+  `{:deny, reason, scope: scope}`:
+
+    * `:once` — this request only;
+    * `:request` — identical requests: the same method, scheme, host (any
+      case), port, path, query, HTTP version, SNI and header fields as the
+      decider saw them (the default of `:allow`);
+    * `:path` — the same method, scheme, host, port, path and query, any
+      headers;
+    * `:host` — every request to this host under this rule (the default of
+      `{:deny, reason}`).
+
+  So after a decider allowed `GET /public`, a `POST` with a body to
+  another path is asked again, while a host it refused is not asked about
+  again. The request body, the session's recent messages and the request's
+  id and timestamps are never part of the key. Failures (timeouts, crashes,
+  bad answers) are never cached. At most 4096 answers are kept per
+  session. `Condukt.Sandbox.NetworkPolicy.DecideRuntime` has the details,
+  including the sidecar's own cache, which only holds `:host` answers.
+  (Upstream Condukt caches every answer per host; an allow is narrower
+  here because a decider that sees the method, path and headers may have
+  allowed only what it saw.)
+
   ## Validation
 
   `new/1` and `new!/1` validate a policy and fill in the decide defaults;
