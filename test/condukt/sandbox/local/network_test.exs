@@ -126,15 +126,19 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
     assert Exception.message(e) =~ "writable by everyone"
     File.chmod!(dir, 0o755)
 
+    # A link to a tool in a directory anybody may write (not sticky).
     File.rm!(Path.join(dir, "ip"))
-    writable = Path.join(tb.dir, "ip")
+    open = Path.join(tb.dir, "open")
+    File.mkdir_p!(open)
+    File.chmod!(open, 0o777)
+    writable = Path.join(open, "ip")
     File.cp!(debian.("ip"), writable)
     File.ln_s!(writable, Path.join(dir, "ip"))
     assert {:error, %NetworkError{reason: :untrusted_path} = e} = Network.available?(tool_path: dir)
-    assert Exception.message(e) =~ "/tmp is writable by everyone"
+    assert Exception.message(e) =~ "#{open} is writable by everyone"
 
     # The sidecar binary is copied and run as root: the same rule.
-    bin = Path.join(tb.dir, "condukt-egress")
+    bin = Path.join(open, "condukt-egress")
     File.cp!(Condukt.Test.Netns.Sidecar.bin(), bin)
 
     assert {:error, %NetworkError{reason: :untrusted_path} = e} =
