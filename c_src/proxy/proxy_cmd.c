@@ -14,6 +14,9 @@
 #include "cli/cli.h"
 #include "common/error.h"
 #include "common/trace.h"
+#include "dns/hosts.h"
+#include "dns/server.h"
+#include "dns/stub.h"
 #include "netfilter/ctflush.h"
 #include "proxy/conn.h"
 #include "proxy/netaddr.h"
@@ -116,6 +119,9 @@ static void begin_drain(ce_proxy_t *p, const char *why) {
   CE_TRACE_I("proxy", 0, 0, "%s: draining %zu connection(s)", why, p->conn_count);
   for (size_t i = 0; i < p->listener_count; i++)
     uv_close((uv_handle_t *)&p->listeners[i], NULL);
+  /* The workspace's resolver stops with the listeners. */
+  ce_dns_server_close(p->dns_server);
+  p->dns_server = NULL;
   uv_close((uv_handle_t *)&p->sigterm, NULL);
   uv_close((uv_handle_t *)&p->sigint, NULL);
   uv_close((uv_handle_t *)&p->sigpipe, NULL);
@@ -220,6 +226,68 @@ static int start_listeners(ce_proxy_t *p) {
   return CE_EXIT_OK;
 }
 
+/* The proxy's resolver (docs/dns.md): the static names of --hosts and
+ * the upstream resolvers of --dns-upstream, else those of --resolv-conf
+ * read now, once. Nothing is read again later: a file the workspace can
+ * write (a shared resolv.conf) counts only as it was at start. */
+static int dns_setup(ce_proxy_t *p) {
+  const ce_proxy_options_t *o = p->opts;
+  char err[CE_HOSTS_ERROR_MAX];
+  if (o->hosts_path != NULL && ce_hosts_load_file(o->hosts_path, &p->hosts, err, sizeof(err)) != CE_OK) {
+    fprintf(stderr, PROG ": --hosts %s: %s\n", o->hosts_path, err);
+    return CE_EXIT_FAIL;
+  }
+  ce_dns_stub_opts_t so;
+  memset(&so, 0, sizeof(so));
+  so.hosts = p->hosts;
+  so.mark = o->mark;
+  if (o->dns_upstream_count > 0) {
+    for (size_t i = 0; i < o->dns_upstream_count; i++)
+      so.upstreams[i] = o->dns_upstreams[i];
+    so.upstream_count = o->dns_upstream_count;
+  } else {
+    FILE *f = fopen(o->resolv_conf_path, "rb");
+    char buf[16384];
+    size_t n = 0;
+    if (f != NULL) {
+      n = fread(buf, 1, sizeof(buf), f);
+      fclose(f);
+    }
+    if (ce_dns_resolv_conf_parse(buf, n, &so) == 0)
+      fprintf(stderr,
+              PROG ": warning: no --dns-upstream and no nameserver in %s: only IP literals and the names of "
+                   "--hosts resolve\n",
+              o->resolv_conf_path);
+  }
+  if (ce_dns_stub_new(p->loop, &so, &p->dns) != CE_OK) {
+    fprintf(stderr, PROG ": out of memory\n");
+    return CE_EXIT_FAIL;
+  }
+  for (size_t i = 0; i < so.upstream_count; i++) {
+    char text[CE_ADDR_TEXT_MAX];
+    ce_addr_text((const struct sockaddr *)&so.upstreams[i], text);
+    CE_TRACE_I("proxy", 0, 0, "DNS upstream %s port %u", text,
+               (unsigned)ce_addr_port((const struct sockaddr *)&so.upstreams[i]));
+  }
+  if (o->dns_listen_off)
+    return CE_EXIT_OK;
+  ce_dns_server_opts_t dso = {
+      .listen = o->dns_listen,
+      .listen_count = o->dns_listen_count,
+      .policy = p->policy,
+      .stub = p->dns,
+      .control = p->control,
+      .next_id = &p->next_request_id,
+  };
+  char serr[300];
+  int rc = ce_dns_server_start(p->loop, &dso, &p->dns_server, serr, sizeof(serr));
+  if (rc != CE_OK) {
+    fprintf(stderr, PROG ": %s\n", rc == CE_ENOMEM ? "out of memory" : serr);
+    return rc == CE_EINVAL ? CE_EXIT_USAGE : CE_EXIT_FAIL;
+  }
+  return CE_EXIT_OK;
+}
+
 static void close_walk(uv_handle_t *h, void *arg) {
   (void)arg;
   if (!uv_is_closing(h))
@@ -319,6 +387,11 @@ int ce_cmd_proxy(int argc, char **argv) {
             (unsigned)opts.mark, cterr);
   else
     CE_TRACE_I("proxy", 0, 0, "deleted the conntrack entries with connection mark 0x%x", (unsigned)opts.mark);
+  rc = dns_setup(p);
+  if (rc != CE_EXIT_OK) {
+    exit_code = rc;
+    goto fail;
+  }
   rc = start_listeners(p);
   if (rc != CE_EXIT_OK) {
     exit_code = rc;
@@ -343,6 +416,11 @@ int ce_cmd_proxy(int argc, char **argv) {
 
 fail:
   if (loop_ready) {
+    /* The server first: its queries end when the stub closes. */
+    ce_dns_server_close(p->dns_server);
+    p->dns_server = NULL;
+    ce_dns_stub_close(p->dns);
+    p->dns = NULL;
     if (p->control != NULL) {
       ce_control_close(p->control, on_control_closed, p);
       uv_run(p->loop, UV_RUN_DEFAULT);
@@ -360,6 +438,7 @@ fail:
   ce_leaf_cache_free(p->leaves);
   ce_ca_free(p->ca);
   ce_policy_free(p->policy);
+  ce_hosts_free(p->hosts);
   ce_proxy_options_free(&opts);
   return exit_code;
 }

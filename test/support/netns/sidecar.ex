@@ -43,7 +43,13 @@ defmodule Condukt.Test.Netns.Sidecar do
   testbed's veth /24 and /64, where its "internet" lives), `:netfilter`
   (default true), `:ports` (the TCP ports redirected to the proxy; default
   netfilter-setup's 80 and 443), `:caps` (default true: the proxy gets
-  CAP_NET_ADMIN; false runs it with no capability at all).
+  CAP_NET_ADMIN; false runs it with no capability at all), `:dns_upstream`
+  (the resolvers the proxy asks; default the inet namespace's two
+  addresses, where no DNS server listens unless a test starts one).
+
+  The proxy's names come from its own copy of the testbed's hosts file
+  (`--hosts`, in the sidecar's directory), never from the pod's
+  /etc/hosts (docs/dns.md).
   """
   @spec start(Testbed.t(), NetworkPolicy.t() | keyword(), keyword()) :: t()
   def start(tb, policy, opts \\ []) do
@@ -64,6 +70,13 @@ defmodule Condukt.Test.Netns.Sidecar do
     token = :crypto.strong_rand_bytes(32) |> Base.encode16(case: :lower)
     token_path = Path.join(dir, "token")
     File.write!(token_path, token <> "\n")
+
+    # The sidecar's own static names: a copy the workspace cannot write
+    # (docs/dns.md); the pod's /etc/netns/<pod>/hosts is the workspace's.
+    hosts_path = Path.join(dir, "hosts")
+    File.write!(hosts_path, Testbed.hosts_file(tb))
+    File.chmod!(hosts_path, 0o644)
+    dns_upstream = Keyword.get(opts, :dns_upstream, [tb.inet.v4, tb.inet.v6])
 
     bundle = Path.join(dir, "trust-bundle.pem")
     mozilla = Path.join(dir, "mozilla.pem")
@@ -106,7 +119,8 @@ defmodule Condukt.Test.Netns.Sidecar do
     args =
       ["proxy", "--policy", policy_path, "--ca-cert", ca_cert, "--ca-key", ca_key, "--session-id", "e2e-#{tb.id}"] ++
         ["--token-file", token_path, "--control", control, "--upstream-extra-ca", tb.ca_cert] ++
-        ["--trust-bundle", mozilla, "--mark", @mark] ++
+        ["--trust-bundle", mozilla, "--mark", @mark, "--hosts", hosts_path] ++
+        ["--dns-upstream", Enum.join(dns_upstream, ",")] ++
         Enum.flat_map(private, &["--allow-private", &1]) ++ Keyword.get(opts, :extra_args, [])
 
     env =
