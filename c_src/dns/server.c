@@ -636,8 +636,13 @@ int ce_dns_server_start(uv_loop_t *loop, const ce_dns_server_opts_t *opts, ce_dn
     int r = uv_udp_bind(&srv->udp[i], sa, v6 ? UV_UDP_IPV6ONLY : 0);
     if (r == 0)
       r = uv_udp_recv_start(&srv->udp[i], udp_alloc, udp_read);
+    /* Port 0 (tests): TCP takes the port the kernel gave UDP. */
+    struct sockaddr_storage bound;
+    int blen = sizeof(bound);
     if (r == 0)
-      r = uv_tcp_bind(&srv->tcp[i], sa, v6 ? UV_TCP_IPV6ONLY : 0);
+      r = uv_udp_getsockname(&srv->udp[i], (struct sockaddr *)&bound, &blen);
+    if (r == 0)
+      r = uv_tcp_bind(&srv->tcp[i], (const struct sockaddr *)&bound, v6 ? UV_TCP_IPV6ONLY : 0);
     if (r == 0)
       r = uv_listen((uv_stream_t *)&srv->tcp[i], 64, on_tcp_connection);
     if (r != 0) {
@@ -665,6 +670,13 @@ void ce_dns_server_close(ce_dns_server_t *srv) {
   for (tcpconn_t *tc = srv->conns; tc != NULL; tc = tc->next)
     tcp_close(tc);
   /* Pending queries end when the stub answers or is closed. */
+}
+
+int ce_dns_server_address(const ce_dns_server_t *srv, size_t i, struct sockaddr_storage *out) {
+  if (i >= srv->listeners)
+    return CE_EINVAL;
+  int len = sizeof(*out);
+  return uv_udp_getsockname(&srv->udp[i], (struct sockaddr *)out, &len) == 0 ? CE_OK : CE_EINVAL;
 }
 
 void ce_dns_server_stats(const ce_dns_server_t *srv, ce_dns_server_stats_t *out) {

@@ -92,6 +92,11 @@ int ce_dns_server_start(uv_loop_t *loop, const ce_dns_server_opts_t *opts, ce_dn
  * NULL is fine. */
 void ce_dns_server_close(ce_dns_server_t *srv);
 
+/* The address listener i is bound to, with the port the kernel chose
+ * when the option said port 0 (UDP and TCP then share it). Returns CE_OK
+ * or CE_EINVAL (no such listener). */
+int ce_dns_server_address(const ce_dns_server_t *srv, size_t i, struct sockaddr_storage *out);
+
 /* Counters (tests, traces). */
 typedef struct {
   uint64_t queries;     /* parsed queries */

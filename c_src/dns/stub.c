@@ -282,7 +282,7 @@ static void udp_read(uv_udp_t *u, ssize_t nread, const uv_buf_t *buf, const stru
                      unsigned flags) {
   xport_t *x = u->data;
   query_t *q = x->q;
-  if (q == NULL || nread == 0 || addr == NULL)
+  if (q == NULL || nread == 0)
     return;
   if (nread < 0) {
     /* ECONNREFUSED from an ICMP port unreachable: the next upstream. */
@@ -291,7 +291,7 @@ static void udp_read(uv_udp_t *u, ssize_t nread, const uv_buf_t *buf, const stru
     query_next(q);
     return;
   }
-  if (flags & UV_UDP_PARTIAL)
+  if (addr == NULL || (flags & UV_UDP_PARTIAL))
     return;
   got_answer(q, (const uint8_t *)buf->base, (size_t)nread, false);
 }
@@ -736,17 +736,21 @@ void ce_dns_stub_close(ce_dns_stub_t *s) {
   if (s == NULL)
     return;
   s->closing = true;
+  /* Every caller hears of the end (CE_ECLOSED), so that nothing it holds
+   * for the answer leaks; new queries are refused meanwhile. The lists
+   * change only in close callbacks, which run later. */
   for (query_t *q = s->queries; q != NULL; q = q->next) {
-    q->done = true;
+    if (!q->done) {
+      q->done = true;
+      q->cb(q->data, CE_ECLOSED, NULL);
+    }
     query_release(q);
   }
+  for (literal_t *l = s->literals; l != NULL; l = l->next)
+    literal_fire_with(l, CE_ECLOSED);
   for (xport_t *x = s->xports; x != NULL; x = x->next)
     xport_close(x);
-  if (s->queries == NULL && s->xports == NULL) {
-    free(s->udp_buf);
-    free(s->msg);
-    free(s);
-  }
+  stub_maybe_free(s);
 }
 
 size_t ce_dns_stub_inflight(const ce_dns_stub_t *s) {

@@ -45,7 +45,9 @@ defmodule Condukt.Test.Netns.Sidecar do
   netfilter-setup's 80 and 443), `:caps` (default true: the proxy gets
   CAP_NET_ADMIN; false runs it with no capability at all), `:dns_upstream`
   (the resolvers the proxy asks; default the inet namespace's two
-  addresses, where no DNS server listens unless a test starts one).
+  addresses, where no DNS server listens unless a test starts one,
+  `Condukt.Test.Netns.DnsServer`), `:hosts` (the text of the proxy's own
+  hosts file; default the testbed's, `Testbed.hosts_file/1`).
 
   The proxy's names come from its own copy of the testbed's hosts file
   (`--hosts`, in the sidecar's directory), never from the pod's
@@ -74,7 +76,7 @@ defmodule Condukt.Test.Netns.Sidecar do
     # The sidecar's own static names: a copy the workspace cannot write
     # (docs/dns.md); the pod's /etc/netns/<pod>/hosts is the workspace's.
     hosts_path = Path.join(dir, "hosts")
-    File.write!(hosts_path, Testbed.hosts_file(tb))
+    File.write!(hosts_path, Keyword.get_lazy(opts, :hosts, fn -> Testbed.hosts_file(tb) end))
     File.chmod!(hosts_path, 0o644)
     dns_upstream = Keyword.get(opts, :dns_upstream, [tb.inet.v4, tb.inet.v6])
 
