@@ -73,7 +73,7 @@ int ce_hosts_load_buffer(const char *buf, size_t len, ce_hosts_t **out, char *er
         break;
       if (!have_addr) {
         char text[64];
-        if (wl >= sizeof(text)) {
+        if (wl >= sizeof(text) || memchr(buf + w, '\0', wl) != NULL) {
           rc = fail(err, err_cap, CE_EPARSE, line, "not an IP address");
           break;
         }

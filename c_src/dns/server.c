@@ -151,11 +151,8 @@ typedef struct {
 
 static void write_time(ce_jsonw_t *w, int64_t us) {
   char buf[40];
-  buf[0] = '"';
-  ce_format_time(us, buf + 1, sizeof(buf) - 2);
-  size_t n = strlen(buf);
-  buf[n++] = '"';
-  ce_jsonw_raw(w, buf, n);
+  ce_format_time(us, buf, sizeof(buf));
+  ce_jsonw_string(w, buf, strlen(buf));
 }
 
 /* The members of the request events (docs/control-channel.md) that a

@@ -165,21 +165,30 @@ static void udp_alloc(uv_handle_t *h, size_t s, uv_buf_t *b) {
   b->len = sizeof(f->out);
 }
 
+/* UDP gets a free port from the kernel; TCP may find it taken (another
+ * test running at the same time): then both go and it tries again. */
 void fake_start(uv_loop_t *loop, fake_upstream_t *f, fake_mode_t mode) {
   memset(f, 0, sizeof(*f));
   f->mode = mode;
   struct sockaddr_in a;
   uv_ip4_addr("127.0.0.1", 0, &a);
-  cr_assert_eq(uv_udp_init(loop, &f->udp), 0);
-  f->udp.data = f;
-  cr_assert_eq(uv_udp_bind(&f->udp, (struct sockaddr *)&a, 0), 0);
-  int len = sizeof(f->addr);
-  cr_assert_eq(uv_udp_getsockname(&f->udp, (struct sockaddr *)&f->addr, &len), 0);
+  for (int tries = 0;; tries++) {
+    cr_assert_lt(tries, 20, "no port free for both UDP and TCP");
+    cr_assert_eq(uv_udp_init(loop, &f->udp), 0);
+    f->udp.data = f;
+    cr_assert_eq(uv_udp_bind(&f->udp, (struct sockaddr *)&a, 0), 0);
+    int len = sizeof(f->addr);
+    cr_assert_eq(uv_udp_getsockname(&f->udp, (struct sockaddr *)&f->addr, &len), 0);
+    cr_assert_eq(uv_tcp_init(loop, &f->tcp), 0);
+    f->tcp.data = f;
+    if (uv_tcp_bind(&f->tcp, (struct sockaddr *)&f->addr, 0) == 0 &&
+        uv_listen((uv_stream_t *)&f->tcp, 8, on_conn) == 0)
+      break;
+    uv_close((uv_handle_t *)&f->udp, NULL);
+    uv_close((uv_handle_t *)&f->tcp, NULL);
+    uv_run(loop, UV_RUN_NOWAIT);
+  }
   cr_assert_eq(uv_udp_recv_start(&f->udp, udp_alloc, udp_read), 0);
-  cr_assert_eq(uv_tcp_init(loop, &f->tcp), 0);
-  f->tcp.data = f;
-  cr_assert_eq(uv_tcp_bind(&f->tcp, (struct sockaddr *)&f->addr, 0), 0);
-  cr_assert_eq(uv_listen((uv_stream_t *)&f->tcp, 8, on_conn), 0);
 }
 
 void fake_stop(fake_upstream_t *f) {

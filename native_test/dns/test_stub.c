@@ -71,6 +71,23 @@ static void on_addrs(void *data, int status, const ce_dns_addrs_t *a) {
   g->addrs = *a;
 }
 
+/* Asks one query and waits for its callback. */
+static got_t ask(const char *name, uint16_t type) {
+  got_t g = {0};
+  cr_assert_eq(ce_dns_stub_query(stub, name, strlen(name), type, on_query, &g), CE_OK);
+  cr_expect_eq(g.calls, 0, "never from within the call");
+  pump_until(&g.calls, 1);
+  return g;
+}
+
+/* Looks one host up and waits for its callback. */
+static got_t lookup(const char *host, uint16_t port) {
+  got_t g = {0};
+  cr_assert_eq(ce_dns_stub_lookup(stub, host, port, on_addrs, &g), CE_OK);
+  pump_until(&g.calls, 1);
+  return g;
+}
+
 /* A stub asking the fakes started with these modes, in order. */
 static void start(const fake_mode_t *modes, size_t n, const ce_hosts_t *hosts, uint32_t attempt_ms) {
   ce_dns_stub_opts_t o;
@@ -90,18 +107,13 @@ static void start(const fake_mode_t *modes, size_t n, const ce_hosts_t *hosts, u
 Test(dns_stub, answers_a_and_aaaa) {
   fake_mode_t m[] = {FAKE_ANSWER};
   start(m, 1, NULL, 1000);
-  got_t g = {0};
-  cr_assert_eq(ce_dns_stub_query(stub, "Www.Example.test.", 17, CE_DNS_TYPE_A, on_query, &g), CE_OK);
-  cr_expect_eq(g.calls, 0, "never from within the call");
-  pump_until(&g.calls, 1);
+  got_t g = ask("Www.Example.test.", CE_DNS_TYPE_A);
   cr_assert_eq(g.status, CE_OK);
   cr_expect_eq(g.res.rcode, CE_DNS_RCODE_NOERROR);
   cr_assert_eq(g.res.count, 1);
   cr_expect_eq(memcmp(g.res.rrs[0].addr, "\xc0\x00\x02\x01", 4), 0);
   cr_expect_str_eq(fakes[0].last_name, "www.example.test");
-  got_t l = {0};
-  cr_assert_eq(ce_dns_stub_lookup(stub, "www.example.test", 443, on_addrs, &l), CE_OK);
-  pump_until(&l.calls, 1);
+  got_t l = lookup("www.example.test", 443);
   cr_assert_eq(l.status, CE_OK);
   cr_assert_eq(l.addrs.count, 2, "A then AAAA");
   cr_expect_eq(l.addrs.addrs[0].ss_family, AF_INET);
@@ -113,9 +125,7 @@ Test(dns_stub, answers_a_and_aaaa) {
 Test(dns_stub, forged_answers_are_dropped) {
   fake_mode_t m[] = {FAKE_FORGED_FIRST};
   start(m, 1, NULL, 1000);
-  got_t g = {0};
-  cr_assert_eq(ce_dns_stub_query(stub, "a.test", 6, CE_DNS_TYPE_A, on_query, &g), CE_OK);
-  pump_until(&g.calls, 1);
+  got_t g = ask("a.test", CE_DNS_TYPE_A);
   cr_assert_eq(g.status, CE_OK);
   cr_expect_eq(fakes[0].udp_queries, 1, "the forged ones did not end the attempt");
   cr_assert_eq(g.res.count, 1);
@@ -125,9 +135,7 @@ Test(dns_stub, forged_answers_are_dropped) {
 Test(dns_stub, truncated_goes_to_tcp) {
   fake_mode_t m[] = {FAKE_TRUNCATE};
   start(m, 1, NULL, 1000);
-  got_t g = {0};
-  cr_assert_eq(ce_dns_stub_query(stub, "big.test", 8, CE_DNS_TYPE_AAAA, on_query, &g), CE_OK);
-  pump_until(&g.calls, 1);
+  got_t g = ask("big.test", CE_DNS_TYPE_AAAA);
   cr_assert_eq(g.status, CE_OK);
   cr_expect_eq(fakes[0].udp_queries, 1);
   cr_expect_eq(fakes[0].tcp_queries, 1);
@@ -138,9 +146,7 @@ Test(dns_stub, truncated_goes_to_tcp) {
 Test(dns_stub, servfail_moves_to_the_next_upstream) {
   fake_mode_t m[] = {FAKE_SERVFAIL, FAKE_ANSWER};
   start(m, 2, NULL, 1000);
-  got_t g = {0};
-  cr_assert_eq(ce_dns_stub_query(stub, "a.test", 6, CE_DNS_TYPE_A, on_query, &g), CE_OK);
-  pump_until(&g.calls, 1);
+  got_t g = ask("a.test", CE_DNS_TYPE_A);
   cr_assert_eq(g.status, CE_OK);
   cr_expect_eq(fakes[0].udp_queries, 1);
   cr_expect_eq(fakes[1].udp_queries, 1);
@@ -149,9 +155,7 @@ Test(dns_stub, servfail_moves_to_the_next_upstream) {
 Test(dns_stub, every_upstream_failing_is_unavail) {
   fake_mode_t m[] = {FAKE_SERVFAIL};
   start(m, 1, NULL, 1000);
-  got_t g = {0};
-  cr_assert_eq(ce_dns_stub_query(stub, "a.test", 6, CE_DNS_TYPE_A, on_query, &g), CE_OK);
-  pump_until(&g.calls, 1);
+  got_t g = ask("a.test", CE_DNS_TYPE_A);
   cr_expect_eq(g.status, CE_EUNAVAIL);
   cr_expect_eq(fakes[0].udp_queries, 2, "each upstream twice");
 }
@@ -159,9 +163,7 @@ Test(dns_stub, every_upstream_failing_is_unavail) {
 Test(dns_stub, silence_times_out) {
   fake_mode_t m[] = {FAKE_SILENT};
   start(m, 1, NULL, 100);
-  got_t g = {0};
-  cr_assert_eq(ce_dns_stub_query(stub, "a.test", 6, CE_DNS_TYPE_A, on_query, &g), CE_OK);
-  pump_until(&g.calls, 1);
+  got_t g = ask("a.test", CE_DNS_TYPE_A);
   cr_expect_eq(g.status, CE_ETIMEDOUT);
   cr_expect_eq(fakes[0].udp_queries, 2);
 }
@@ -175,47 +177,33 @@ Test(dns_stub, refused_port_is_unavail) {
   nfakes = 0;
   for (int i = 0; i < 5; i++)
     uv_run(&loop, UV_RUN_NOWAIT); /* the sockets are closed once their callbacks ran */
-  got_t g = {0};
-  cr_assert_eq(ce_dns_stub_query(stub, "a.test", 6, CE_DNS_TYPE_A, on_query, &g), CE_OK);
-  pump_until(&g.calls, 1);
+  got_t g = ask("a.test", CE_DNS_TYPE_A);
   cr_expect_eq(g.status, CE_EUNAVAIL);
 }
 
 Test(dns_stub, cname_chain_followed_and_bounded) {
   fake_mode_t m[] = {FAKE_ANSWER};
   start(m, 1, NULL, 1000);
-  got_t g = {0};
-  cr_assert_eq(ce_dns_stub_query(stub, "cname.test", 10, CE_DNS_TYPE_A, on_query, &g), CE_OK);
-  pump_until(&g.calls, 1);
+  got_t g = ask("cname.test", CE_DNS_TYPE_A);
   cr_assert_eq(g.status, CE_OK);
   cr_assert_eq(g.res.count, 2, "the CNAME and the target's A; the record off the chain is ignored");
   cr_expect_eq(g.res.rrs[0].type, CE_DNS_TYPE_CNAME);
   cr_expect_str_eq(g.res.rrs[1].name, "target.test");
-  got_t l = {0};
-  cr_assert_eq(ce_dns_stub_query(stub, "long.test", 9, CE_DNS_TYPE_A, on_query, &l), CE_OK);
-  pump_until(&l.calls, 1);
+  got_t l = ask("long.test", CE_DNS_TYPE_A);
   cr_expect_eq(l.status, CE_EPROTO);
-  got_t lp = {0};
-  cr_assert_eq(ce_dns_stub_query(stub, "loop.test", 9, CE_DNS_TYPE_A, on_query, &lp), CE_OK);
-  pump_until(&lp.calls, 1);
+  got_t lp = ask("loop.test", CE_DNS_TYPE_A);
   cr_expect_eq(lp.status, CE_EPROTO);
 }
 
 Test(dns_stub, nxdomain_and_nodata) {
   fake_mode_t m[] = {FAKE_ANSWER};
   start(m, 1, NULL, 1000);
-  got_t g = {0};
-  cr_assert_eq(ce_dns_stub_query(stub, "nx.test", 7, CE_DNS_TYPE_A, on_query, &g), CE_OK);
-  pump_until(&g.calls, 1);
+  got_t g = ask("nx.test", CE_DNS_TYPE_A);
   cr_assert_eq(g.status, CE_OK);
   cr_expect_eq(g.res.rcode, CE_DNS_RCODE_NXDOMAIN);
-  got_t l = {0};
-  cr_assert_eq(ce_dns_stub_lookup(stub, "nx.test", 80, on_addrs, &l), CE_OK);
-  pump_until(&l.calls, 1);
+  got_t l = lookup("nx.test", 80);
   cr_expect_eq(l.status, CE_ENOENT);
-  got_t e = {0};
-  cr_assert_eq(ce_dns_stub_lookup(stub, "empty.test", 80, on_addrs, &e), CE_OK);
-  pump_until(&e.calls, 1);
+  got_t e = lookup("empty.test", 80);
   cr_expect_eq(e.status, CE_ENOENT);
 }
 
@@ -225,15 +213,11 @@ Test(dns_stub, hosts_table_and_literals_never_reach_upstream) {
   const char *text = "10.1.2.3 git.internal\nfd00::7 git.internal\n";
   cr_assert_eq(ce_hosts_load_buffer(text, strlen(text), &h, NULL, 0), CE_OK);
   start(m, 1, h, 1000);
-  got_t g = {0};
-  cr_assert_eq(ce_dns_stub_lookup(stub, "GIT.internal", 8080, on_addrs, &g), CE_OK);
-  pump_until(&g.calls, 1);
+  got_t g = lookup("GIT.internal", 8080);
   cr_assert_eq(g.status, CE_OK);
   cr_assert_eq(g.addrs.count, 2);
   cr_expect_eq(ntohs(((struct sockaddr_in *)&g.addrs.addrs[0])->sin_port), 8080);
-  got_t q = {0};
-  cr_assert_eq(ce_dns_stub_query(stub, "git.internal", 12, CE_DNS_TYPE_AAAA, on_query, &q), CE_OK);
-  pump_until(&q.calls, 1);
+  got_t q = ask("git.internal", CE_DNS_TYPE_AAAA);
   cr_assert_eq(q.status, CE_OK);
   cr_expect(q.res.from_hosts);
   cr_assert_eq(q.res.count, 1);
@@ -257,9 +241,7 @@ Test(dns_stub, no_upstream_is_unavail_and_bad_names_refused) {
   ce_dns_stub_opts_t o;
   memset(&o, 0, sizeof(o));
   cr_assert_eq(ce_dns_stub_new(&loop, &o, &stub), CE_OK);
-  got_t g = {0};
-  cr_assert_eq(ce_dns_stub_query(stub, "a.test", 6, CE_DNS_TYPE_A, on_query, &g), CE_OK);
-  pump_until(&g.calls, 1);
+  got_t g = ask("a.test", CE_DNS_TYPE_A);
   cr_expect_eq(g.status, CE_EUNAVAIL);
   cr_expect_eq(ce_dns_stub_query(stub, "a..test", 7, CE_DNS_TYPE_A, on_query, &g), CE_EINVAL);
   o.upstream_count = 1;

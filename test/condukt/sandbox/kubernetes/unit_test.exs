@@ -238,6 +238,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--session-id", "job-42"])
       assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--control", "127.0.0.1:15002"])
       assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--allow-private", "10.1.0.0/16"])
+      assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--hosts", "/etc/condukt-egress/hosts"])
       refute "--upstream-extra-ca" in cmd
 
       # The kubelet starts the workspace only once the proxy accepts on
@@ -301,8 +302,15 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
                "ca.key" => "KEY",
                "token" => @params.token,
                "policy.json" => @params.policy_json,
-               "upstream-ca.pem" => "UP"
+               "upstream-ca.pem" => "UP",
+               "hosts" => "127.0.0.1 localhost\n::1 localhost\n"
              }
+
+      aliases = [%{ip: "10.0.0.5", hostnames: ["git.internal", "g"]}]
+      with_aliases = Manifests.egress_secret(Map.put(@params, :host_aliases, aliases))
+
+      assert Base.decode64!(with_aliases["data"]["hosts"]) ==
+               "127.0.0.1 localhost\n::1 localhost\n10.0.0.5 git.internal g\n"
 
       trust = Manifests.trust_secret(@params)
       tdata = Map.new(trust["data"], fn {k, v} -> {k, Base.decode64!(v)} end)

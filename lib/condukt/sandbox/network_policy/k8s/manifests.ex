@@ -50,10 +50,14 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
           optional(:token) => String.t(),
           optional(:policy_json) => String.t(),
           optional(:upstream_ca) => String.t() | nil,
-          optional(:allow_private) => [String.t()]
+          optional(:allow_private) => [String.t()],
+          optional(:host_aliases) => [map()]
         }
 
-  @doc "Secret `<pod>-egress`: the sidecar's CA, key, token and policy (only the sidecar mounts it)."
+  @doc """
+  Secret `<pod>-egress`: the sidecar's CA, key, token and policy, and its
+  own hosts file (the pod's `hostAliases`); only the sidecar mounts it.
+  """
   @spec egress_secret(params()) :: map()
   def egress_secret(p) do
     data =
@@ -61,11 +65,30 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
         "ca.pem" => p.ca_cert_pem,
         "ca.key" => p.ca_key_pem,
         "token" => p.token,
-        "policy.json" => p.policy_json
+        "policy.json" => p.policy_json,
+        "hosts" => hosts_file(p[:host_aliases] || [])
       }
       |> then(fn d -> if p[:upstream_ca], do: Map.put(d, "upstream-ca.pem", p.upstream_ca), else: d end)
 
     secret(p.pod <> "-egress", p, data)
+  end
+
+  @doc """
+  The sidecar's hosts file (hosts(5)): the pod's `hostAliases`, which the
+  kubelet also writes into the pod's shared /etc/hosts. The proxy reads
+  this copy (`proxy --hosts`, docs/dns.md): the workspace can rewrite the
+  shared file, never the Secret.
+  """
+  @spec hosts_file([map()]) :: String.t()
+  def hosts_file(aliases) do
+    lines =
+      for a <- aliases,
+          m = Map.new(a),
+          names = m[:hostnames] || m["hostnames"] || [],
+          names != [],
+          do: "#{m[:ip] || m["ip"]} #{Enum.join(names, " ")}\n"
+
+    "127.0.0.1 localhost\n::1 localhost\n" <> Enum.join(lines)
   end
 
   @doc "Secret `<pod>-trust`: the session CA and the trust bundle (Mozilla roots + session CA)."
@@ -153,7 +176,12 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
           "--session-id",
           p.session_id,
           "--control",
-          "127.0.0.1:#{@control_port}"
+          "127.0.0.1:#{@control_port}",
+          # Its own names, never the pod's shared /etc/hosts (docs/dns.md);
+          # its resolvers are those of /etc/resolv.conf as the kubelet
+          # wrote it, read when it starts, before the workspace does.
+          "--hosts",
+          "#{@egress_dir}/hosts"
         ] ++ listen_args() ++ upstream ++ private,
       # The kubelet starts the workspace once this succeeds, not once the
       # sidecar's process started: until the proxy listens, the
