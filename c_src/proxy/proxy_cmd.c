@@ -285,6 +285,8 @@ static int dns_setup(ce_proxy_t *p) {
     fprintf(stderr, PROG ": %s\n", rc == CE_ENOMEM ? "out of memory" : serr);
     return rc == CE_EINVAL ? CE_EXIT_USAGE : CE_EXIT_FAIL;
   }
+  for (size_t i = 0; i < o->dns_listen_count; i++)
+    CE_TRACE_I("proxy", 0, 0, "the workspace's DNS resolver listens on %s (UDP and TCP)", o->dns_listen[i]);
   return CE_EXIT_OK;
 }
 
