@@ -72,6 +72,9 @@ static const opt_spec_t specs[] = {
     {"resolv-conf", "CONDUKT_EGRESS_RESOLV_CONF", OPT_STR, 0, 0,
      "where the default resolvers come from when --dns-upstream is not given "
      "(default " CE_PROXY_DEFAULT_RESOLV_CONF ")"},
+    {"dns-state", "CONDUKT_EGRESS_DNS_STATE", OPT_STR, 0, 0,
+     "file that keeps the resolvers read from --resolv-conf at the first start; later starts use it "
+     "(a place only the sidecar can write that outlives its restarts; default: none)"},
     {"dns-listen", "CONDUKT_EGRESS_DNS_LISTEN", OPT_LIST, 0, 0,
      "where the workspace's DNS resolver listens, UDP and TCP (repeatable; default 127.0.0.1:15053 and "
      "[::1]:15053; none: no resolver)"},
@@ -182,6 +185,7 @@ static int apply(const opt_spec_t *spec, const char *value, ce_proxy_options_t *
     else if (strcmp(f, "upstream-extra-ca") == 0) o->upstream_extra_ca_path = value;
     else if (strcmp(f, "hosts") == 0) o->hosts_path = value;
     else if (strcmp(f, "resolv-conf") == 0) o->resolv_conf_path = value;
+    else if (strcmp(f, "dns-state") == 0) o->dns_state_path = value;
     return CE_EXIT_OK;
   case OPT_DNS: {
     /* A comma-separated list on the command line too. */

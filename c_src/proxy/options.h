@@ -69,6 +69,7 @@ typedef struct {
   struct sockaddr_storage dns_upstreams[CE_PROXY_MAX_DNS_UPSTREAMS];
   size_t dns_upstream_count;
   const char *resolv_conf_path;
+  const char *dns_state_path; /* where the resolvers of the first start are kept */
   const char *dns_listen[CE_PROXY_MAX_DNS_LISTEN];
   size_t dns_listen_count;
   bool dns_listen_off;

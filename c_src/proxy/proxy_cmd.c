@@ -230,6 +230,43 @@ static int start_listeners(ce_proxy_t *p) {
  * the upstream resolvers of --dns-upstream, else those of --resolv-conf
  * read now, once. Nothing is read again later: a file the workspace can
  * write (a shared resolv.conf) counts only as it was at start. */
+/* The nameservers of a resolv.conf-style file into so (0 when the file
+ * is missing or names none). */
+static size_t read_resolvers(const char *path, ce_dns_stub_opts_t *so) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return 0;
+  char buf[16384];
+  size_t n = fread(buf, 1, sizeof(buf), f);
+  fclose(f);
+  return ce_dns_resolv_conf_parse(buf, n, so);
+}
+
+/* Keeps the resolvers read at the first start in --dns-state (a place
+ * only the sidecar can write, which outlives a restart of its container),
+ * so that a restart never takes them from a resolv.conf the workspace
+ * may have rewritten meanwhile. Written whole or not at all (rename). */
+static void write_resolvers(const char *path, const ce_dns_stub_opts_t *so) {
+  char tmp[PATH_MAX];
+  int len = snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+  FILE *f = len > 0 && (size_t)len < sizeof(tmp) ? fopen(tmp, "wb") : NULL;
+  bool ok = f != NULL;
+  for (size_t i = 0; ok && i < so->upstream_count; i++) {
+    char text[CE_ADDR_TEXT_MAX];
+    ce_addr_text((const struct sockaddr *)&so->upstreams[i], text);
+    ok = fprintf(f, "nameserver %s\n", text) > 0;
+  }
+  if (f != NULL && fclose(f) != 0)
+    ok = false;
+  if (ok && rename(tmp, path) != 0)
+    ok = false;
+  if (!ok) {
+    fprintf(stderr, PROG ": warning: cannot keep the resolvers in --dns-state %s: %s; a restart reads %s again\n",
+            path, strerror(errno), "the resolv.conf");
+    unlink(tmp);
+  }
+}
+
 static int dns_setup(ce_proxy_t *p) {
   const ce_proxy_options_t *o = p->opts;
   char err[CE_HOSTS_ERROR_MAX];
@@ -245,19 +282,15 @@ static int dns_setup(ce_proxy_t *p) {
     for (size_t i = 0; i < o->dns_upstream_count; i++)
       so.upstreams[i] = o->dns_upstreams[i];
     so.upstream_count = o->dns_upstream_count;
-  } else {
-    FILE *f = fopen(o->resolv_conf_path, "rb");
-    char buf[16384];
-    size_t n = 0;
-    if (f != NULL) {
-      n = fread(buf, 1, sizeof(buf), f);
-      fclose(f);
-    }
-    if (ce_dns_resolv_conf_parse(buf, n, &so) == 0)
-      fprintf(stderr,
-              PROG ": warning: no --dns-upstream and no nameserver in %s: only IP literals and the names of "
-                   "--hosts resolve\n",
-              o->resolv_conf_path);
+  } else if (o->dns_state_path != NULL && read_resolvers(o->dns_state_path, &so) > 0) {
+    CE_TRACE_I("proxy", 0, 0, "DNS upstreams as kept in %s at the first start", o->dns_state_path);
+  } else if (read_resolvers(o->resolv_conf_path, &so) == 0) {
+    fprintf(stderr,
+            PROG ": warning: no --dns-upstream and no nameserver in %s: only IP literals and the names of "
+                 "--hosts resolve\n",
+            o->resolv_conf_path);
+  } else if (o->dns_state_path != NULL) {
+    write_resolvers(o->dns_state_path, &so);
   }
   if (ce_dns_stub_new(p->loop, &so, &p->dns) != CE_OK) {
     fprintf(stderr, PROG ": out of memory\n");

@@ -14,7 +14,7 @@
 
 static void clear_env(void) {
   static const char *const vars[] = {"CONDUKT_EGRESS_HOSTS", "CONDUKT_EGRESS_DNS_UPSTREAM",
-                                     "CONDUKT_EGRESS_RESOLV_CONF", "CONDUKT_EGRESS_DNS_LISTEN",
+                                     "CONDUKT_EGRESS_RESOLV_CONF", "CONDUKT_EGRESS_DNS_LISTEN", "CONDUKT_EGRESS_DNS_STATE",
                                      "CONDUKT_EGRESS_LISTEN"};
   for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
     unsetenv(vars[i]);
@@ -43,6 +43,7 @@ Test(proxy_options_dns, defaults, .init = clear_env) {
   ce_proxy_options_t o;
   cr_assert_eq(parse_with(&o, NULL), CE_EXIT_OK);
   cr_expect_null(o.hosts_path);
+  cr_expect_null(o.dns_state_path);
   cr_expect_eq(o.dns_upstream_count, 0);
   cr_expect_str_eq(o.resolv_conf_path, "/etc/resolv.conf");
   cr_assert_eq(o.dns_listen_count, 2);
@@ -55,7 +56,7 @@ Test(proxy_options_dns, defaults, .init = clear_env) {
 Test(proxy_options_dns, flags, .init = clear_env) {
   const char *extra[] = {"--hosts", "/etc/condukt-egress/hosts", "--dns-upstream", "10.96.0.10,[fd00::a]:5353",
                          "--dns-upstream=1.1.1.1", "--resolv-conf", "/x/resolv.conf", "--dns-listen",
-                         "127.0.0.1:53", NULL};
+                         "127.0.0.1:53", "--dns-state", "/run/condukt-egress/resolvers", NULL};
   ce_proxy_options_t o;
   cr_assert_eq(parse_with(&o, extra), CE_EXIT_OK);
   cr_expect_str_eq(o.hosts_path, "/etc/condukt-egress/hosts");
@@ -64,6 +65,7 @@ Test(proxy_options_dns, flags, .init = clear_env) {
   cr_expect_eq(o.dns_upstreams[1].ss_family, AF_INET6);
   cr_expect_eq(port_of(&o.dns_upstreams[1]), 5353);
   cr_expect_str_eq(o.resolv_conf_path, "/x/resolv.conf");
+  cr_expect_str_eq(o.dns_state_path, "/run/condukt-egress/resolvers");
   cr_assert_eq(o.dns_listen_count, 1);
   cr_expect_str_eq(o.dns_listen[0], "127.0.0.1:53");
   ce_proxy_options_free(&o);

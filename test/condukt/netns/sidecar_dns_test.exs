@@ -38,14 +38,19 @@ defmodule Condukt.Netns.SidecarDnsTest do
     %{tb: tb, dns: dns}
   end
 
-  # One proxy per test: @tag policy: chooses its policy.
+  # One proxy per test: @tag policy: chooses its policy; @tag sidecar:
+  # false leaves starting it to the test.
   setup %{tb: tb} = ctx do
-    sc = Sidecar.start(tb, Map.get(ctx, :policy, @with_decide))
+    if Map.get(ctx, :sidecar, true), do: start_sidecar(tb, Map.get(ctx, :policy, @with_decide)), else: :ok
+  end
+
+  defp start_sidecar(tb, policy, opts \\ []) do
+    sc = Sidecar.start(tb, policy, opts)
     on_exit(fn -> Sidecar.stop(sc) end)
     {:ok, peer} = ControlPeer.start_link(sc, self(), fn _ -> :allow end)
     assert_receive {:egress_frame, %{"type" => "welcome", "version" => 1}}, 10_000
     on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
-    %{sc: sc}
+    %{sc: sc, peer: peer}
   end
 
   ## Helpers
@@ -135,6 +140,47 @@ defmodule Condukt.Netns.SidecarDnsTest do
         # The sidecar asked its own upstream (the server in inet), once.
         asked = dns |> DnsServer.queries() |> Enum.drop(before) |> Enum.map(& &1["name"])
         assert asked == ["api.allowed.test"], inspect(asked)
+      after
+        File.write!(resolv, orig)
+      end
+    end
+  end
+
+  describe "a sidecar that reads the pod's resolv.conf (no --dns-upstream)" do
+    @tag sidecar: false
+    test "keeps the resolvers of its first start (--dns-state): a restart after the workspace rewrote resolv.conf",
+         %{tb: tb, dns: dns} do
+      resolv = "/etc/netns/#{tb.pod_ns}/resolv.conf"
+      orig = File.read!(resolv)
+      # A directory only the sidecar's uid can write, as an emptyDir
+      # mounted into the sidecar alone.
+      state_dir = Path.join(tb.dir, "dns-state-#{System.unique_integer([:positive])}")
+      File.mkdir_p!(state_dir)
+      File.chown!(state_dir, Sidecar.uid())
+      File.chmod!(state_dir, 0o700)
+      state = Path.join(state_dir, "resolvers")
+      opts = [dns_upstream: nil, extra_args: ["--dns-state", state]]
+
+      try do
+        %{sc: sc1, peer: peer1} = start_sidecar(tb, @with_decide, opts)
+        assert File.read!(state) == "nameserver #{tb.inet.v4}\nnameserver #{tb.inet.v6}\n"
+        [a] = dig(tb, [{"api.allowed.test", @a}])
+        assert a["answers"] == [[@a, @api_v4]], inspect(a)
+        ControlPeer.stop(peer1)
+        Sidecar.stop(sc1)
+
+        # The workspace (root in the pod) points resolv.conf at a resolver
+        # of its own; the sidecar restarts.
+        assert {_, 0} =
+                 Testbed.exec_in(tb, :pod, ["/bin/sh", "-c", "printf 'nameserver 127.0.0.53\\n' > /etc/resolv.conf"])
+
+        before = length(DnsServer.queries(dns))
+        %{sc: sc2} = start_sidecar(tb, @with_decide, opts)
+        [b] = dig(tb, [{"api.allowed.test", @a}])
+        assert b["answers"] == [[@a, @api_v4]], inspect(b)
+        asked = dns |> DnsServer.queries() |> Enum.drop(before) |> Enum.map(& &1["name"])
+        assert asked == ["api.allowed.test"], inspect(asked)
+        assert Sidecar.stop(sc2) =~ "drained"
       after
         File.write!(resolv, orig)
       end

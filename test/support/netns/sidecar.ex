@@ -45,7 +45,8 @@ defmodule Condukt.Test.Netns.Sidecar do
   netfilter-setup's 80 and 443), `:caps` (default true: the proxy gets
   CAP_NET_ADMIN; false runs it with no capability at all), `:dns_upstream`
   (the resolvers the proxy asks; default the inet namespace's two
-  addresses, where no DNS server listens unless a test starts one,
+  addresses; nil: none given, the proxy reads the pod's resolv.conf at
+  start; no DNS server listens there unless a test starts one,
   `Condukt.Test.Netns.DnsServer`), `:hosts` (the text of the proxy's own
   hosts file; default the testbed's, `Testbed.hosts_file/1`).
 
@@ -122,7 +123,7 @@ defmodule Condukt.Test.Netns.Sidecar do
       ["proxy", "--policy", policy_path, "--ca-cert", ca_cert, "--ca-key", ca_key, "--session-id", "e2e-#{tb.id}"] ++
         ["--token-file", token_path, "--control", control, "--upstream-extra-ca", tb.ca_cert] ++
         ["--trust-bundle", mozilla, "--mark", @mark, "--hosts", hosts_path] ++
-        ["--dns-upstream", Enum.join(dns_upstream, ",")] ++
+        if(dns_upstream, do: ["--dns-upstream", Enum.join(dns_upstream, ",")], else: []) ++
         Enum.flat_map(private, &["--allow-private", &1]) ++ Keyword.get(opts, :extra_args, [])
 
     env =

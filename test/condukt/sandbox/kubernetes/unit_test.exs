@@ -230,7 +230,8 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert sc["allowPrivilegeEscalation"] == false and sc["readOnlyRootFilesystem"] == true
 
       assert sidecar["volumeMounts"] == [
-               %{"name" => "condukt-egress", "mountPath" => "/etc/condukt-egress", "readOnly" => true}
+               %{"name" => "condukt-egress", "mountPath" => "/etc/condukt-egress", "readOnly" => true},
+               %{"name" => "condukt-egress-state", "mountPath" => "/run/condukt-egress"}
              ]
 
       cmd = sidecar["command"]
@@ -239,6 +240,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--control", "127.0.0.1:15002"])
       assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--allow-private", "10.1.0.0/16"])
       assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--hosts", "/etc/condukt-egress/hosts"])
+      assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--dns-state", "/run/condukt-egress/resolvers"])
       refute "--upstream-extra-ca" in cmd
 
       # The kubelet starts the workspace only once the proxy accepts on
@@ -266,6 +268,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       mounts = c["volumeMounts"]
       assert %{"name" => "workspace", "mountPath" => "/workspace"} in mounts
       refute Enum.any?(mounts, &(&1["name"] == "condukt-egress")), "the workspace must not see the sidecar's Secret"
+      refute Enum.any?(mounts, &(&1["name"] == "condukt-egress-state")), "nor its state"
 
       for path <- ["/etc/ssl/certs/ca-certificates.crt", "/etc/ssl/cert.pem"] do
         assert %{
@@ -277,6 +280,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       end
 
       vols = Map.new(spec["volumes"], &{&1["name"], &1})
+      assert vols["condukt-egress-state"]["emptyDir"] == %{"medium" => "Memory", "sizeLimit" => "1Mi"}
 
       assert vols["condukt-egress"]["secret"] == %{
                "secretName" => "condukt-job-42-0123456789-egress",

@@ -16,6 +16,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   @version Mix.Project.config()[:version]
   @binary "/usr/local/bin/condukt-egress"
   @egress_dir "/etc/condukt-egress"
+  @state_dir "/run/condukt-egress"
   @trust_dir "/etc/condukt"
   @proxy_port 15_001
   @control_port 15_002
@@ -179,9 +180,13 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
           "127.0.0.1:#{@control_port}",
           # Its own names, never the pod's shared /etc/hosts (docs/dns.md);
           # its resolvers are those of /etc/resolv.conf as the kubelet
-          # wrote it, read when it starts, before the workspace does.
+          # wrote it, read when it first starts, before the workspace.
           "--hosts",
-          "#{@egress_dir}/hosts"
+          "#{@egress_dir}/hosts",
+          # The resolvers of its first start, kept where only it can write
+          # and a restart of its container finds them (docs/dns.md).
+          "--dns-state",
+          "#{@state_dir}/resolvers"
         ] ++ listen_args() ++ upstream ++ private,
       # The kubelet starts the workspace once this succeeds, not once the
       # sidecar's process started: until the proxy listens, the
@@ -208,7 +213,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
         "readOnlyRootFilesystem" => true,
         "capabilities" => %{"drop" => ["ALL"], "add" => ["NET_ADMIN"]}
       },
-      "volumeMounts" => [%{"name" => "condukt-egress", "mountPath" => @egress_dir, "readOnly" => true}]
+      "volumeMounts" => [
+        %{"name" => "condukt-egress", "mountPath" => @egress_dir, "readOnly" => true},
+        %{"name" => "condukt-egress-state", "mountPath" => @state_dir}
+      ]
     }
 
     [netfilter, sidecar]
@@ -216,12 +224,17 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
 
   defp listen_args, do: Enum.flat_map(@listen, &["--listen", &1])
 
-  @doc "The pod volumes of the two Secrets (the egress one group-readable only, 0440)."
+  @doc """
+  The pod volumes: the two Secrets (the egress one group-readable only,
+  0440) and the sidecar's own state directory (an emptyDir only the
+  sidecar mounts: it outlives a restart of the sidecar's container).
+  """
   @spec volumes(params()) :: [map()]
   def volumes(p) do
     [
       %{"name" => "condukt-egress", "secret" => %{"secretName" => p.pod <> "-egress", "defaultMode" => 0o440}},
-      %{"name" => "condukt-trust", "secret" => %{"secretName" => p.pod <> "-trust", "defaultMode" => 0o444}}
+      %{"name" => "condukt-trust", "secret" => %{"secretName" => p.pod <> "-trust", "defaultMode" => 0o444}},
+      %{"name" => "condukt-egress-state", "emptyDir" => %{"medium" => "Memory", "sizeLimit" => "1Mi"}}
     ]
   end
 
