@@ -2287,9 +2287,6 @@ void ce_conn_hard_deadline(ce_conn_t *c) {
 void ce_conn_upstream_reset(ce_conn_t *c) { upstream_reset(c); }
 void ce_conn_process(ce_conn_t *c) { conn_process(c); }
 void ce_conn_pump_tls_input(side_t *s) { pump_tls_input(s); }
-bool ce_conn_upstream_addr_ok(ce_conn_t *c, const struct sockaddr *sa, char *why, size_t cap) {
-  return upstream_addr_ok(c, sa, why, cap);
-}
 void ce_conn_release(ce_conn_t *c) {
   c->handles--;
   maybe_free(c);

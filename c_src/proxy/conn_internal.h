@@ -181,14 +181,12 @@ void ce_conn_pump_tls_input(side_t *s);
 /* Gives an empty input buffer back to the proxy's pool (docs/proxy.md
  * "Memory"); a side with bytes keeps it. */
 void ce_conn_release_input(side_t *s);
-/* The private-address rule for an upstream address (why set when not). */
-bool ce_conn_upstream_addr_ok(ce_conn_t *c, const struct sockaddr *sa, char *why, size_t cap);
-
 /* The one way an upstream host becomes addresses, for conn.c and
  * h2conn.c alike: the proxy's own resolver (docs/dns.md: the hosts table
  * of --hosts, else the --dns-upstream resolvers; never getaddrinfo, so
  * nothing the workspace can write decides where an allowed name
- * connects), then the private-address rule (ce_conn_upstream_addr_ok),
+ * connects), then the private-address rule (loopback, private and
+ * link-local addresses only when the policy names them, DESIGN §4),
  * in resolver order. The callback runs once, later: status 0 with keep
  * (at least one address, owned by the callee, free() it), or 502
  * (resolution failed: reason "upstream_unreachable: cannot resolve HOST:
