@@ -610,6 +610,21 @@ int ce_policy_eval_input(const ce_policy_t *policy, const char *input,
   return ce_policy_eval_host(policy, url.host, url.host_len, out);
 }
 
+ce_decision_t ce_policy_could_allow(const ce_policy_t *policy, const char *name, size_t len, ce_verdict_t *out) {
+  /* A DNS name never carries a port: "host:53" is not a name. */
+  if (memchr(name, ':', len) != NULL || memchr(name, '[', len) != NULL) {
+    set_invalid(out, CE_REASON_INVALID_HOST);
+    return CE_DECISION_DENY;
+  }
+  if (ce_policy_eval_host(policy, name, len, out) != 0)
+    return CE_DECISION_DENY;
+  if (out->host_valid && out->host.kind != CE_HOST_NAME) {
+    set_invalid(out, CE_REASON_INVALID_HOST);
+    return CE_DECISION_DENY;
+  }
+  return out->decision;
+}
+
 ce_decision_t ce_policy_default(const ce_policy_t *policy) {
   return policy->default_decision;
 }

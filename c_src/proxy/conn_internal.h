@@ -11,6 +11,7 @@
 #include <uv.h>
 
 #include "control/control.h"
+#include "dns/stub.h"
 #include "http1/parser.h"
 #include "policy/host.h"
 #include "proxy/clienthello.h"
@@ -72,9 +73,8 @@ struct ce_conn {
   side_t u;                /* the upstream */
   uv_timer_t timer;
   int handles;             /* open handles still to be closed */
-  bool resolving;          /* a uv_getaddrinfo is in flight */
+  bool resolving;          /* a ce_conn_resolve is in flight */
   bool connect_pending;    /* connect_next waits for the old upstream handle */
-  uv_getaddrinfo_t gai;
   bool dead;               /* aborting: handles closing */
   bool processing;         /* conn_process is on the stack */
   bool again;
@@ -93,8 +93,8 @@ struct ce_conn {
   /* The upstream currently connected (or being connected). */
   char up_host[256];
   uint16_t up_port;
-  struct addrinfo *addrs;  /* from the resolver, owned */
-  struct addrinfo *next_addr;
+  ce_dns_addrs_t *addrs;   /* from ce_conn_resolve, owned */
+  size_t next_addr;        /* the next one of addrs to try */
   uv_connect_t connect_req;
 
   /* The current request. */
@@ -194,8 +194,22 @@ void ce_conn_pump_tls_input(side_t *s);
 /* Gives an empty input buffer back to the proxy's pool (docs/proxy.md
  * "Memory"); a side with bytes keeps it. */
 void ce_conn_release_input(side_t *s);
-/* The private-address rule for an upstream address (why set when not). */
-bool ce_conn_upstream_addr_ok(ce_conn_t *c, const struct sockaddr *sa, char *why, size_t cap);
+/* The one way an upstream host becomes addresses, for conn.c and
+ * h2conn.c alike: the proxy's own resolver (docs/dns.md: the hosts table
+ * of --hosts, else the --dns-upstream resolvers; never getaddrinfo, so
+ * nothing the workspace can write decides where an allowed name
+ * connects), then the private-address rule (loopback, private and
+ * link-local addresses only when the policy names them, DESIGN §4),
+ * in resolver order. The callback runs once, later: status 0 with keep
+ * (at least one address, owned by the callee, free() it), or 502
+ * (resolution failed: reason "upstream_unreachable: cannot resolve HOST:
+ * ...") or 403 (every address refused: reason
+ * "upstream_private_address: ADDR") with keep NULL. c must stay alive
+ * until then (count the lookup as the callers do). Returns CE_OK, or
+ * CE_EAGAIN (the resolver is busy), CE_EINVAL, CE_ENOMEM with no
+ * callback. */
+typedef void (*ce_conn_resolved_cb)(void *data, int status, ce_dns_addrs_t *keep, const char *reason);
+int ce_conn_resolve(ce_conn_t *c, const char *host, uint16_t port, ce_conn_resolved_cb cb, void *data);
 /* A handle (or lookup) of h2conn.c counted in c->handles is done: may
  * free the connection, so the caller touches nothing after. */
 void ce_conn_release(ce_conn_t *c);

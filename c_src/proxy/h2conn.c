@@ -157,10 +157,10 @@ typedef struct h1slot {
   struct h2s *cur;         /* the stream it serves, one at a time */
   side_t own;
   bool connecting;         /* resolving, connecting or in the TLS handshake */
-  bool resolving;          /* a uv_getaddrinfo is in flight (counted in c->handles) */
+  bool resolving;          /* a ce_conn_resolve is in flight (counted in c->handles) */
   bool connect_pending;    /* the next address waits for the old handle's close */
-  uv_getaddrinfo_t gai;
-  struct addrinfo *addrs, *next_addr;
+  ce_dns_addrs_t *addrs;   /* from ce_conn_resolve, owned */
+  size_t next_addr;
   uv_connect_t creq;
   uv_timer_t timer;
   bool timer_init, timer_closing;
@@ -1770,8 +1770,6 @@ static void slot_reset(h1slot_t *sl) {
     ce_conn_upstream_reset(c);
     return;
   }
-  if (sl->resolving)
-    uv_cancel((uv_req_t *)&sl->gai);
   sl->connecting = false;
   sl->connect_pending = false;
   if (sl->timer_init && !sl->timer_closing)
@@ -1781,11 +1779,9 @@ static void slot_reset(h1slot_t *sl) {
   sl->own.tls = NULL;
   sl->own.connected = sl->own.handshaken = sl->own.eof = sl->own.close_notify = false;
   sl->own.in_len = 0;
-  if (sl->addrs != NULL) {
-    uv_freeaddrinfo(sl->addrs);
-    sl->addrs = NULL;
-  }
-  sl->next_addr = NULL;
+  free(sl->addrs);
+  sl->addrs = NULL;
+  sl->next_addr = 0;
 }
 
 /* The stream the slot served is gone half-way: the connection goes too. */
@@ -1940,16 +1936,15 @@ static void slot_connect_next(h1slot_t *sl) {
     sl->connect_pending = true;
     return;
   }
-  struct addrinfo *ai = sl->next_addr;
-  if (ai == NULL) {
+  if (sl->addrs == NULL || sl->next_addr >= sl->addrs->count) {
     char reason[200];
     snprintf(reason, sizeof(reason), "upstream_unreachable: %s",
              sl->last_err != 0 ? uv_strerror(sl->last_err) : "no address");
     slot_failed(sl, 502, reason);
     return;
   }
-  sl->next_addr = ai->ai_next;
-  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const struct sockaddr *sa = (const struct sockaddr *)&sl->addrs->addrs[sl->next_addr++];
+  int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     sl->last_err = uv_translate_sys_error(errno);
     slot_connect_next(sl);
@@ -1968,7 +1963,7 @@ static void slot_connect_next(h1slot_t *sl) {
   int rc = uv_tcp_open(&sl->own.tcp, fd);
   if (rc == 0) {
     sl->creq.data = sl;
-    rc = uv_tcp_connect(&sl->creq, &sl->own.tcp, ai->ai_addr, own_connected);
+    rc = uv_tcp_connect(&sl->creq, &sl->own.tcp, sa, own_connected);
   } else {
     close(fd);
   }
@@ -1979,43 +1974,24 @@ static void slot_connect_next(h1slot_t *sl) {
   }
 }
 
-static void own_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
-  h1slot_t *sl = req->data;
+/* The slot's lookup ended (ce_conn_resolve: the same resolver and
+ * private-address rule as conn.c). */
+static void own_resolved(void *data, int status, ce_dns_addrs_t *keep, const char *reason) {
+  h1slot_t *sl = data;
   ce_conn_t *c = sl->h->c;
   sl->resolving = false;
   if (c->dead || !sl->connecting) {
-    if (res != NULL)
-      uv_freeaddrinfo(res);
+    free(keep);
     ce_conn_release(c); /* last: it may free the connection */
     return;
   }
-  if (status < 0) {
-    char reason[300];
-    snprintf(reason, sizeof(reason), "upstream_unreachable: cannot resolve %s: %s", c->sni.text, uv_strerror(status));
-    slot_failed(sl, 502, reason);
+  if (keep == NULL) {
+    slot_failed(sl, status, reason);
   } else {
-    /* The addresses the proxy may use, in resolver order (as conn.c). */
-    struct addrinfo *keep = NULL, **tail = &keep;
-    char why[200] = "";
-    for (struct addrinfo *ai = res; ai != NULL;) {
-      struct addrinfo *next = ai->ai_next;
-      ai->ai_next = NULL;
-      if ((ai->ai_family == AF_INET || ai->ai_family == AF_INET6) &&
-          ce_conn_upstream_addr_ok(c, ai->ai_addr, why, sizeof(why))) {
-        *tail = ai;
-        tail = &ai->ai_next;
-      } else {
-        uv_freeaddrinfo(ai);
-      }
-      ai = next;
-    }
-    if (keep == NULL) {
-      slot_failed(sl, 403, why[0] != '\0' ? why : "upstream_unreachable: no address");
-    } else {
-      sl->addrs = sl->next_addr = keep;
-      sl->last_err = 0;
-      slot_connect_next(sl);
-    }
+    sl->addrs = keep;
+    sl->next_addr = 0;
+    sl->last_err = 0;
+    slot_connect_next(sl);
   }
   ce_conn_process(c);
   ce_conn_release(c);
@@ -2049,18 +2025,11 @@ static void own_connect(h1slot_t *sl) {
   sl->connecting = true;
   sl->last_err = 0;
   uv_timer_start(&sl->timer, slot_timeout, c->proxy->opts->connect_ms, 0);
-  char port[8];
-  snprintf(port, sizeof(port), "%u", (unsigned)c->port);
-  struct addrinfo hints;
-  memset(&hints, 0, sizeof(hints));
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  sl->gai.data = sl;
-  int rc = uv_getaddrinfo(c->proxy->loop, &sl->gai, own_resolved, c->sni.text, port, &hints);
-  if (rc < 0) {
+  int rc = ce_conn_resolve(c, c->sni.text, c->port, own_resolved, sl);
+  if (rc != CE_OK) {
     char reason[200];
-    snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(rc));
+    snprintf(reason, sizeof(reason), "upstream_unreachable: %s",
+             rc == CE_EAGAIN ? "the resolver is busy" : ce_strerror(rc));
     slot_failed(sl, 502, reason);
     return;
   }
@@ -2287,8 +2256,6 @@ void ce_h2conn_close_handles(ce_conn_t *c) {
     return;
   for (size_t i = 1; i < CE_H2_H1_POOL; i++) {
     h1slot_t *sl = &h->slots[i];
-    if (sl->resolving)
-      uv_cancel((uv_req_t *)&sl->gai);
     sl->connecting = false;
     own_close_handle(sl);
     if (sl->timer_init && !sl->timer_closing) {
@@ -2439,8 +2406,7 @@ void ce_h2conn_free(struct ce_h2conn *h) {
     ce_tlsconn_free(sl->own.tls);
     sl->own.in_len = 0;
     ce_conn_release_input(&sl->own);
-    if (sl->addrs != NULL)
-      uv_freeaddrinfo(sl->addrs);
+    free(sl->addrs);
   }
   nghttp2_session_del(h->srv);
   free(h->head);

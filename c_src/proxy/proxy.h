@@ -19,6 +19,8 @@
 #include <uv.h>
 
 #include "control/control.h"
+#include "dns/hosts.h"
+#include "dns/stub.h"
 #include "policy/policy.h"
 #include "proxy/bufpool.h"
 #include "proxy/options.h"
@@ -48,6 +50,9 @@ typedef struct ce_proxy {
   SSL_CTX *server_ctx;
   SSL_CTX *client_ctx;
   ce_control_t *control;
+  ce_hosts_t *hosts;         /* --hosts, or NULL */
+  ce_dns_stub_t *dns;        /* the proxy's own resolver (docs/dns.md) */
+  struct ce_dns_server *dns_server; /* the workspace's resolver, or NULL */
 
   uv_tcp_t listeners[CE_PROXY_MAX_LISTEN];
   struct sockaddr_storage listen_addrs[CE_PROXY_MAX_LISTEN];

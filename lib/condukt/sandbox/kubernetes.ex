@@ -424,7 +424,8 @@ defmodule Condukt.Sandbox.Kubernetes do
          token: token,
          policy_json: NetworkPolicy.to_sidecar_json(state.network_policy),
          upstream_ca: cfg.network_policy_upstream_ca,
-         allow_private: cfg.network_policy_allow_private
+         allow_private: cfg.network_policy_allow_private,
+         host_aliases: cfg[:host_aliases] || []
        }}
     end
   end

@@ -9,6 +9,7 @@ defmodule Condukt.K8s.RuntimeTest do
   use Condukt.Test.K8s.Case, async: false, pods: true
 
   alias Condukt.Sandbox.NetworkPolicy
+  alias Condukt.Sandbox.NetworkPolicy.K8s.Manifests
   alias Condukt.Test.K8s.Case, as: K8sCase
   alias Condukt.Dev.Netns.{Cmd, Testbed}
 
@@ -66,7 +67,8 @@ defmodule Condukt.K8s.RuntimeTest do
       "ca.key" => session.ca_key,
       "token" => session.token,
       "policy.json" => NetworkPolicy.to_sidecar_json(NetworkPolicy.new!(@policy)),
-      "upstream-ca.pem" => tier.upstream_ca_pem
+      "upstream-ca.pem" => tier.upstream_ca_pem,
+      "hosts" => Manifests.hosts_file(tier.host_aliases)
     }
 
     trust = %{"ca.pem" => session.ca_pem, "ca-certificates.crt" => session.bundle}
@@ -116,6 +118,8 @@ defmodule Condukt.K8s.RuntimeTest do
         name,
         "--control",
         "127.0.0.1:15002",
+        "--hosts",
+        "/etc/condukt-egress/hosts",
         "--listen",
         "127.0.0.1:15001",
         "--listen",

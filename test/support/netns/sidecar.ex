@@ -49,7 +49,16 @@ defmodule Condukt.Test.Netns.Sidecar do
   CAP_NET_ADMIN; false runs it with no capability at all), `:drop_from_root`
   (default false; true starts it as a Kubernetes pod does: root with
   NET_ADMIN, SETUID and SETGID, group 1337, and `--user 1337`), `:token`
-  (the control token as lowercase hex; default a fresh one).
+  (the control token as lowercase hex; default a fresh one), `:dns_upstream`
+  (the resolvers the proxy asks; default the inet namespace's two
+  addresses; nil: none given, the proxy reads the pod's resolv.conf at
+  start; no DNS server listens there unless a test starts one,
+  `Condukt.Test.Netns.DnsServer`), `:hosts` (the text of the proxy's own
+  hosts file; default the testbed's, `Testbed.hosts_file/1`).
+
+  The proxy's names come from its own copy of the testbed's hosts file
+  (`--hosts`, in the sidecar's directory), never from the pod's
+  /etc/hosts (docs/dns.md).
   """
   @spec start(Testbed.t(), NetworkPolicy.t() | keyword(), keyword()) :: t()
   def start(tb, policy, opts \\ []) do
@@ -70,6 +79,13 @@ defmodule Condukt.Test.Netns.Sidecar do
     token = opts[:token] || :crypto.strong_rand_bytes(32) |> Base.encode16(case: :lower)
     token_path = Path.join(dir, "token")
     File.write!(token_path, token <> "\n")
+
+    # The sidecar's own static names: a copy the workspace cannot write
+    # (docs/dns.md); the pod's /etc/netns/<pod>/hosts is the workspace's.
+    hosts_path = Path.join(dir, "hosts")
+    File.write!(hosts_path, Keyword.get_lazy(opts, :hosts, fn -> Testbed.hosts_file(tb) end))
+    File.chmod!(hosts_path, 0o644)
+    dns_upstream = Keyword.get(opts, :dns_upstream, [tb.inet.v4, tb.inet.v6])
 
     bundle = Path.join(dir, "trust-bundle.pem")
     mozilla = Path.join(dir, "mozilla.pem")
@@ -119,7 +135,8 @@ defmodule Condukt.Test.Netns.Sidecar do
     args =
       ["proxy", "--policy", policy_path, "--ca-cert", ca_cert, "--ca-key", ca_key, "--session-id", "e2e-#{tb.id}"] ++
         ["--token-file", token_path, "--control", control, "--upstream-extra-ca", tb.ca_cert] ++
-        ["--trust-bundle", mozilla, "--mark", @mark] ++
+        ["--trust-bundle", mozilla, "--mark", @mark, "--hosts", hosts_path] ++
+        if(dns_upstream, do: ["--dns-upstream", Enum.join(dns_upstream, ",")], else: []) ++
         Enum.flat_map(private, &["--allow-private", &1]) ++
         Keyword.get(opts, :extra_args, []) ++
         if(opts[:drop_from_root], do: ["--user", "#{@uid}"], else: [])

@@ -370,7 +370,12 @@ defmodule Condukt.Dev.Netns.Testbed do
     tb
   end
 
-  defp hosts_file(tb) do
+  @doc """
+  The pod's hosts file as the testbed writes it to /etc/netns/<pod>/hosts
+  (the sidecar gets its own copy, `proxy --hosts`, docs/dns.md).
+  """
+  @spec hosts_file(t()) :: String.t()
+  def hosts_file(tb) do
     by_addr =
       tb.hosts
       |> Enum.flat_map(fn {name, addrs} -> Enum.map(addrs, &{&1, name}) end)

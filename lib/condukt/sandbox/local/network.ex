@@ -452,6 +452,11 @@ defmodule Condukt.Sandbox.Local.Network do
     File.write!(Path.join(etc, "hosts"), hosts_file(opts[:hosts]))
     File.write!(Path.join(etc, "resolv.conf"), resolv_file(opts[:dns] || host_nameservers(), gw))
     for f <- ~w(hosts resolv.conf), do: File.chmod!(Path.join(etc, f), 0o644)
+    # The sidecar's own copy of the names (docs/dns.md): even if the
+    # session could rewrite /etc/netns/<name>/hosts, the sidecar never
+    # reads it.
+    File.write!(Path.join(net.dir, "hosts"), hosts_file(opts[:hosts]))
+    File.chmod!(Path.join(net.dir, "hosts"), 0o644)
 
     run!([ip, "netns", "add", net.name])
     # Recorded now, so that a failure below still removes the namespace.
@@ -535,6 +540,18 @@ defmodule Condukt.Sandbox.Local.Network do
     |> Enum.reduce(base, fn {name, addr}, acc -> acc <> "#{addr} #{name}\n" end)
   end
 
+  # The resolvers the sidecar asks, given on its command line so that the
+  # session's resolv.conf (which it may rewrite) never counts (docs/dns.md).
+  # Scoped IPv6 addresses are left out (the proxy takes none); at most four.
+  defp dns_upstream_args(opts, net) do
+    {gw, _} = net.subnet
+
+    case (opts[:dns] || host_nameservers()) |> Enum.reject(&String.contains?(&1, "%")) |> Enum.take(4) do
+      [] -> ["--dns-upstream", gw]
+      servers -> ["--dns-upstream", Enum.join(servers, ",")]
+    end
+  end
+
   defp resolv_file([], gw), do: "nameserver #{gw}\noptions timeout:1 attempts:1\n"
   defp resolv_file(servers, _gw), do: Enum.map_join(servers, "", &"nameserver #{&1}\n")
 
@@ -570,6 +587,8 @@ defmodule Condukt.Sandbox.Local.Network do
         ["--token-file", Path.join(net.dir, "token"), "--control", net.control] ++
         ["--trust-bundle", Path.join(net.dir, "mozilla.pem"), "--mark", @mark] ++
         if(ca = opts[:upstream_ca], do: ["--upstream-extra-ca", ca], else: []) ++
+        ["--hosts", Path.join(net.dir, "hosts")] ++
+        dns_upstream_args(opts, net) ++
         Enum.flat_map(opts[:allow_private], &["--allow-private", &1]) ++ opts[:proxy_args]
 
     argv =

@@ -20,6 +20,12 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   | `[:condukt, :sandbox, :network_policy, :request_closed]` | an allowed request finished cleanly |
   | `[:condukt, :sandbox, :network_policy, :request_failed]` | an allowed request never completed cleanly (the workspace rejected the session CA, the upstream was unreachable, the stream broke) |
 
+  The sidecar's DNS resolver reports through the same events: a name it
+  refused is a `:request_denied` whose `request.scheme` is `:dns` (`host` the
+  name asked, `port` 53) and whose reason starts with `"dns: "`; a name it
+  left to a decider is a `:request_allowed` with reason
+  `"dns: deferred to the decider"` (docs/dns.md).
+
   Measurements: `%{bytes_in: non_neg_integer(), bytes_out: non_neg_integer()}`
   (bytes received from / sent to the upstream for this request so far).
 

@@ -288,7 +288,8 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert sc["allowPrivilegeEscalation"] == false and sc["readOnlyRootFilesystem"] == true
 
       assert sidecar["volumeMounts"] == [
-               %{"name" => "condukt-egress", "mountPath" => "/etc/condukt-egress", "readOnly" => true}
+               %{"name" => "condukt-egress", "mountPath" => "/etc/condukt-egress", "readOnly" => true},
+               %{"name" => "condukt-egress-state", "mountPath" => "/run/condukt-egress"}
              ]
 
       cmd = sidecar["command"]
@@ -296,6 +297,8 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--session-id", "job-42"])
       assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--control", "127.0.0.1:15002"])
       assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--allow-private", "10.1.0.0/16"])
+      assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--hosts", "/etc/condukt-egress/hosts"])
+      assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--dns-state", "/run/condukt-egress/resolvers"])
       refute "--upstream-extra-ca" in cmd
 
       # The kubelet starts the workspace only once the proxy accepts on
@@ -325,6 +328,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       mounts = c["volumeMounts"]
       assert %{"name" => "workspace", "mountPath" => "/workspace"} in mounts
       refute Enum.any?(mounts, &(&1["name"] == "condukt-egress")), "the workspace must not see the sidecar's Secret"
+      refute Enum.any?(mounts, &(&1["name"] == "condukt-egress-state")), "nor its state"
 
       for path <- ["/etc/ssl/certs/ca-certificates.crt", "/etc/ssl/cert.pem"] do
         assert %{
@@ -336,6 +340,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       end
 
       vols = Map.new(spec["volumes"], &{&1["name"], &1})
+      assert vols["condukt-egress-state"]["emptyDir"] == %{"medium" => "Memory", "sizeLimit" => "1Mi"}
 
       assert vols["condukt-egress"]["secret"] == %{
                "secretName" => "condukt-job-42-0123456789-egress",
@@ -361,8 +366,15 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
                "ca.key" => "KEY",
                "token" => @params.token,
                "policy.json" => @params.policy_json,
-               "upstream-ca.pem" => "UP"
+               "upstream-ca.pem" => "UP",
+               "hosts" => "127.0.0.1 localhost\n::1 localhost\n"
              }
+
+      aliases = [%{ip: "10.0.0.5", hostnames: ["git.internal", "g"]}]
+      with_aliases = Manifests.egress_secret(Map.put(@params, :host_aliases, aliases))
+
+      assert Base.decode64!(with_aliases["data"]["hosts"]) ==
+               "127.0.0.1 localhost\n::1 localhost\n10.0.0.5 git.internal g\n"
 
       trust = Manifests.trust_secret(@params)
       tdata = Map.new(trust["data"], fn {k, v} -> {k, Base.decode64!(v)} end)

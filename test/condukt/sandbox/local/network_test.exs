@@ -66,6 +66,22 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
     assert Enum.any?(events, &(&1["event"] == "request_denied" and &1["host"] == "denied.test"))
   end
 
+  test "a rewritten hosts file of the namespace does not move where the sidecar connects", %{tb: tb} do
+    {_pid, net} = start_network(tb)
+    # What a session that can write the namespace's /etc/hosts would do
+    # (written here by the test, so that it holds whatever uid sessions
+    # run as): allowed.test now names the testbed's decoy address.
+    File.write!(Path.join(["/etc/netns", net.name, "hosts"]), "#{tb.inet.decoy} allowed.test\n")
+    assert {out, 0} = session_cmd(net, ["getent", "hosts", "allowed.test"])
+    assert out =~ tb.inet.decoy
+
+    # curl dials the decoy; the REDIRECT brings it to the sidecar, which
+    # connects where its own copy of the names says (docs/dns.md).
+    assert {out, 0} = curl(net, "http://allowed.test/")
+    assert out =~ "hello from allowed.test" and out =~ ~r/\n200$/, out
+    refute out =~ "decoy"
+  end
+
   test "session commands hold no capability and cannot read the sidecar's secrets", %{tb: tb} do
     {_pid, net} = start_network(tb)
 

@@ -135,4 +135,27 @@ defmodule Condukt.Sandbox.NetworkPolicy.TelemetryTest do
     assert :ok = Telemetry.emit_frame(%{"event" => "control_refused", "count" => -1}, s)
     assert_received {:event, [:condukt, :sandbox, :network_policy, :control_refused], %{count: 1}, %{reason: "refused"}}
   end
+
+  test "a refusal of the sidecar's DNS resolver (docs/dns.md): scheme :dns, the reason as sent", %{session: s} do
+    frame = %{
+      @frame
+      | "scheme" => "dns",
+        "method" => nil,
+        "host" => "secret.evil.example",
+        "port" => 53,
+        "path" => nil,
+        "http_version" => nil,
+        "sni" => nil,
+        "headers" => [],
+        "status" => nil,
+        "matched_rule" => %{"index" => 0, "kind" => "deny"},
+        "reason" => "dns: denied_by_rule"
+    }
+
+    assert :ok = Telemetry.emit_frame(Map.put(frame, "dns", %{"qname" => "secret.evil.example", "qtype" => "A"}), s)
+    assert_received {:event, [:condukt, :sandbox, :network_policy, :request_denied], _, meta}
+    assert %Request{scheme: :dns, host: "secret.evil.example", port: 53, method: nil} = meta.request
+    assert meta.reason == "dns: denied_by_rule"
+    assert meta.matched_rule == %{index: 0, kind: :deny}
+  end
 end

@@ -16,6 +16,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   @version Mix.Project.config()[:version]
   @binary "/usr/local/bin/condukt-egress"
   @egress_dir "/etc/condukt-egress"
+  @state_dir "/run/condukt-egress"
   @trust_dir "/etc/condukt"
   @proxy_port 15_001
   @control_port 15_002
@@ -51,10 +52,14 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
           optional(:token) => String.t(),
           optional(:policy_json) => String.t(),
           optional(:upstream_ca) => String.t() | nil,
-          optional(:allow_private) => [String.t()]
+          optional(:allow_private) => [String.t()],
+          optional(:host_aliases) => [map()]
         }
 
-  @doc "Secret `<pod>-egress`: the sidecar's CA, key, token and policy (only the sidecar mounts it)."
+  @doc """
+  Secret `<pod>-egress`: the sidecar's CA, key, token and policy, and its
+  own hosts file (the pod's `hostAliases`); only the sidecar mounts it.
+  """
   @spec egress_secret(params()) :: map()
   def egress_secret(p) do
     data =
@@ -62,11 +67,30 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
         "ca.pem" => p.ca_cert_pem,
         "ca.key" => p.ca_key_pem,
         "token" => p.token,
-        "policy.json" => p.policy_json
+        "policy.json" => p.policy_json,
+        "hosts" => hosts_file(p[:host_aliases] || [])
       }
       |> then(fn d -> if p[:upstream_ca], do: Map.put(d, "upstream-ca.pem", p.upstream_ca), else: d end)
 
     secret(p.pod <> "-egress", p, data)
+  end
+
+  @doc """
+  The sidecar's hosts file (hosts(5)): the pod's `hostAliases`, which the
+  kubelet also writes into the pod's shared /etc/hosts. The proxy reads
+  this copy (`proxy --hosts`, docs/dns.md): the workspace can rewrite the
+  shared file, never the Secret.
+  """
+  @spec hosts_file([map()]) :: String.t()
+  def hosts_file(aliases) do
+    lines =
+      for a <- aliases,
+          m = Map.new(a),
+          names = m[:hostnames] || m["hostnames"] || [],
+          names != [],
+          do: "#{m[:ip] || m["ip"]} #{Enum.join(names, " ")}\n"
+
+    "127.0.0.1 localhost\n::1 localhost\n" <> Enum.join(lines)
   end
 
   @doc "Secret `<pod>-trust`: the session CA and the trust bundle (Mozilla roots + session CA)."
@@ -160,7 +184,16 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
           "--mark",
           @mark,
           "--user",
-          "#{@sidecar_uid}"
+          "#{@sidecar_uid}",
+          # Its own names, never the pod's shared /etc/hosts (docs/dns.md);
+          # its resolvers are those of /etc/resolv.conf as the kubelet
+          # wrote it, read when it first starts, before the workspace.
+          "--hosts",
+          "#{@egress_dir}/hosts",
+          # The resolvers of its first start, kept where only it can write
+          # and a restart of its container finds them (docs/dns.md).
+          "--dns-state",
+          "#{@state_dir}/resolvers"
         ] ++ listen_args() ++ upstream ++ private,
       # The kubelet starts the workspace once this succeeds, not once the
       # sidecar's process started: until the proxy listens, the
@@ -189,7 +222,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
         "readOnlyRootFilesystem" => true,
         "capabilities" => %{"drop" => ["ALL"], "add" => ["NET_ADMIN", "SETUID", "SETGID"]}
       },
-      "volumeMounts" => [%{"name" => "condukt-egress", "mountPath" => @egress_dir, "readOnly" => true}]
+      "volumeMounts" => [
+        %{"name" => "condukt-egress", "mountPath" => @egress_dir, "readOnly" => true},
+        %{"name" => "condukt-egress-state", "mountPath" => @state_dir}
+      ]
     }
 
     [netfilter, sidecar]
@@ -197,12 +233,17 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
 
   defp listen_args, do: Enum.flat_map(@listen, &["--listen", &1])
 
-  @doc "The pod volumes of the two Secrets (the egress one group-readable only, 0440)."
+  @doc """
+  The pod volumes: the two Secrets (the egress one group-readable only,
+  0440) and the sidecar's own state directory (an emptyDir only the
+  sidecar mounts: it outlives a restart of the sidecar's container).
+  """
   @spec volumes(params()) :: [map()]
   def volumes(p) do
     [
       %{"name" => "condukt-egress", "secret" => %{"secretName" => p.pod <> "-egress", "defaultMode" => 0o440}},
-      %{"name" => "condukt-trust", "secret" => %{"secretName" => p.pod <> "-trust", "defaultMode" => 0o444}}
+      %{"name" => "condukt-trust", "secret" => %{"secretName" => p.pod <> "-trust", "defaultMode" => 0o444}},
+      %{"name" => "condukt-egress-state", "emptyDir" => %{"medium" => "Memory", "sizeLimit" => "1Mi"}}
     ]
   end
 
