@@ -320,12 +320,12 @@ defmodule Condukt.K8s.RuntimeTest do
            inspect(Cluster.request(tier.cluster, :admin, "GET", pod_path(tier, pod) <> "/log?container=condukt-egress"))
   end
 
-  test "port-forward to 15002 reaches the sidecar's control port (hello → welcome)", %{
-    tier: tier,
-    pod: pod,
-    session: session
-  } do
-    hello = ~s({"type":"hello","version":1,"token":"#{session.token}"}\n)
+  # The control channel's first exchange (docs/control-channel.md): the
+  # sidecar answers a hello for its session with a challenge carrying its
+  # own nonce; no token crosses the tunnel.
+  test "port-forward to 15002 reaches the sidecar's control port (hello → challenge)", %{tier: tier, pod: pod} do
+    nonce = :crypto.strong_rand_bytes(32) |> Base.encode16(case: :lower)
+    hello = ~s({"type":"hello","version":2,"session_id":"#{pod}","nonce":"#{nonce}"}\n)
 
     {out, status} =
       Cmd.run(
@@ -347,7 +347,8 @@ defmodule Condukt.K8s.RuntimeTest do
 
     assert status == 0, out
     res = :jiffy.decode(out |> String.split("\n", trim: true) |> List.last(), [:return_maps])
-    assert res["data"] =~ ~s("type":"welcome"), out
+    assert res["data"] =~ ~s("type":"challenge"), out
+    assert res["data"] =~ ~r/"nonce":"[0-9a-f]{64}"/, out
   end
 
   test "exec sees the workspace's view: its mounts, its env, none of the sidecar's files", %{

@@ -49,7 +49,7 @@ defmodule Condukt.Netns.SidecarDnsTest do
     sc = Sidecar.start(tb, policy, opts)
     on_exit(fn -> Sidecar.stop(sc) end)
     {:ok, peer} = ControlPeer.start_link(sc, self(), fn _ -> :allow end)
-    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 1}}, 10_000
+    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 2}}, 10_000
     on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
     %{sc: sc, peer: peer}
   end
@@ -59,6 +59,7 @@ defmodule Condukt.Netns.SidecarDnsTest do
   # Runs clients/dns_query.py in the pod (as the workspace's uid 1000).
   defp dig(tb, queries, opts \\ []) do
     server = Keyword.get(opts, :server, "127.0.0.1")
+    port = Keyword.get(opts, :port, 15053)
 
     spec = %{
       queries: Enum.map(queries, fn {name, type} -> [name, type] end),
@@ -67,7 +68,7 @@ defmodule Condukt.Netns.SidecarDnsTest do
       timeout: Keyword.get(opts, :timeout, 3.0)
     }
 
-    argv = [Tier.tool!("python3"), Path.join(tb.bin_dir, "dns_query.py"), server, "15053", Condukt.JSON.encode!(spec)]
+    argv = [Tier.tool!("python3"), Path.join(tb.bin_dir, "dns_query.py"), server, "#{port}", Condukt.JSON.encode!(spec)]
     {out, status} = Testbed.exec_in(tb, :pod, argv, uid: 1000, timeout: 60_000)
     assert status == 0, out
     out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
@@ -250,6 +251,33 @@ defmodule Condukt.Netns.SidecarDnsTest do
       assert https["rcode"] == 0 and https["answers"] == [], inspect(https)
       assert any["rcode"] == 4, inspect(any)
       assert [%{"event" => "request_denied", "reason" => "dns: query type TXT not served"}] = dns_events("allowed.test")
+    end
+  end
+
+  describe "port 53 anywhere is the sidecar's" do
+    # netfilter-setup REDIRECTs the workspace's port 53 (UDP and TCP, any
+    # address) to the sidecar's resolver, so a workspace that skips the
+    # pod's resolv.conf and asks a resolver of its choosing directly still
+    # gets the policy's answers, and that resolver never sees the query.
+    test "a query sent straight to the inet resolver is answered by the sidecar", %{tb: tb, dns: dns} do
+      for {server, transport} <- [{tb.inet.v4, "udp"}, {tb.inet.v4, "tcp"}, {tb.inet.v6, "udp"}] do
+        before = length(DnsServer.queries(dns))
+        name = "#{random_label()}.evil.test"
+        [r] = dig(tb, [{name, @a}], server: server, port: 53, transport: transport)
+        assert r["rcode"] == @nxdomain, inspect({server, transport, r})
+        assert [%{"event" => "request_denied", "reason" => "dns: denied_by_rule"}] = dns_events(name)
+        assert Enum.drop(DnsServer.queries(dns), before) == [], "#{server}/#{transport} reached the inet resolver"
+      end
+
+      # An allowed name is answered too: through the sidecar's own stub,
+      # which is the only one that asks the inet resolver.
+      [ok] = dig(tb, [{"api.allowed.test", @a}], server: tb.inet.v4, port: 53)
+      assert ok["answers"] == [[@a, @api_v4]], inspect(ok)
+    end
+
+    test "a port-53 query to an address with no resolver is answered all the same", %{tb: tb} do
+      [r] = dig(tb, [{"allowed.test", @a}], server: "203.0.113.9", port: 53)
+      assert r["rcode"] == 0 and r["answers"] == [[@a, tb.inet.v4]], inspect(r)
     end
   end
 
