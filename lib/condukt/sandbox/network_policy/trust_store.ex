@@ -104,14 +104,16 @@ defmodule Condukt.Sandbox.NetworkPolicy.TrustStore do
   The variables, beyond the six of `Condukt.Sandbox.NetworkPolicy.ca_env/1`,
   that make other stacks trust the session: `JAVA_TOOL_OPTIONS` (the
   PKCS#12 store at `store_path`), and the PEM file `pem_path` as
-  `DENO_CERT` (Deno), `CARGO_HTTP_CAINFO` (cargo) and `AWS_CA_BUNDLE` (the
-  AWS CLI and SDKs). `JAVA_TOOL_OPTIONS` is merged with `operator_java`
+  `NPM_CONFIG_CAFILE` (npm, whose own HTTP agent ignores
+  `NODE_EXTRA_CA_CERTS`), `DENO_CERT` (Deno), `CARGO_HTTP_CAINFO` (cargo)
+  and `AWS_CA_BUNDLE` (the AWS CLI and SDKs). `JAVA_TOOL_OPTIONS` is merged with `operator_java`
   (see `java_tool_options/2`).
   """
   @spec env(Path.t(), Path.t(), String.t() | nil) :: [{String.t(), String.t()}]
   def env(pem_path, store_path, operator_java \\ nil) do
     [
       {"JAVA_TOOL_OPTIONS", java_tool_options(operator_java, store_path)},
+      {"NPM_CONFIG_CAFILE", pem_path},
       {"DENO_CERT", pem_path},
       {"CARGO_HTTP_CAINFO", pem_path},
       {"AWS_CA_BUNDLE", pem_path}
@@ -120,7 +122,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.TrustStore do
 
   @doc "The names `env/3` sets."
   @spec env_names() :: [String.t()]
-  def env_names, do: ~w(JAVA_TOOL_OPTIONS DENO_CERT CARGO_HTTP_CAINFO AWS_CA_BUNDLE)
+  def env_names, do: ~w(JAVA_TOOL_OPTIONS NPM_CONFIG_CAFILE DENO_CERT CARGO_HTTP_CAINFO AWS_CA_BUNDLE)
 
   defp mozilla_path, do: CA.mozilla_path()
 
