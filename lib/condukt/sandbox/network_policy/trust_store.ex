@@ -11,9 +11,9 @@ defmodule Condukt.Sandbox.NetworkPolicy.TrustStore do
   marked as a trusted certificate entry (the JDK's "trusted key usage"
   attribute, any extended key usage), no integrity MAC and no password.
   Certificates are public, so nothing is lost by not encrypting them; the
-  file's integrity comes from its read-only mount. Every JDK since 8 loads
-  such a store with `-Djavax.net.ssl.trustStoreType=PKCS12` and no
-  password; `keytool -list` and `openssl pkcs12 -nomacver` read it too.
+  file's integrity comes from its read-only mount. The JDK loads it with
+  `-Djavax.net.ssl.trustStoreType=PKCS12` and no password (tested with
+  OpenJDK 17); `keytool -list` and `openssl pkcs12 -nomacver` read it too.
 
   `JAVA_TOOL_OPTIONS` is read by every JVM (java, mvn, gradle, sbt,
   kotlin, ...) at start-up, which prints `Picked up JAVA_TOOL_OPTIONS: ...`
