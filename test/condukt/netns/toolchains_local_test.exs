@@ -25,12 +25,16 @@ defmodule Condukt.Netns.ToolchainsLocalTest do
     events = for e <- ~w(request_allowed request_denied)a, do: [:condukt, :sandbox, :network_policy, e]
 
     :ok =
-      :telemetry.attach_many(id, events, fn name, _, meta, _ -> send(test, {:telemetry, List.last(name), meta}) end, nil)
+      :telemetry.attach_many(
+        id,
+        events,
+        fn name, _, meta, _ -> send(test, {:telemetry, List.last(name), meta}) end,
+        nil
+      )
 
     on_exit(fn -> :telemetry.detach(id) end)
 
-    policy =
-      NetworkPolicy.new!(rules: [allow: [Registries.host()], decide: &__MODULE__.decider/2], default: :deny)
+    policy = NetworkPolicy.new!(rules: [allow: [Registries.host()], decide: &__MODULE__.decider/2], default: :deny)
 
     cwd = Path.join(tb.dir, "scratch/local-#{System.unique_integer([:positive])}")
     File.mkdir_p!(cwd)
@@ -66,7 +70,9 @@ defmodule Condukt.Netns.ToolchainsLocalTest do
     assert out =~ "reason: #{@reason}"
     assert_receive {:telemetry, :request_denied, %{request: %{host: "other.test"}, reason: @reason}}, 10_000
 
-    npm = "npm install condukt-hello --registry https://#{Registries.host()}/npm/ --no-audit --no-fund --fetch-retries=0"
+    npm =
+      "npm install condukt-hello --registry https://#{Registries.host()}/npm/ --no-audit --no-fund --fetch-retries=0"
+
     assert {:ok, %{exit_code: 0, output: out}} = Sandbox.exec(sb, npm, env: env, timeout: 60_000)
     assert out =~ "added 1 package"
     assert File.read!(Path.join(cwd, "node_modules/condukt-hello/index.js")) =~ "hello from condukt-hello"
