@@ -39,7 +39,7 @@ defmodule Condukt.Netns.ToolchainsLocalTest do
     cwd = Path.join(tb.dir, "scratch/local-#{System.unique_integer([:positive])}")
     File.mkdir_p!(cwd)
     File.chown!(cwd, 65_534)
-    src = Registries.java_fetch!(cwd)
+    cp = Registries.java_fetch!(Testbed.scratch_dir(tb))
 
     network = [
       uplink: {:netns, tb.inet_ns},
@@ -58,13 +58,15 @@ defmodule Condukt.Netns.ToolchainsLocalTest do
     env = [{"HOME", cwd}, {"JAVA_TOOL_OPTIONS", "-Xss2m"}]
     url = "https://#{Registries.host()}/maven/org/condukt/test/hello/maven-metadata.xml"
 
-    assert {:ok, %{exit_code: 0, output: out}} = Sandbox.exec(sb, "java #{src} #{url}", env: env, timeout: 60_000)
+    assert {:ok, %{exit_code: 0, output: out}} =
+             Sandbox.exec(sb, "java -cp #{cp} Fetch #{url}", env: env, timeout: 60_000)
+
     assert out =~ "Picked up JAVA_TOOL_OPTIONS: -Xss2m -Djavax.net.ssl.trustStore=#{store} "
     assert out =~ "status 200"
     assert_receive {:telemetry, :request_allowed, %{request: %{host: "registry.test"}}}, 10_000
 
     assert {:ok, %{exit_code: 1, output: out}} =
-             Sandbox.exec(sb, "java #{src} https://other.test/", env: env, timeout: 60_000)
+             Sandbox.exec(sb, "java -cp #{cp} Fetch https://other.test/", env: env, timeout: 60_000)
 
     assert out =~ "status 403"
     assert out =~ "reason: #{@reason}"

@@ -192,14 +192,14 @@ defmodule Condukt.Netns.ToolchainsRegistriesTest do
   test "Java's HttpClient trusts the session through JAVA_TOOL_OPTIONS alone; refused, it reads the 403 page",
        ctx do
     dir = scratch(ctx)
-    src = Registries.java_fetch!(dir)
+    cp = Registries.java_fetch!(Testbed.scratch_dir(ctx.tb))
     url = "https://#{@reg}/maven/org/condukt/test/hello/maven-metadata.xml"
 
-    out = ok!(run(ctx, dir, ["java", src, url]))
+    out = ok!(run(ctx, dir, ["java", "-cp", cp, "Fetch", url]))
     assert out =~ "status 200"
     assert out =~ "<latest>1.0</latest>"
 
-    assert {out, 1} = run(ctx, dir, ["java", src, "https://other.test/"])
+    assert {out, 1} = run(ctx, dir, ["java", "-cp", cp, "Fetch", "https://other.test/"])
     assert out =~ "status 403"
     assert out =~ "reason: #{@reason}"
     assert_events(["/maven/org/condukt/test/hello/maven-metadata.xml"])
@@ -209,7 +209,7 @@ defmodule Condukt.Netns.ToolchainsRegistriesTest do
     no_store = Enum.reject(ctx.env, &(elem(&1, 0) == "JAVA_TOOL_OPTIONS"))
 
     assert {out, 1} =
-             Testbed.exec_in(ctx.tb, :pod, ["/usr/bin/env", "-C", dir, "java", src, url],
+             Testbed.exec_in(ctx.tb, :pod, ["/usr/bin/env", "-C", dir, "java", "-cp", cp, "Fetch", url],
                uid: @uid,
                home: dir,
                env: no_store,

@@ -275,8 +275,9 @@ defmodule Condukt.Dev.Netns.Registries do
   end
 
   @doc """
-  A one-file Java program (`java Fetch.java URL`) that GETs `URL` with the
-  JDK's own HttpClient and prints the status and the body.
+  A Java program that GETs its argument with the JDK's own HttpClient and
+  prints the status and the body, compiled with Debian's javac into
+  `dir`: run it as `java -cp DIR Fetch URL`. Returns `dir`.
   """
   def java_fetch!(dir) do
     path = Path.join(dir, "Fetch.java")
@@ -299,7 +300,9 @@ defmodule Condukt.Dev.Netns.Registries do
     }
     """)
 
-    path
+    Condukt.Dev.Netns.Cmd.run!(["/usr/bin/javac", "-d", dir, path], timeout: 60_000)
+    File.chmod!(Path.join(dir, "Fetch.class"), 0o644)
+    dir
   end
 
   ## Helpers
