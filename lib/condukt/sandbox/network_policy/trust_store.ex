@@ -6,8 +6,11 @@ defmodule Condukt.Sandbox.NetworkPolicy.TrustStore do
   environment that points the JVM at it, plus the variables of the other
   stacks that read a PEM file of their own (docs/trust.md has the table).
 
-  The store is written on the BEAM, in the form the JDK itself writes a
-  password-less trust store: every certificate in one unencrypted bag,
+  The store is written on the BEAM, so the host needs no `keytool` or
+  `openssl pkcs12` at run time (`:public_key` reads and writes certificates
+  but has no PKCS#12 writer; the few DER structures a trust store needs are
+  encoded here). It has the form the JDK itself writes a password-less
+  trust store in: every certificate in one unencrypted bag,
   marked as a trusted certificate entry (the JDK's "trusted key usage"
   attribute, any extended key usage), no integrity MAC and no password.
   Certificates are public, so nothing is lost by not encrypting them; the
