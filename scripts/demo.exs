@@ -77,7 +77,7 @@ IO.puts("Building a small local internet (nginx, a git server) in a network name
 tb = Testbed.start(on_exit: false, big_size: 64 * 1024)
 
 try do
-  names = ~w(allowed.test denied.test decide.test other.test git.test)
+  names = ~w(allowed.test denied.test decide.test other.test git.test registry.test)
 
   # ── the policy: a deny, an allow and an Elixir function decider ──────────
   decider = fn ctx, req ->
@@ -90,7 +90,7 @@ try do
     NetworkPolicy.new!(
       rules: [
         deny: ["denied.test"],
-        allow: ["allowed.test", "git.test"],
+        allow: ["allowed.test", "git.test", "registry.test"],
         decide: [call: decider, timeout: 2_000, context_metadata: %{purpose: "demo"}]
       ],
       default: :deny
@@ -143,6 +143,19 @@ try do
      "curl -sS --max-time 3 http://#{tb.inet.v4}:8080/ || echo \"exit $?\""},
     {"flushing the rules from inside the session", "iptables -t nat -F 2>&1 || echo \"exit $?\""}
   ]
+
+  # ── a package install: pip from the local internet's PyPI ───────────────
+  # registry.test serves a PyPI simple index with one wheel (and npm, cargo,
+  # Go and Maven registries: Condukt.Dev.Netns.Registries). pip trusts the
+  # sidecar through PIP_CERT; Debian's Python wants --target here.
+  commands =
+    commands ++
+      [
+        {"pip install from the local PyPI",
+         "PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check --no-cache-dir " <>
+           "--target pkgs --index-url https://registry.test/pypi/simple/ condukt-hello && " <>
+           ~S|PYTHONPATH=pkgs python3 -c 'import condukt_hello; print(condukt_hello.hello())'|}
+      ]
 
   Demo.Table.header()
 

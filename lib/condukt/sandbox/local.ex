@@ -333,7 +333,7 @@ defmodule Condukt.Sandbox.Local do
       run_opts = %{
         bash: bash,
         cwd: dir,
-        env: port_env(network_env(state) ++ state.env ++ normalize_env(opts[:env])),
+        env: port_env(network_env(state, state.env ++ normalize_env(opts[:env]))),
         timeout: opts[:timeout] || state.timeout,
         max_output_bytes: opts[:max_output_bytes] || state.max_output_bytes,
         prefix: network_prefix(state)
@@ -356,8 +356,8 @@ defmodule Condukt.Sandbox.Local do
   defp network_prefix(%{network: nil}), do: []
   defp network_prefix(%{network: net}), do: Network.prefix(net)
 
-  defp network_env(%{network: nil}), do: []
-  defp network_env(%{network: net}), do: Network.env(net)
+  defp network_env(%{network: nil}, env), do: env
+  defp network_env(%{network: net}, env), do: Network.env(net, env)
 
   defp check_command(command) do
     if String.contains?(command, <<0>>),

@@ -100,6 +100,13 @@ defmodule Condukt.K8s.KubernetesE2ETest do
 
     assert out == "200"
 
+    # The JVM's trust store, from the trust Secret, and the variable naming it.
+    {:ok, %{output: out}} =
+      Sandbox.exec(sb, ~S(head -c 1 /etc/condukt/trust-store.p12 | od -An -tx1; echo "$JAVA_TOOL_OPTIONS"))
+
+    assert out ==
+             " 30\n-Djavax.net.ssl.trustStore=/etc/condukt/trust-store.p12 -Djavax.net.ssl.trustStoreType=PKCS12\n"
+
     # deny
     assert curl(sb, "https://denied.test/") =~ ~r/ 403\n\z/
 

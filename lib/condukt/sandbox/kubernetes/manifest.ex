@@ -120,18 +120,23 @@ defmodule Condukt.Sandbox.Kubernetes.Manifest do
     |> put_if("runAsUser", cfg[:run_as_user])
   end
 
-  # The caller's variables, then (with a policy) the six CA variables,
-  # which win over a caller's variable of the same name.
+  # The caller's variables, then (with a policy) the CA variables, which
+  # win over a caller's variable of the same name; a caller's
+  # JAVA_TOOL_OPTIONS is kept, in front of the trust store's options.
   defp env(env, policy?) do
-    ca = if policy?, do: Manifests.ca_env(), else: []
-    ca_names = MapSet.new(ca, & &1["name"])
-
     caller =
       env
       |> Enum.map(fn {k, v} -> {to_string(k), to_string(v)} end)
       |> Enum.reverse()
       |> Enum.uniq_by(&elem(&1, 0))
       |> Enum.reverse()
+
+    java = Enum.find_value(caller, fn {k, v} -> if k == "JAVA_TOOL_OPTIONS", do: v end)
+    ca = if policy?, do: Manifests.ca_env() ++ Manifests.trust_env(java), else: []
+    ca_names = MapSet.new(ca, & &1["name"])
+
+    caller =
+      caller
       |> Enum.reject(fn {k, _} -> MapSet.member?(ca_names, k) end)
       |> Enum.map(fn {k, v} -> %{"name" => k, "value" => v} end)
 

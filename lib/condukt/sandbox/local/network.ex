@@ -118,6 +118,7 @@ defmodule Condukt.Sandbox.Local.Network do
 
   alias Condukt.Sandbox.Local.{NetworkError, TrustedPath}
   alias Condukt.Sandbox.NetworkPolicy
+  alias Condukt.Sandbox.NetworkPolicy.TrustStore
 
   @proxy_port 15_001
   @mark "0x539"
@@ -176,6 +177,7 @@ defmodule Condukt.Sandbox.Local.Network do
     :subnet,
     :ca_cert,
     :bundle,
+    :trust_store,
     :control,
     :token,
     :user,
@@ -196,6 +198,7 @@ defmodule Condukt.Sandbox.Local.Network do
           subnet: {String.t(), String.t()} | nil,
           ca_cert: Path.t() | nil,
           bundle: Path.t() | nil,
+          trust_store: Path.t() | nil,
           control: String.t() | nil,
           token: String.t() | nil,
           user: pos_integer() | nil,
@@ -290,9 +293,26 @@ defmodule Condukt.Sandbox.Local.Network do
   @spec prefix(t()) :: [String.t()]
   def prefix(%__MODULE__{} = net), do: net |> wrap(["x"]) |> Enum.drop(-1)
 
-  @doc "The environment variables that make the session's clients trust the sidecar's CA."
+  @doc """
+  The environment variables that make the session's clients trust the
+  sidecar's CA: the six of `Condukt.Sandbox.NetworkPolicy.ca_env/1` and
+  those of `Condukt.Sandbox.NetworkPolicy.TrustStore.env/3` (the JVM's
+  PKCS#12 store, Deno, cargo, AWS), pointed at the session's files.
+  """
   @spec env(t()) :: [{String.t(), String.t()}]
-  def env(%__MODULE__{bundle: bundle}), do: NetworkPolicy.ca_env(bundle)
+  def env(%__MODULE__{} = net), do: env(net, [])
+
+  @doc """
+  `env/1` followed by the caller's `env` (whose variables win), with one
+  exception: a caller's `JAVA_TOOL_OPTIONS` is merged, its options first
+  and the trust store's last (`TrustStore.java_tool_options/2`).
+  """
+  @spec env(t(), [{String.t(), String.t() | nil}]) :: [{String.t(), String.t() | nil}]
+  def env(%__MODULE__{bundle: bundle, trust_store: store}, caller) do
+    java = caller |> Enum.filter(&(elem(&1, 0) == "JAVA_TOOL_OPTIONS")) |> List.last({nil, nil}) |> elem(1)
+    trust = TrustStore.env(bundle, store, java)
+    NetworkPolicy.ca_env(bundle) ++ trust ++ caller ++ Enum.filter(trust, &(elem(&1, 0) == "JAVA_TOOL_OPTIONS"))
+  end
 
   @doc "The sidecar's events written so far (its stdout, the audit trail of last resort), decoded."
   @spec events(t()) :: [map()]
@@ -410,9 +430,11 @@ defmodule Condukt.Sandbox.Local.Network do
     File.write!(token_file, token <> "\n")
     bundle = Path.join(net.dir, "trust-bundle.pem")
     File.write!(bundle, NetworkPolicy.CA.trust_bundle(File.read!(ca_cert)))
+    store = Path.join(net.dir, TrustStore.file_name())
+    File.write!(store, TrustStore.pkcs12(File.read!(ca_cert)))
 
     for f <- [ca_key, token_file, policy], do: File.chmod!(f, 0o600)
-    for f <- [mozilla, ca_cert, bundle], do: File.chmod!(f, 0o644)
+    for f <- [mozilla, ca_cert, bundle, store], do: File.chmod!(f, 0o644)
     for f <- [net.dir, ca_key, token_file, policy], do: File.chown!(f, uid)
     File.chmod!(net.dir, 0o711)
 
@@ -420,6 +442,7 @@ defmodule Condukt.Sandbox.Local.Network do
       net
       | ca_cert: ca_cert,
         bundle: bundle,
+        trust_store: store,
         token: token,
         control: "unix:" <> Path.join(net.dir, "control.sock")
     }

@@ -150,7 +150,8 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       labels: %{"app.kubernetes.io/managed-by" => "condukt", "condukt.dev/sandbox" => "0123456789"},
       session_id: "job-42",
       image: "registry.example/condukt-egress:1",
-      ca_cert_pem: "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n",
+      ca_cert_pem:
+        :public_key.pem_encode([{:Certificate, :public_key.pkix_test_root_cert(~c"CA", [])[:cert], :not_encrypted}]),
       ca_key_pem: "KEY",
       token: String.duplicate("ab", 32),
       policy_json: ~s({"version":1}),
@@ -251,7 +252,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       pod =
         Manifest.pod(
           cfg(
-            env: %{"SSL_CERT_FILE" => "/mine", "B" => "2"},
+            env: %{"SSL_CERT_FILE" => "/mine", "B" => "2", "JAVA_TOOL_OPTIONS" => "-Xmx1g"},
             host_aliases: [%{ip: "10.0.0.5", hostnames: ["git.internal"]}],
             service_account: "runner",
             policy_params: @params
@@ -321,6 +322,16 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       for v <- ca_vars,
           do: assert(%{"name" => v, "value" => "/etc/condukt/ca.pem"} in c["env"], "#{v} missing")
 
+      # the JVM trusts the PKCS#12 store (the caller's options kept, first);
+      # other stacks get the session CA
+      assert [java] = Enum.filter(c["env"], &(&1["name"] == "JAVA_TOOL_OPTIONS"))
+
+      assert java["value"] ==
+               "-Xmx1g -Djavax.net.ssl.trustStore=/etc/condukt/trust-store.p12 -Djavax.net.ssl.trustStoreType=PKCS12"
+
+      for v <- ~w(DENO_CERT CARGO_HTTP_CAINFO AWS_CA_BUNDLE),
+          do: assert(%{"name" => v, "value" => "/etc/condukt/ca.pem"} in c["env"], "#{v} missing")
+
       # the caller's SSL_CERT_FILE does not shadow the session CA
       assert Enum.count(c["env"], &(&1["name"] == "SSL_CERT_FILE")) == 1
       assert %{"name" => "B", "value" => "2"} in c["env"]
@@ -378,7 +389,11 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
 
       trust = Manifests.trust_secret(@params)
       tdata = Map.new(trust["data"], fn {k, v} -> {k, Base.decode64!(v)} end)
-      assert Map.keys(tdata) |> Enum.sort() == ["ca-certificates.crt", "ca.pem"]
+      assert Map.keys(tdata) |> Enum.sort() == ["ca-certificates.crt", "ca.pem", "trust-store.p12"]
+      # the JVM's store: a PKCS#12 PFX (version 3) holding the session CA's DER
+      assert <<0x30, _::binary>> = tdata["trust-store.p12"]
+      [{:Certificate, ca_der, _}] = :public_key.pem_decode(@params.ca_cert_pem)
+      assert :binary.match(tdata["trust-store.p12"], ca_der) != :nomatch
       refute Map.has_key?(tdata, "ca.key")
       assert String.ends_with?(tdata["ca-certificates.crt"], @params.ca_cert_pem)
       assert tdata["ca-certificates.crt"] =~ "BEGIN CERTIFICATE"

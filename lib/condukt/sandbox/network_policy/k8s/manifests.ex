@@ -93,12 +93,17 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
     "127.0.0.1 localhost\n::1 localhost\n" <> Enum.join(lines)
   end
 
-  @doc "Secret `<pod>-trust`: the session CA and the trust bundle (Mozilla roots + session CA)."
+  @doc """
+  Secret `<pod>-trust`: the session CA, the trust bundle (Mozilla roots +
+  session CA) and the same as a PKCS#12 trust store for the JVM
+  (`Condukt.Sandbox.NetworkPolicy.TrustStore`).
+  """
   @spec trust_secret(params()) :: map()
   def trust_secret(p) do
     secret(p.pod <> "-trust", p, %{
       "ca.pem" => p.ca_cert_pem,
-      "ca-certificates.crt" => NetworkPolicy.CA.trust_bundle(p.ca_cert_pem)
+      "ca-certificates.crt" => NetworkPolicy.CA.trust_bundle(p.ca_cert_pem),
+      NetworkPolicy.TrustStore.file_name() => NetworkPolicy.TrustStore.pkcs12(p.ca_cert_pem)
     })
   end
 
@@ -273,6 +278,19 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   @doc "The six CA variables (`Condukt.Sandbox.NetworkPolicy.ca_env/1`), pointed at `/etc/condukt/ca.pem`, as pod `env` entries."
   @spec ca_env() :: [map()]
   def ca_env, do: Enum.map(NetworkPolicy.ca_env("#{@trust_dir}/ca.pem"), fn {k, v} -> %{"name" => k, "value" => v} end)
+
+  @doc """
+  The other stacks' variables (`Condukt.Sandbox.NetworkPolicy.TrustStore.env/3`):
+  `JAVA_TOOL_OPTIONS` naming `/etc/condukt/trust-store.p12`, merged with
+  the operator's `java_tool_options` (or `nil`), and the PEM variables
+  naming `/etc/condukt/ca.pem`, as pod `env` entries.
+  """
+  @spec trust_env(String.t() | nil) :: [map()]
+  def trust_env(java_tool_options \\ nil) do
+    "#{@trust_dir}/ca.pem"
+    |> NetworkPolicy.TrustStore.env("#{@trust_dir}/#{NetworkPolicy.TrustStore.file_name()}", java_tool_options)
+    |> Enum.map(fn {k, v} -> %{"name" => k, "value" => v} end)
+  end
 
   @doc "A merge patch that makes `obj` owned (not controlled) by the pod, for the garbage collector."
   @spec owner_patch(String.t(), String.t()) :: map()
