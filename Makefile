@@ -159,6 +159,7 @@ setup:
 	sh scripts/setup-debian.sh
 	sh scripts/k8s/setup-go.sh
 	sh scripts/setup-rust.sh
+	sh scripts/setup-llm.sh
 
 demo: $(BIN)
 	mix run scripts/demo.exs

@@ -77,7 +77,7 @@ IO.puts("Building a small local internet (nginx, a git server) in a network name
 tb = Testbed.start(on_exit: false, big_size: 64 * 1024)
 
 try do
-  names = ~w(allowed.test denied.test decide.test other.test git.test)
+  names = ~w(allowed.test denied.test decide.test other.test git.test registry.test)
 
   # ── the policy: a deny, an allow and an Elixir function decider ──────────
   decider = fn ctx, req ->
@@ -90,7 +90,7 @@ try do
     NetworkPolicy.new!(
       rules: [
         deny: ["denied.test"],
-        allow: ["allowed.test", "git.test"],
+        allow: ["allowed.test", "git.test", "registry.test"],
         decide: [call: decider, timeout: 2_000, context_metadata: %{purpose: "demo"}]
       ],
       default: :deny
@@ -107,12 +107,17 @@ try do
     )
 
   work = Testbed.scratch_dir(tb)
+  # An enforced session never runs as root: by default as nobody (65534),
+  # so the work directory is given to nobody, which can then clone into
+  # it; it is the session's HOME too (the BEAM's, /root, is not its).
+  File.chown!(work, 65_534)
 
   {:ok, sb} =
     Sandbox.new(
       {Sandbox.Local,
        id: "demo-session",
        cwd: work,
+       env: %{"HOME" => work},
        network_policy: policy,
        network_policy_required: true,
        network: [
@@ -139,6 +144,19 @@ try do
     {"flushing the rules from inside the session", "iptables -t nat -F 2>&1 || echo \"exit $?\""}
   ]
 
+  # ── a package install: pip from the local internet's PyPI ───────────────
+  # registry.test serves a PyPI simple index with one wheel (and npm, cargo,
+  # Go and Maven registries: Condukt.Dev.Netns.Registries). pip trusts the
+  # sidecar through PIP_CERT; Debian's Python wants --target here.
+  commands =
+    commands ++
+      [
+        {"pip install from the local PyPI",
+         "PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check --no-cache-dir " <>
+           "--target pkgs --index-url https://registry.test/pypi/simple/ condukt-hello && " <>
+           ~S|PYTHONPATH=pkgs python3 -c 'import condukt_hello; print(condukt_hello.hello())'|}
+      ]
+
   Demo.Table.header()
 
   results =
@@ -160,6 +178,88 @@ try do
   :ok = Sandbox.shutdown(sb)
   :telemetry.detach("demo")
   IO.puts("\nSession shut down: namespace, sidecar and secrets removed.")
+
+  # ── second act: an agent session whose policy asks a model ───────────────
+  # A Condukt.Session (use Condukt) with the same local internet; its
+  # decide rule is AgentDecider running a gatekeeper agent on a real local
+  # model (SmolLM2-135M through llama.cpp's server, installed by
+  # scripts/setup-llm.sh). Skipped, with the reason, when it is missing.
+  case Condukt.Dev.LLM.check() do
+    {:skip, reason} ->
+      IO.puts("\nSecond act skipped (an agent deciding): #{reason}")
+
+    :ok ->
+      IO.puts("\nSecond act: an agent session; the decide rule asks a local model (SmolLM2-135M)…")
+      model = Condukt.Dev.LLM.openai_options()
+
+      defmodule Demo.Coder do
+        use Condukt
+        def system_prompt, do: "You are a coding agent. Answer in one short sentence."
+        def tools, do: Condukt.Tools.coding_tools()
+      end
+
+      agent_policy =
+        NetworkPolicy.new!(
+          rules: [
+            deny: ["denied.test"],
+            decide: [
+              call: {NetworkPolicy.AgentDecider, [agent: Condukt.Dev.NetGuard] ++ model},
+              timeout: 30_000
+            ]
+          ],
+          default: :deny
+        )
+
+      :ok =
+        :telemetry.attach_many(
+          "demo-agent",
+          Enum.map(events, &[:condukt, :sandbox, :network_policy, &1]),
+          &Demo.Table.handle/4,
+          nil
+        )
+
+      {:ok, agent} =
+        Demo.Coder.start_link(
+          [
+            id: "demo-agent-session",
+            sandbox:
+              {Sandbox.Local,
+               cwd: work,
+               network_policy: agent_policy,
+               network_policy_required: true,
+               network: [
+                 uplink: {:netns, tb.inet_ns},
+                 hosts: Map.new(names, &{&1, tb.inet.v4}),
+                 allow_private: [tb.inet.v4 <> "/32"],
+                 upstream_ca: tb.ca_cert
+               ]}
+          ] ++ model
+        )
+
+      prompt = "Fetch the project page from decide.test and tell me what it says."
+      {:ok, reply} = Condukt.Session.run(agent, prompt)
+      IO.puts("  user: #{prompt}\n  model: #{String.trim(reply)}\n")
+
+      # The session's Bash tool, as the model would call it.
+      ctx = %{sandbox: Condukt.Session.sandbox(agent), session_id: "demo-agent-session", agent: Demo.Coder}
+      Demo.Table.header()
+
+      seen =
+        for url <- ~w(https://decide.test/ https://other.test/ https://denied.test/) do
+          {_, out} = Condukt.Tool.run(Condukt.Tools.Bash, %{"command" => "curl -sS --max-time 40 #{url}"}, ctx)
+          Process.sleep(150)
+          {url, out}
+        end
+
+      IO.puts("\nWhat the agent's commands saw:")
+
+      for {url, out} <- seen,
+          do: IO.puts("\n  $ curl #{url}\n    " <> (out |> String.trim() |> String.replace("\n", "\n    ")))
+
+      Condukt.Session.stop(agent)
+      :telemetry.detach("demo-agent")
+      IO.puts("\nAgent session stopped; its sandbox was shut down with it.")
+  end
 after
   Testbed.stop(tb)
 end

@@ -11,10 +11,18 @@ PACKAGES="
   libwebsockets-dev libwebsockets-evlib-uv libyaml-dev
   libcriterion-dev clang libclang-rt-14-dev
   iptables iproute2 util-linux openssl nginx-light nodejs conntrack
-  python3 python3-requests python3-websockets
+  python3 python3-requests python3-websockets python3-venv
   python3-h2 python3-httpx nghttp2-client
   mmdebstrap containerd runc
+  python3-pip default-jdk-headless maven golang-go cargo-web
 "
+
+# The package managers the end-to-end tier installs with (npm, pip, cargo,
+# go, mvn): npm is Debian's own package unless the nodejs installed
+# already ships it (NodeSource's does, and conflicts with Debian's npm).
+if ! [ -x /usr/bin/npm ]; then
+  PACKAGES="$PACKAGES npm"
+fi
 
 missing=""
 for p in $PACKAGES; do

@@ -15,4 +15,7 @@ with {:error, why} <- Condukt.Sandbox.Virtual.available() do
   ExUnit.configure(exclude: Enum.uniq([:virtual | Keyword.get(ExUnit.configuration(), :exclude, [])]))
 end
 
+# The :llm tier (docs/agents.md): a real local model from
+# scripts/setup-llm.sh, skipped with a printed reason when it is missing.
+Condukt.Dev.LLM.configure_exunit()
 ExUnit.start()

@@ -157,6 +157,11 @@ defmodule Bench.Interceptor do
     File.cp!(Path.join(:code.priv_dir(:condukt), "ca-certificates/mozilla.pem"), mozilla)
     File.chmod!(mozilla, 0o644)
 
+    # The proxy's own names (docs/dns.md): it never reads the pod's /etc/hosts.
+    hosts_path = Path.join(dir, "hosts")
+    File.write!(hosts_path, Testbed.hosts_file(tb))
+    File.chmod!(hosts_path, 0o644)
+
     for f <- [ca_key, token_path, policy_path], do: File.chmod!(f, 0o600)
     for f <- [dir, ca_key, token_path, policy_path], do: File.chown!(f, @condukt_uid)
     File.chmod!(dir, 0o711)
@@ -171,7 +176,7 @@ defmodule Bench.Interceptor do
       ["proxy", "--policy", policy_path, "--ca-cert", ca_cert, "--ca-key", ca_key, "--session-id", "bench-#{tb.id}"] ++
         ["--token-file", token_path, "--control", control, "--upstream-extra-ca", tb.ca_cert] ++
         ["--trust-bundle", mozilla, "--mark", @mark, "--allow-private", tb.inet.v4 <> "/32"] ++
-        ["--max-connections", "4096"]
+        ["--max-connections", "4096", "--hosts", hosts_path, "--dns-listen", "none"]
 
     argv = Bench.Os.proxy_argv(tb, [bin | args], uid: @condukt_uid, caps: "net_admin")
     stderr = Path.join(dir, "proxy.stderr")

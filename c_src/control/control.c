@@ -3,10 +3,13 @@
  *
  * Four parts share one struct and one libuv loop:
  *
- * - the listener and its peers: every accepted connection is a peer_t with
- *   a hello timer; at most MAX_UNAUTH_PEERS may wait for their hello at
- *   once, and the first to authenticate becomes ctl->peer (replacing and
- *   closing any earlier one);
+ * - the listeners (one per loopback family, or one Unix socket) and their
+ *   peers: every accepted connection is a peer_t that goes through the
+ *   handshake (handshake.h) under one deadline; at most
+ *   CE_CONTROL_MAX_PREAUTH may be in the handshake at once, the oldest
+ *   going when a new one arrives, and the first to prove the token
+ *   becomes ctl->peer (replacing and closing any earlier one); refusals
+ *   are counted and reported as rate-limited control_refused events;
  * - events: each is encoded once into a reference-counted line, written to
  *   stdout and either to the peer or into a ring of lines that waits for
  *   one (dropping the oldest when full);
@@ -30,25 +33,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/error.h"
 #include "common/trace.h"
 #include "control/frame.h"
+#include "control/handshake.h"
 #include "control/listen.h"
 
 /* ---- limits ---------------------------------------------------------------- */
 
-/* Connections that have not sent their hello yet. The workspace shares the
- * pod's loopback and can open as many as it likes; beyond this many the
- * newest is closed at once, so a flood costs file descriptors for at most
- * a hello timeout each and never memory without bound. */
-#define MAX_UNAUTH_PEERS 8
-/* A hello line is under 350 bytes; a peer that sends this much without
- * completing one is not a peer that knows the protocol. */
+/* The hello and auth lines are under 500 bytes together; a peer that sends
+ * this much without proving the token is not a peer that knows the
+ * protocol. */
 #define PREAUTH_MAX_BYTES 4096
-/* The bridge dials one connection at a time; a short queue is plenty. */
-#define LISTEN_BACKLOG 16
+/* The bridge dials one connection at a time, but the workspace may flood
+ * the port: a long accept queue keeps the peer's connection from being
+ * dropped before it is accepted (the kernel caps it at somaxconn). */
+#define LISTEN_BACKLOG 512
+/* control_refused events: at most one per this many ms; the refusals in
+ * between are counted in the next one, so a workspace that connects in a
+ * loop cannot push request events out of the buffer. */
+#define REFUSED_EVENT_MS 1000u
 /* One read buffer shared by every peer: libuv calls alloc and read back to
  * back for one handle, and the read callback consumes the bytes before it
  * returns, so no two reads ever hold it at once. */
@@ -75,7 +82,6 @@
  * bytes, whichever is reached first. */
 #define RING_MAX_BYTES (64u * 1024u * 1024u)
 #define RING_MAX_EVENTS (1024u * 1024u)
-#define SESSION_ID_MAX 256
 /* Log lines per second before the rest are counted and summarised: a
  * process in the workspace can make the channel log at will (by
  * connecting), and stderr is the pod log. */
@@ -94,17 +100,27 @@ typedef union {
   uv_tty_t tty;
 } stream_u;
 
+/* A peer's place in the handshake (docs/control-channel.md). */
+typedef enum {
+  PEER_HELLO,                /* accepted; waits for hello */
+  PEER_AUTH,                 /* challenge sent; waits for the peer's proof */
+  PEER_OPEN                  /* proved the token */
+} peer_state_t;
+
 struct peer {
   peer_t *prev, *next;       /* ctl->peers, while not closing */
+  peer_t *pa_prev, *pa_next; /* ctl->preauth_*, oldest first, while counted */
   ce_control_t *ctl;
   uint64_t num;              /* for logs: "peer 3" */
   stream_u io;
-  uv_timer_t hello_timer;
+  uv_timer_t hello_timer;    /* the handshake deadline */
   uv_shutdown_t shutdown;    /* used once, when the channel closes */
   int open_handles;          /* io and hello_timer; freed at zero */
-  bool counted;              /* counts in ctl->unauth_count */
-  bool authed;
+  bool counted;              /* in the pre-authentication queue */
+  peer_state_t state;
   bool closing;
+  uint8_t peer_nonce[CE_CONTROL_NONCE_LEN];
+  uint8_t sidecar_nonce[CE_CONTROL_NONCE_LEN];
   size_t preauth_bytes;
   char *line;                /* a frame split across reads */
   size_t line_len, line_cap;
@@ -135,17 +151,19 @@ typedef enum { OUT_NONE, OUT_FILE, OUT_STREAM } out_kind_t;
 struct ce_control {
   uv_loop_t *loop;
 
-  stream_u listener;
+  stream_u listeners[2];     /* TCP: the given family and the other loopback */
+  int nlisteners;
   bool is_unix;
   char unix_path[CE__LISTEN_PATH_MAX];
   int port;
 
-  char token_hex[2 * CE_CONTROL_TOKEN_MAX + 1];
-  size_t token_hex_len;
+  uint8_t token[CE_CONTROL_TOKEN_MAX];
+  size_t token_len;
   char *session_id;
   uint32_t hello_timeout_ms;
 
   peer_t *peers;             /* every peer not closing, authenticated or not */
+  peer_t *preauth_head, *preauth_tail; /* in the handshake, oldest first */
   size_t unauth_count;
   peer_t *peer;              /* the authenticated one, or NULL */
   uint64_t next_peer_num;
@@ -171,6 +189,13 @@ struct ce_control {
   uint64_t next_id;
 
   uint64_t seq, events, dropped, stdout_dropped, auth_failures;
+
+  /* control_refused events (REFUSED_EVENT_MS apart at most) */
+  uv_timer_t refused_timer;
+  uint64_t refused_pending;  /* refusals not yet in an event */
+  const char *refused_why;   /* the latest one's reason (a static string) */
+  uint64_t refused_last_ms;  /* when the last event went, 0 = never */
+  uint64_t refused_events;
 
   uint64_t log_window;
   unsigned log_count;
@@ -544,6 +569,37 @@ static void peer_handle_closed(uv_handle_t *h) {
   handle_closed(ctl);
 }
 
+/* The pre-authentication queue: peers in the handshake, oldest first. */
+static void preauth_append(peer_t *p) {
+  ce_control_t *ctl = p->ctl;
+  p->pa_prev = ctl->preauth_tail;
+  p->pa_next = NULL;
+  if (ctl->preauth_tail != NULL)
+    ctl->preauth_tail->pa_next = p;
+  else
+    ctl->preauth_head = p;
+  ctl->preauth_tail = p;
+  ctl->unauth_count++;
+  p->counted = true;
+}
+
+static void preauth_remove(peer_t *p) {
+  ce_control_t *ctl = p->ctl;
+  if (!p->counted)
+    return;
+  if (p->pa_prev != NULL)
+    p->pa_prev->pa_next = p->pa_next;
+  else
+    ctl->preauth_head = p->pa_next;
+  if (p->pa_next != NULL)
+    p->pa_next->pa_prev = p->pa_prev;
+  else
+    ctl->preauth_tail = p->pa_prev;
+  p->pa_prev = p->pa_next = NULL;
+  ctl->unauth_count--;
+  p->counted = false;
+}
+
 static void peer_unlink(peer_t *p) {
   ce_control_t *ctl = p->ctl;
   if (p->prev != NULL)
@@ -555,10 +611,7 @@ static void peer_unlink(peer_t *p) {
   p->prev = p->next = NULL;
   if (ctl->peer == p)
     ctl->peer = NULL;
-  if (p->counted) {
-    ctl->unauth_count--;
-    p->counted = false;
-  }
+  preauth_remove(p);
 }
 
 /* Closes a peer (idempotent). why, when not NULL, is logged. */
@@ -573,18 +626,65 @@ static void peer_close(peer_t *p, const char *why) {
   uv_close((uv_handle_t *)&p->hello_timer, peer_handle_closed);
 }
 
-/* Before authentication nothing is ever written to a peer: a process that
- * does not hold the token learns nothing, not even why it was refused. */
+/* RFC 3339, UTC, microseconds, as the proxy's events write it. */
+static void now_rfc3339(char *out, size_t cap) {
+  struct timespec ts;
+  struct tm tm;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gmtime_r(&ts.tv_sec, &tm);
+  size_t n = strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(out + n, cap - n, ".%06ldZ", ts.tv_nsec / 1000);
+}
+
+/* Emits one control_refused event for the refusals counted so far. */
+static void refused_emit(ce_control_t *ctl) {
+  if (ctl->refused_pending == 0 || ctl->closing)
+    return;
+  char at[40];
+  now_rfc3339(at, sizeof(at));
+  json_t *ev = json_pack("{s:s, s:s, s:s, s:I}", "event", "control_refused", "at", at, "reason",
+                         ctl->refused_why, "count", (json_int_t)ctl->refused_pending);
+  ctl->refused_pending = 0;
+  ctl->refused_last_ms = uv_now(ctl->loop);
+  ctl->refused_events++;
+  ce_control_emit(ctl, ev); /* NULL (out of memory) is counted as dropped */
+}
+
+static void refused_timer_cb(uv_timer_t *t) {
+  refused_emit(t->data);
+}
+
+/* Counts a refusal for the next control_refused event: at once when none
+ * went out in the last REFUSED_EVENT_MS, else when that time is up. */
+static void refused_note(ce_control_t *ctl, const char *why) {
+  if (ctl->closing)
+    return;
+  ctl->refused_pending++;
+  ctl->refused_why = why;
+  uint64_t now = uv_now(ctl->loop);
+  if (ctl->refused_last_ms == 0 || now - ctl->refused_last_ms >= REFUSED_EVENT_MS) {
+    uv_timer_stop(&ctl->refused_timer);
+    refused_emit(ctl);
+  } else if (!uv_is_active((uv_handle_t *)&ctl->refused_timer)) {
+    uv_timer_start(&ctl->refused_timer, refused_timer_cb,
+                   REFUSED_EVENT_MS - (now - ctl->refused_last_ms), 0);
+  }
+}
+
+/* A refused peer is closed without a word: what it was sent before (at
+ * most a challenge nonce) tells it nothing about the token, and it is not
+ * told why. `why` must be a static string: the refusal event keeps it. */
 static void auth_fail(peer_t *p, const char *why) {
   ce_control_t *ctl = p->ctl;
   ctl->auth_failures++;
   ctl_log(ctl, CE_TRACE_INFO, "peer %llu dropped before authenticating: %s",
           (unsigned long long)p->num, why);
   peer_close(p, NULL);
+  refused_note(ctl, why);
 }
 
 static void peer_fail(peer_t *p, const char *why) {
-  if (!p->authed) {
+  if (p->state != PEER_OPEN) {
     auth_fail(p, why);
     return;
   }
@@ -665,11 +765,16 @@ static void flush_ring(ce_control_t *ctl) {
 
 static void peer_authenticate(peer_t *p) {
   ce_control_t *ctl = p->ctl;
-  p->authed = true;
-  if (p->counted) {
-    ctl->unauth_count--;
-    p->counted = false;
+  uint8_t proof[CE_CONTROL_PROOF_LEN];
+  char proof_hex[2 * CE_CONTROL_PROOF_LEN + 1];
+  if (ce_control_proof(ctl->token, ctl->token_len, CE_CONTROL_ROLE_SIDECAR, ctl->session_id,
+                       p->peer_nonce, p->sidecar_nonce, proof) != CE_OK) {
+    peer_close(p, "cannot compute the sidecar's proof");
+    return;
   }
+  ce_control_hex(proof, sizeof(proof), proof_hex);
+  p->state = PEER_OPEN;
+  preauth_remove(p);
   uv_timer_stop(&p->hello_timer);
   if (ctl->peer != NULL)
     peer_close(ctl->peer, "replaced by a newly authenticated peer");
@@ -678,9 +783,9 @@ static void peer_authenticate(peer_t *p) {
 
   /* The welcome first, then the asks still waiting (they are urgent: a
    * request is on hold for each), then the buffered events in order. */
-  peer_send_obj(p, json_pack("{s:s, s:i, s:s, s:I}", "type", "welcome", "version",
-                             CE_CONTROL_PROTOCOL_VERSION, "session_id",
-                             ctl->session_id, "dropped", (json_int_t)ctl->dropped));
+  peer_send_obj(p, json_pack("{s:s, s:i, s:s, s:s, s:I}", "type", "welcome", "version",
+                             CE_CONTROL_PROTOCOL_VERSION, "session_id", ctl->session_id,
+                             "proof", proof_hex, "dropped", (json_int_t)ctl->dropped));
   for (ask_t *a = ctl->asks_head; a != NULL && !p->closing; a = a->next) {
     if (a->state == ASK_PENDING)
       peer_send(p, a->line);
@@ -698,16 +803,34 @@ static void peer_frame(peer_t *p, const char *s, size_t n) {
   const char *why = NULL;
   int rc = ce_control_frame_parse(s, n, &f, &why);
 
-  if (!p->authed) {
+  if (p->state == PEER_HELLO) {
     if (rc != 0) {
       auth_fail(p, why);
     } else if (f.type != CE_FRAME_HELLO) {
       auth_fail(p, "the first frame is not a hello");
-    } else if (f.token_len != ctl->token_hex_len ||
-               CRYPTO_memcmp(f.token, ctl->token_hex, f.token_len) != 0) {
-      /* The length is not secret (it is fixed per deployment); the bytes
-       * are compared in constant time. */
-      auth_fail(p, "wrong token");
+    } else if (strcmp(f.session_id, ctl->session_id) != 0) {
+      auth_fail(p, "hello: another session id");
+    } else if (ce_control_nonce(p->sidecar_nonce) != CE_OK) {
+      auth_fail(p, "no random bytes for a nonce");
+    } else {
+      char nonce_hex[2 * CE_CONTROL_NONCE_LEN + 1];
+      memcpy(p->peer_nonce, f.nonce, sizeof(p->peer_nonce));
+      ce_control_hex(p->sidecar_nonce, sizeof(p->sidecar_nonce), nonce_hex);
+      p->state = PEER_AUTH;
+      ctl_log(ctl, CE_TRACE_DEBUG, "peer %llu: hello, challenge sent", (unsigned long long)p->num);
+      peer_send_obj(p, json_pack("{s:s, s:i, s:s}", "type", "challenge", "version",
+                                 CE_CONTROL_PROTOCOL_VERSION, "nonce", nonce_hex));
+    }
+    return;
+  }
+  if (p->state == PEER_AUTH) {
+    if (rc != 0) {
+      auth_fail(p, why);
+    } else if (f.type != CE_FRAME_AUTH) {
+      auth_fail(p, "the frame after the challenge is not an auth");
+    } else if (!ce_control_proof_ok(ctl->token, ctl->token_len, CE_CONTROL_ROLE_PEER,
+                                    ctl->session_id, p->peer_nonce, p->sidecar_nonce, f.proof)) {
+      auth_fail(p, "wrong proof");
     } else {
       peer_authenticate(p);
     }
@@ -732,8 +855,9 @@ static void peer_frame(peer_t *p, const char *s, size_t n) {
     break;
   }
   case CE_FRAME_HELLO:
+  case CE_FRAME_AUTH:
   default:
-    peer_fail(p, "a second hello");
+    peer_fail(p, "a handshake frame after the handshake");
     break;
   }
 }
@@ -764,9 +888,9 @@ static void peer_consume(peer_t *p, const char *data, size_t n) {
     const char *nl = memchr(data, '\n', n);
     size_t take = nl != NULL ? (size_t)(nl - data) + 1 : n;
     size_t body = nl != NULL ? take - 1 : take;
-    if (!p->authed) {
+    if (p->state != PEER_OPEN) {
       if (p->preauth_bytes + take > PREAUTH_MAX_BYTES) {
-        auth_fail(p, "more than 4 KiB without a hello line");
+        auth_fail(p, "more than 4 KiB before proving the token");
         return;
       }
       p->preauth_bytes += take;
@@ -813,8 +937,8 @@ static void peer_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   if (nread == 0 || p->closing)
     return; /* EAGAIN, or closed by a callback */
-  if (!p->authed) {
-    auth_fail(p, nread == UV_EOF ? "closed before a hello" : uv_strerror((int)nread));
+  if (p->state != PEER_OPEN) {
+    auth_fail(p, nread == UV_EOF ? "closed during the handshake" : "read failed during the handshake");
   } else if (nread == UV_EOF) {
     peer_close(p, "disconnected");
   } else {
@@ -826,7 +950,7 @@ static void peer_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
 
 static void hello_timeout_cb(uv_timer_t *t) {
   peer_t *p = t->data;
-  auth_fail(p, "no hello in time");
+  auth_fail(p, "no handshake in time");
 }
 
 static void on_connection(uv_stream_t *server, int status) {
@@ -867,12 +991,15 @@ static void on_connection(uv_stream_t *server, int status) {
     peer_close(p, why);
     return;
   }
-  if (ctl->unauth_count >= MAX_UNAUTH_PEERS) {
-    auth_fail(p, "too many connections waiting for their hello");
-    return;
-  }
-  ctl->unauth_count++;
-  p->counted = true;
+  /* All slots taken: the oldest goes, never the newcomer. A workspace that
+   * holds connections open cannot keep a peer out, since the peer's
+   * connection is always the newest when it arrives and needs a slot only
+   * for one round trip. */
+  if (ctl->unauth_count >= CE_CONTROL_MAX_PREAUTH && ctl->preauth_head != NULL)
+    auth_fail(ctl->preauth_head, "evicted: the oldest of too many connections in the handshake");
+  preauth_append(p);
+  ctl_log(ctl, CE_TRACE_DEBUG, "peer %llu: accepted (%zu in the handshake)",
+          (unsigned long long)p->num, ctl->unauth_count);
   if (!ctl->is_unix)
     uv_tcp_nodelay(&p->io.tcp, 1); /* frames are small and decisions urgent */
   uv_timer_start(&p->hello_timer, hello_timeout_cb, ctl->hello_timeout_ms, 0);
@@ -1053,20 +1180,22 @@ static int check_opts(const ce_control_opts_t *opts, char *err, size_t errlen) {
     set_err(err, errlen, "buffer_events: at most %u", RING_MAX_EVENTS);
     return CE_EINVAL;
   }
-  if (opts->session_id != NULL) {
-    size_t n = strlen(opts->session_id);
-    json_t *probe = json_stringn(opts->session_id, n); /* NULL unless UTF-8 */
-    bool ok = probe != NULL && n <= SESSION_ID_MAX;
-    json_decref(probe);
-    if (!ok) {
-      set_err(err, errlen, "session_id: at most %d bytes of UTF-8", SESSION_ID_MAX);
-      return CE_EINVAL;
-    }
+  /* The peer names the session it wants and both proofs cover it: an
+   * empty id would let any session's peer match. */
+  size_t n = opts->session_id != NULL ? strlen(opts->session_id) : 0;
+  json_t *probe = n > 0 ? json_stringn(opts->session_id, n) : NULL; /* NULL unless UTF-8 */
+  bool ok = probe != NULL && n <= CE_CONTROL_SESSION_ID_MAX;
+  json_decref(probe);
+  if (!ok) {
+    set_err(err, errlen, "session_id: 1 to %u bytes of UTF-8 are required",
+            CE_CONTROL_SESSION_ID_MAX);
+    return CE_EINVAL;
   }
   return 0;
 }
 
 static void free_unstarted(ce_control_t *ctl) {
+  OPENSSL_cleanse(ctl->token, sizeof(ctl->token));
   free(ctl->out_batch);
   free(ctl->ring);
   free(ctl->read_buf);
@@ -1076,7 +1205,7 @@ static void free_unstarted(ce_control_t *ctl) {
 
 int ce_control_start(uv_loop_t *loop, const ce_control_opts_t *opts,
                      ce_control_t **out, char *err, size_t errlen) {
-  int out_fd = -1, lfd = -1;
+  int out_fd = -1, lfds[2] = {-1, -1}, nl = 0;
   uv_handle_type out_type = UV_UNKNOWN_HANDLE;
   set_err(err, errlen, "%s", "");
   int rc = check_opts(opts, err, errlen);
@@ -1097,12 +1226,11 @@ int ce_control_start(uv_loop_t *loop, const ce_control_opts_t *opts,
       opts->buffer_events != 0 ? opts->buffer_events : CE_CONTROL_DEFAULT_BUFFER_EVENTS;
   ctl->ring = calloc(ctl->ring_cap, sizeof(*ctl->ring));
   ctl->read_buf = malloc(READ_BUF_SIZE);
-  ctl->session_id = strdup(opts->session_id != NULL ? opts->session_id : "");
+  ctl->session_id = strdup(opts->session_id);
   if (ctl->ring == NULL || ctl->read_buf == NULL || ctl->session_id == NULL)
     goto fail_alloc;
-  for (size_t i = 0; i < opts->token_len; i++)
-    snprintf(ctl->token_hex + 2 * i, 3, "%02x", opts->token[i]);
-  ctl->token_hex_len = 2 * opts->token_len;
+  memcpy(ctl->token, opts->token, opts->token_len);
+  ctl->token_len = opts->token_len;
   ctl->log_window = uv_now(loop);
 
   /* Raw descriptors first: everything that can fail for an ordinary reason
@@ -1113,7 +1241,7 @@ int ce_control_start(uv_loop_t *loop, const ce_control_opts_t *opts,
   ctl->is_unix = addr.is_unix;
   if (addr.is_unix)
     strcpy(ctl->unix_path, addr.path);
-  rc = ce__listen_open(&addr, LISTEN_BACKLOG, &lfd, &ctl->port, err, errlen);
+  rc = ce__listen_open_both(&addr, LISTEN_BACKLOG, lfds, &nl, &ctl->port, err, errlen);
   if (rc != 0)
     goto fail_out_fd;
 
@@ -1121,19 +1249,29 @@ int ce_control_start(uv_loop_t *loop, const ce_control_opts_t *opts,
    * already set up, so they do not fail in practice; if one does, the
    * channel closes itself through the ordinary path, which needs one more
    * turn of the loop to finish. */
-  if (addr.is_unix) {
-    uv_pipe_init(loop, &ctl->listener.pipe, 0);
-    rc = uv_pipe_open(&ctl->listener.pipe, lfd);
-  } else {
-    uv_tcp_init(loop, &ctl->listener.tcp);
-    rc = uv_tcp_open(&ctl->listener.tcp, lfd);
-  }
-  ctl->listener.handle.data = ctl;
+  uv_timer_init(loop, &ctl->refused_timer);
+  ctl->refused_timer.data = ctl;
   ctl->live_handles++;
-  if (rc != 0)
-    close(lfd);
-  else
-    rc = uv_listen(&ctl->listener.stream, LISTEN_BACKLOG, on_connection);
+  for (int i = 0; i < nl; i++) {
+    stream_u *l = &ctl->listeners[i];
+    int lrc;
+    if (addr.is_unix) {
+      uv_pipe_init(loop, &l->pipe, 0);
+      lrc = uv_pipe_open(&l->pipe, lfds[i]);
+    } else {
+      uv_tcp_init(loop, &l->tcp);
+      lrc = uv_tcp_open(&l->tcp, lfds[i]);
+    }
+    l->handle.data = ctl;
+    ctl->live_handles++;
+    ctl->nlisteners++;
+    if (lrc != 0)
+      close(lfds[i]);
+    else
+      lrc = uv_listen(&l->stream, LISTEN_BACKLOG, on_connection);
+    if (rc == 0)
+      rc = lrc;
+  }
   int orc = ctl->out_kind == OUT_STREAM ? out_open(ctl, out_fd, out_type) : 0;
   if (ctl->out_kind != OUT_NONE) {
     uv_prepare_init(loop, &ctl->out_prepare);
@@ -1175,6 +1313,7 @@ void ce_control_stats(const ce_control_t *ctl, ce_control_stats_t *out) {
   out->dropped = ctl->dropped;
   out->stdout_dropped = ctl->stdout_dropped;
   out->auth_failures = ctl->auth_failures;
+  out->refused_events = ctl->refused_events;
   out->pending_asks = ctl->pending;
   out->peer_connected = ctl->peer != NULL;
 }
@@ -1235,7 +1374,9 @@ void ce_control_close(ce_control_t *ctl, void (*done)(void *data), void *data) {
     ask_finish(a, CE_EUNAVAIL, false, NULL, false);
   }
 
-  close_if_open(&ctl->listener.handle, ctl_handle_closed);
+  for (int i = 0; i < ctl->nlisteners; i++)
+    close_if_open(&ctl->listeners[i].handle, ctl_handle_closed);
+  close_if_open((uv_handle_t *)&ctl->refused_timer, ctl_handle_closed);
   if (ctl->is_unix)
     ce__listen_remove(ctl->unix_path);
 

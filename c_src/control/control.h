@@ -33,14 +33,22 @@
 
 #include "common/jsonw.h"
 
-#define CE_CONTROL_PROTOCOL_VERSION 1
+#define CE_CONTROL_PROTOCOL_VERSION 2
 #define CE_CONTROL_MAX_FRAME (1024u * 1024u)      /* one NDJSON line, '\n' included */
-#define CE_CONTROL_HELLO_TIMEOUT_MS 5000u
+/* From accept to a valid proof: a peer needs one round trip for it. */
+#define CE_CONTROL_HELLO_TIMEOUT_MS 3000u
+/* Connections that have not proven the token yet. When a new one arrives
+ * and all are taken, the OLDEST is dropped: a workspace that holds
+ * connections open can never keep a newer peer out. */
+#define CE_CONTROL_MAX_PREAUTH 128u
 #define CE_CONTROL_DEFAULT_BUFFER_EVENTS 4096u   /* events kept with no peer */
 #define CE_CONTROL_MAX_PENDING_ASKS 1024u        /* decisions waiting at once */
 #define CE_CONTROL_TOKEN_MIN 16u                 /* token bytes */
 #define CE_CONTROL_TOKEN_MAX 128u                /* 256 hex digits on the wire */
 #define CE_CONTROL_MAX_REASON 512u               /* decision reason bytes */
+#define CE_CONTROL_NONCE_LEN 32u                 /* handshake nonces (control/handshake.h) */
+#define CE_CONTROL_PROOF_LEN 32u                 /* HMAC-SHA256 */
+#define CE_CONTROL_SESSION_ID_MAX 256u           /* bytes of UTF-8 */
 
 typedef struct ce_control ce_control_t;
 
@@ -48,15 +56,16 @@ typedef struct {
   const char *listen;          /* "unix:/path", "127.0.0.1:PORT" or "[::1]:PORT" */
   const uint8_t *token;        /* the session token (bytes), required; copied */
   size_t token_len;            /* CE_CONTROL_TOKEN_MIN..CE_CONTROL_TOKEN_MAX */
-  const char *session_id;      /* echoed in the welcome frame; NULL = ""; copied */
+  const char *session_id;      /* 1 to 256 bytes of UTF-8, required; the peer must name it; copied */
   size_t buffer_events;        /* 0 = CE_CONTROL_DEFAULT_BUFFER_EVENTS */
   int stdout_fd;               /* where JSON lines go; -1 = none (tests) */
-  uint32_t hello_timeout_ms;   /* 0 = CE_CONTROL_HELLO_TIMEOUT_MS (tests shorten it) */
+  uint32_t hello_timeout_ms;   /* handshake deadline; 0 = CE_CONTROL_HELLO_TIMEOUT_MS (tests shorten it) */
 } ce_control_opts_t;
 
 /* Parsed peer → sidecar frames (the fuzz target's unit). */
 typedef enum {
-  CE_FRAME_HELLO = 1,          /* {"type":"hello","version":1,"token":"..."} */
+  CE_FRAME_HELLO = 1,          /* {"type":"hello","version":2,"session_id":"..","nonce":"<64 hex>"} */
+  CE_FRAME_AUTH,               /* {"type":"auth","proof":"<64 hex>"} */
   CE_FRAME_DECISION,           /* {"type":"decision","id":"..","decision":"allow"|"deny","reason":"..","cache":true} */
   CE_FRAME_PING                /* {"type":"ping"} → {"type":"pong"} */
 } ce_frame_type_t;
@@ -64,8 +73,9 @@ typedef enum {
 typedef struct {
   ce_frame_type_t type;
   int version;                 /* hello: always CE_CONTROL_PROTOCOL_VERSION */
-  char token[2 * CE_CONTROL_TOKEN_MAX + 1]; /* hello: lowercase hex as sent, NUL-terminated */
-  size_t token_len;            /* hello: strlen(token), even, > 0 */
+  char session_id[CE_CONTROL_SESSION_ID_MAX + 1]; /* hello: 1 to 256 bytes, NUL-terminated */
+  uint8_t nonce[CE_CONTROL_NONCE_LEN];  /* hello: the peer's nonce */
+  uint8_t proof[CE_CONTROL_PROOF_LEN];  /* auth: the peer's proof (control/handshake.h) */
   uint64_t id;                 /* decision: the decision_request id */
   bool allow;                  /* decision */
   char reason[CE_CONTROL_MAX_REASON + 1]; /* decision: NUL-terminated UTF-8, may be empty */
@@ -164,7 +174,9 @@ typedef struct {
   uint64_t events;            /* ce_control_emit calls */
   uint64_t dropped;           /* events no peer will ever receive (buffer overflow, bad event) */
   uint64_t stdout_dropped;    /* events not written to stdout (queue full or stdout broken) */
-  uint64_t auth_failures;     /* peers dropped for a bad, missing or slow hello, or over the limit */
+  uint64_t auth_failures;     /* peers dropped before proving the token (bad, missing or slow
+                                 handshake, a wrong proof, evicted as the oldest waiting) */
+  uint64_t refused_events;    /* control_refused events emitted (a rate-limited summary) */
   uint64_t pending_asks;      /* asks waiting for an answer */
   bool peer_connected;        /* an authenticated peer is attached */
 } ce_control_stats_t;

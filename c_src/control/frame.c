@@ -5,7 +5,7 @@
  * The parser runs on bytes from a socket that any process in the pod can
  * reach before it authenticates, so it is written to be fuzzed: it bounds
  * the size and the nesting depth before jansson sees the text, refuses
- * duplicate members (two "token" members must not let the checker and a
+ * duplicate members (two "proof" members must not let the checker and a
  * later reader disagree), and copies what it keeps into fixed buffers.
  */
 #include "control/frame.h"
@@ -18,6 +18,7 @@
 #include "common/json.h"
 #include "common/jsonw.h"
 #include "control/control.h"
+#include "control/handshake.h"
 
 /* Frames are flat objects; unknown members may nest a little for future
  * extensions, but nothing this protocol will ever need goes deeper. The
@@ -62,13 +63,10 @@ static json_t *optional(json_t *obj, const char *key) {
   return json_is_null(v) ? NULL : v;
 }
 
-static bool is_lower_hex(const char *s, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    char c = s[i];
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
-      return false;
-  }
-  return true;
+bool ce__frame_hex(json_t *obj, const char *key, uint8_t *out, size_t n) {
+  json_t *v = json_object_get(obj, key);
+  return json_is_string(v) &&
+         ce_control_unhex(json_string_value(v), json_string_length(v), out, n);
 }
 
 /* The canonical decimal form of a uint64: digits only, no sign, no leading
@@ -105,22 +103,29 @@ static int parse_hello(json_t *root, ce_frame_t *f, const char **why) {
   if (json_integer_value(version) != CE_CONTROL_PROTOCOL_VERSION)
     return refuse(why, "hello: unsupported version");
 
-  json_t *token = json_object_get(root, "token");
-  if (token == NULL)
-    return refuse(why, "hello: missing \"token\"");
-  if (!json_is_string(token))
-    return refuse(why, "hello: \"token\" must be a string");
-  size_t n = json_string_length(token);
-  if (n == 0 || n > 2 * CE_CONTROL_TOKEN_MAX)
-    return refuse(why, "hello: \"token\" must be 1 to 256 hex digits");
-  if (n % 2 != 0 || !is_lower_hex(json_string_value(token), n))
-    return refuse(why, "hello: \"token\" must be lowercase hex of whole bytes");
+  json_t *sid = json_object_get(root, "session_id");
+  if (sid == NULL)
+    return refuse(why, "hello: missing \"session_id\"");
+  if (!json_is_string(sid))
+    return refuse(why, "hello: \"session_id\" must be a string");
+  size_t n = json_string_length(sid);
+  if (n == 0 || n > CE_CONTROL_SESSION_ID_MAX)
+    return refuse(why, "hello: \"session_id\" must be 1 to 256 bytes");
+
+  if (!ce__frame_hex(root, "nonce", f->nonce, CE_CONTROL_NONCE_LEN))
+    return refuse(why, "hello: \"nonce\" must be 64 lowercase hex digits");
 
   f->type = CE_FRAME_HELLO;
   f->version = CE_CONTROL_PROTOCOL_VERSION;
-  memcpy(f->token, json_string_value(token), n);
-  f->token[n] = '\0';
-  f->token_len = n;
+  memcpy(f->session_id, json_string_value(sid), n);
+  f->session_id[n] = '\0';
+  return CE_OK;
+}
+
+static int parse_auth(json_t *root, ce_frame_t *f, const char **why) {
+  if (!ce__frame_hex(root, "proof", f->proof, CE_CONTROL_PROOF_LEN))
+    return refuse(why, "auth: \"proof\" must be 64 lowercase hex digits");
+  f->type = CE_FRAME_AUTH;
   return CE_OK;
 }
 
@@ -157,7 +162,9 @@ static int parse_decision(json_t *root, ce_frame_t *f, const char **why) {
     f->reason[n] = '\0';
   }
 
-  f->cacheable = true;
+  /* Absent means "do not cache": the sidecar's cache is per rule and host,
+   * so only a peer that says an answer covers the whole host may fill it. */
+  f->cacheable = false;
   json_t *cache = optional(root, "cache");
   if (cache != NULL) {
     if (!json_is_boolean(cache))
@@ -168,8 +175,7 @@ static int parse_decision(json_t *root, ce_frame_t *f, const char **why) {
   return CE_OK;
 }
 
-int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
-                           const char **why) {
+int ce__frame_load(const char *line, size_t len, json_t **root, const char **why) {
   if (why != NULL)
     *why = NULL;
   if (len > CE_CONTROL_MAX_FRAME) {
@@ -181,47 +187,59 @@ int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
     return refuse(why, "frame nested deeper than 16");
 
   /* jansson refuses "\u0000" inside strings unless told otherwise, so every
-   * string copied below is free of NUL bytes and its C length is its JSON
+   * string copied out is free of NUL bytes and its C length is its JSON
    * length. It also checks UTF-8. */
   json_error_t jerr;
   /* jansson may hide a failed allocation, even behind a successful parse
    * with a byte missing from a string (common/json.h). */
   ce_json_oom_reset();
-  json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+  json_t *v = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
   if (ce_json_oom()) {
-    json_decref(root);
+    json_decref(v);
     if (why != NULL)
       *why = "out of memory";
     return CE_ENOMEM;
   }
-  if (root == NULL && json_error_code(&jerr) == json_error_duplicate_key)
+  if (v == NULL && json_error_code(&jerr) == json_error_duplicate_key)
     return refuse(why, "duplicate member");
-  if (root == NULL)
+  if (v == NULL)
     return refuse(why, "not valid JSON");
+  if (!json_is_object(v)) {
+    json_decref(v);
+    return refuse(why, "frame is not a JSON object");
+  }
+  *root = v;
+  return CE_OK;
+}
+
+int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
+                           const char **why) {
+  json_t *root = NULL;
+  int rc = ce__frame_load(line, len, &root, why);
+  if (rc != CE_OK)
+    return rc;
 
   /* Parsed into a copy so that *out stays untouched on failure. The copy
    * is only as large as what the frame needs. */
   ce_frame_t f;
   f.type = 0;
   f.version = 0;
-  f.token[0] = '\0';
-  f.token_len = 0;
+  f.session_id[0] = '\0';
   f.id = 0;
   f.allow = false;
   f.reason[0] = '\0';
   f.cacheable = false;
 
-  int rc;
-  json_t *type = json_object_get(root, "type"); /* NULL unless an object */
+  json_t *type = json_object_get(root, "type");
   const char *t = json_string_value(type);
-  if (!json_is_object(root)) {
-    rc = refuse(why, "frame is not a JSON object");
-  } else if (type == NULL) {
+  if (type == NULL) {
     rc = refuse(why, "missing \"type\"");
   } else if (t == NULL) {
     rc = refuse(why, "\"type\" must be a string");
   } else if (strcmp(t, "hello") == 0) {
     rc = parse_hello(root, &f, why);
+  } else if (strcmp(t, "auth") == 0) {
+    rc = parse_auth(root, &f, why);
   } else if (strcmp(t, "decision") == 0) {
     rc = parse_decision(root, &f, why);
   } else if (strcmp(t, "ping") == 0) {
@@ -234,11 +252,14 @@ int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
   if (rc != CE_OK)
     return rc;
 
-  /* Copy only the used parts of the two large buffers. */
+  /* Copy only the used parts of the large buffers. */
   out->type = f.type;
   out->version = f.version;
-  memcpy(out->token, f.token, f.token_len + 1);
-  out->token_len = f.token_len;
+  memcpy(out->session_id, f.session_id, strlen(f.session_id) + 1);
+  if (f.type == CE_FRAME_HELLO)
+    memcpy(out->nonce, f.nonce, sizeof(f.nonce));
+  if (f.type == CE_FRAME_AUTH)
+    memcpy(out->proof, f.proof, sizeof(f.proof));
   out->id = f.id;
   out->allow = f.allow;
   memcpy(out->reason, f.reason, strlen(f.reason) + 1);

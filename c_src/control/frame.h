@@ -18,6 +18,20 @@
 
 #include "control/control.h"
 
+/*
+ * The first steps of every parser of control frames, either direction:
+ * refuses a line longer than CE_CONTROL_MAX_FRAME (CE_ETOOBIG), nested
+ * deeper than 16, not valid UTF-8 JSON, with a duplicate member or not an
+ * object (CE_EPARSE, *why says which), and reports CE_ENOMEM when jansson
+ * ran out of memory, even where it would hide it. On CE_OK *root is the
+ * object (the caller decrefs it); on failure *root is untouched.
+ */
+int ce__frame_load(const char *line, size_t len, json_t **root, const char **why);
+
+/* Member `key` of obj as exactly n bytes written as 2n lowercase hex
+ * digits, into out; false for anything else. */
+bool ce__frame_hex(json_t *obj, const char *key, uint8_t *out, size_t n);
+
 typedef struct {
   size_t refs;
   size_t len;   /* bytes in data, the final '\n' included */

@@ -208,26 +208,34 @@ static int open_unix(const ce__listen_addr_t *a, int backlog, int *out, char *er
   return 0;
 }
 
-static int open_tcp(const ce__listen_addr_t *a, int backlog, int *out, int *port,
-                    char *err, size_t errlen) {
-  int family = a->ss.ss_family;
+/* Binds one TCP listener. *errno_out receives errno of a failed bind, so
+ * that the caller can tell "in use" from "no such address". */
+static int open_tcp(const struct sockaddr_storage *ss, socklen_t sslen, int backlog, int *out,
+                    int *port, int *errno_out, char *err, size_t errlen) {
+  int family = ss->ss_family;
+  *errno_out = 0;
   int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
+    *errno_out = errno;
     set_err(err, errlen, "listen: socket: %s", strerror(errno));
     return CE_EIO;
   }
   int one = 1;
   /* SO_REUSEADDR lets a restarted sidecar bind while connections of the
-   * previous one sit in TIME_WAIT; it never lets two listeners share. */
+   * previous one sit in TIME_WAIT; it never lets two listeners share (and
+   * SO_REUSEPORT, which would, is never set). */
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (family == AF_INET6)
     setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
   struct sockaddr_storage bound;
   socklen_t blen = sizeof(bound);
-  if (bind(fd, (const struct sockaddr *)&a->ss, a->sslen) != 0 ||
-      listen(fd, backlog) != 0 ||
+  if (bind(fd, (const struct sockaddr *)ss, sslen) != 0 || listen(fd, backlog) != 0 ||
       getsockname(fd, (struct sockaddr *)&bound, &blen) != 0) {
-    set_err(err, errlen, "listen: %s", strerror(errno));
+    *errno_out = errno;
+    set_err(err, errlen, "listen: %s port %d: %s", family == AF_INET6 ? "[::1]" : "IPv4",
+            ntohs(family == AF_INET6 ? ((const struct sockaddr_in6 *)ss)->sin6_port
+                                     : ((const struct sockaddr_in *)ss)->sin_port),
+            strerror(errno));
     close(fd);
     return CE_EIO;
   }
@@ -237,13 +245,79 @@ static int open_tcp(const ce__listen_addr_t *a, int backlog, int *out, int *port
   return 0;
 }
 
+/* The other loopback family's address with `port`: [::1] for an IPv4
+ * address, 127.0.0.1 for [::1]. */
+static socklen_t other_family(const ce__listen_addr_t *a, int port, struct sockaddr_storage *ss) {
+  memset(ss, 0, sizeof(*ss));
+  if (a->ss.ss_family == AF_INET) {
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+    in6->sin6_family = AF_INET6;
+    in6->sin6_addr = in6addr_loopback;
+    in6->sin6_port = htons((uint16_t)port);
+    return sizeof(*in6);
+  }
+  struct sockaddr_in *in4 = (struct sockaddr_in *)ss;
+  in4->sin_family = AF_INET;
+  in4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  in4->sin_port = htons((uint16_t)port);
+  return sizeof(*in4);
+}
+
+/* A kernel-chosen port (PORT 0) may be taken in the other family; a few
+ * tries find one free in both. */
+#define PAIR_TRIES 16
+
+static int open_tcp_pair(const ce__listen_addr_t *a, int backlog, int fds[2], int *nfds,
+                         int *port, char *err, size_t errlen) {
+  int want = ntohs(a->ss.ss_family == AF_INET6 ? ((const struct sockaddr_in6 *)&a->ss)->sin6_port
+                                               : ((const struct sockaddr_in *)&a->ss)->sin_port);
+  for (int attempt = 0;; attempt++) {
+    int e = 0;
+    int rc = open_tcp(&a->ss, a->sslen, backlog, &fds[0], port, &e, err, errlen);
+    if (rc != 0)
+      return rc;
+    struct sockaddr_storage ss2;
+    socklen_t len2 = other_family(a, *port, &ss2);
+    int port2 = 0;
+    rc = open_tcp(&ss2, len2, backlog, &fds[1], &port2, &e, err, errlen);
+    if (rc == 0) {
+      *nfds = 2;
+      return 0;
+    }
+    if (e == EADDRNOTAVAIL || e == EAFNOSUPPORT) {
+      /* The family does not exist in this network namespace (IPv6
+       * disabled): nobody can listen there, so nobody can pose as us. */
+      set_err(err, errlen, "%s", "");
+      *nfds = 1;
+      return 0;
+    }
+    close(fds[0]);
+    if (e != EADDRINUSE || want != 0 || attempt + 1 >= PAIR_TRIES) {
+      /* Somebody holds our port in the other family: refuse to start
+       * rather than leave a peer that falls back to it to a stranger. */
+      return CE_EIO;
+    }
+  }
+}
+
 int ce__listen_open(const ce__listen_addr_t *a, int backlog, int *fd, int *port,
                     char *err, size_t errlen) {
   if (a->is_unix) {
     *port = 0;
     return open_unix(a, backlog, fd, err, errlen);
   }
-  return open_tcp(a, backlog, fd, port, err, errlen);
+  int e = 0;
+  return open_tcp(&a->ss, a->sslen, backlog, fd, port, &e, err, errlen);
+}
+
+int ce__listen_open_both(const ce__listen_addr_t *a, int backlog, int fds[2], int *nfds,
+                         int *port, char *err, size_t errlen) {
+  if (a->is_unix) {
+    *port = 0;
+    *nfds = 1;
+    return open_unix(a, backlog, &fds[0], err, errlen);
+  }
+  return open_tcp_pair(a, backlog, fds, nfds, port, err, errlen);
 }
 
 void ce__listen_remove(const char *path) {

@@ -43,6 +43,20 @@ int ce__listen_parse(const char *s, ce__listen_addr_t *a, char *err, size_t errl
 int ce__listen_open(const ce__listen_addr_t *a, int backlog, int *fd, int *port,
                     char *err, size_t errlen);
 
+/*
+ * The control channel's listeners: as ce__listen_open (one descriptor for
+ * a Unix socket), but a TCP address gets two: the address itself and the
+ * other loopback family on the same port ([::1] for 127.x.y.z, 127.0.0.1
+ * for [::1]), so that no other process can take the port in the family
+ * the given address leaves free (a peer, or a Kubernetes port-forward,
+ * may fall back to it). Only a family that does not exist at all (IPv6
+ * disabled) is left out (*nfds is then 1); with PORT 0 the port is one
+ * free in both. Returns as ce__listen_open; CE_EIO also when the port is
+ * taken in the other family. On failure nothing is left open.
+ */
+int ce__listen_open_both(const ce__listen_addr_t *a, int backlog, int fds[2], int *nfds,
+                         int *port, char *err, size_t errlen);
+
 /* Removes the socket file at path if it still is a socket. */
 void ce__listen_remove(const char *path);
 

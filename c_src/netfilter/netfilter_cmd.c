@@ -62,17 +62,23 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: " PROG " " CMD " [options]\n"
           "\n"
-          "Redirects the pod's TCP 80/443 (IPv4 and IPv6) to the proxy and\n"
-          "rejects all other egress except loopback, the proxy's own marked\n"
-          "traffic and DNS (docs/netfilter.md). Safe to run again.\n"
+          "Redirects the pod's TCP 80/443 (IPv4 and IPv6) to the proxy and its\n"
+          "DNS (UDP/TCP 53) to the sidecar's resolver, and rejects all other\n"
+          "egress except loopback and the sidecar's own traffic (the mark on a\n"
+          "socket of the sidecar's uid) (docs/netfilter.md). Safe to run again.\n"
           "\n"
           "  --proxy-port N     local port TCP is redirected to (default %d)\n"
           "  --mark VALUE       SO_MARK of the proxy's upstream sockets, decimal\n"
-          "                     or 0x hex, exempt from all rules (default 0x%x)\n"
+          "                     or 0x hex (default 0x%x)\n"
+          "  --sidecar-uid UID  the proxy's uid; the mark on a socket of this uid\n"
+          "                     is exempt from all rules (default %u, never 0)\n"
+          "  --dns-port N       local port the workspace's UDP/TCP 53 is\n"
+          "                     redirected to (default %d)\n"
           "  --ports LIST       TCP ports redirected (default " CE_NF_DEFAULT_PORTS ")\n"
-          "  --dns LIST         resolvers allowed on UDP/TCP 53: addresses,\n"
-          "                     \"any\" or \"none\" (default: the nameserver lines\n"
-          "                     of the resolv.conf file)\n"
+          "  --dns LIST         resolvers the sidecar's uid may query: addresses,\n"
+          "                     \"none\", or \"any\" (no DNS redirect: port 53 open\n"
+          "                     to every process, unsafe) (default: the\n"
+          "                     nameserver lines of the resolv.conf file)\n"
           "  --resolv-conf PATH (default " DEFAULT_RESOLV_CONF ")\n"
           "  --ipv6 MODE        auto, on or off (default auto: on when the kernel\n"
           "                     has IPv6)\n"
@@ -83,7 +89,8 @@ static void usage(FILE *out) {
           "\n"
           "Each valued option can also come from CONDUKT_EGRESS_<NAME>\n"
           "(CONDUKT_EGRESS_PROXY_PORT, ...); the flag wins.\n",
-          CE_NF_DEFAULT_PROXY_PORT, CE_NF_DEFAULT_MARK);
+          CE_NF_DEFAULT_PROXY_PORT, CE_NF_DEFAULT_MARK,
+          CE_NF_DEFAULT_SIDECAR_UID, CE_NF_DEFAULT_DNS_PORT);
 }
 
 /* Writes bytes that came from outside (a word, iptables' output) so that
@@ -118,6 +125,8 @@ static int usage_error(const char *what, const char *word) {
 enum {
   OPT_PROXY_PORT,
   OPT_MARK,
+  OPT_SIDECAR_UID,
+  OPT_DNS_PORT,
   OPT_PORTS,
   OPT_DNS,
   OPT_RESOLV_CONF,
@@ -132,6 +141,8 @@ static const struct {
 } OPTS[OPT_COUNT] = {
     [OPT_PROXY_PORT] = {"--proxy-port", "CONDUKT_EGRESS_PROXY_PORT"},
     [OPT_MARK] = {"--mark", "CONDUKT_EGRESS_MARK"},
+    [OPT_SIDECAR_UID] = {"--sidecar-uid", "CONDUKT_EGRESS_SIDECAR_UID"},
+    [OPT_DNS_PORT] = {"--dns-port", "CONDUKT_EGRESS_DNS_PORT"},
     [OPT_PORTS] = {"--ports", "CONDUKT_EGRESS_PORTS"},
     [OPT_DNS] = {"--dns", "CONDUKT_EGRESS_DNS"},
     [OPT_RESOLV_CONF] = {"--resolv-conf", "CONDUKT_EGRESS_RESOLV_CONF"},
@@ -252,8 +263,8 @@ static int load_resolv_conf(const char *path, ce_nf_config_t *cfg) {
   ce_nf_parse_resolv_conf(text, n, cfg, resolv_skip, &ctx);
   if (cfg->ndns == 0)
     fprintf(stderr,
-            PFX "note: %s names no usable nameserver, so DNS is only "
-                "allowed to loopback resolvers\n",
+            PFX "note: %s names no usable nameserver, so the sidecar may "
+                "query no resolver\n",
             path);
   return CE_EXIT_OK;
 }
@@ -599,14 +610,16 @@ static void print_summary(const family_t *fams, size_t nf,
   printf(" rules: TCP ");
   for (size_t i = 0; i < cfg->nports; i++)
     printf("%s%u", i > 0 ? "," : "", (unsigned)cfg->ports[i]);
-  printf(" to local port %u, mark 0x%x exempt, DNS to ",
-         (unsigned)cfg->proxy_port, (unsigned)cfg->mark);
+  printf(" to local port %u, mark 0x%x from uid %u exempt, ",
+         (unsigned)cfg->proxy_port, (unsigned)cfg->mark,
+         (unsigned)cfg->sidecar_uid);
   if (cfg->dns_any) {
-    printf("any address\n");
+    printf("DNS open to any address (--dns any)\n");
     return;
   }
+  printf("DNS to local port %u, the sidecar's to ", (unsigned)cfg->dns_port);
   if (cfg->ndns == 0)
-    printf("loopback only");
+    printf("no resolver");
   for (size_t i = 0; i < cfg->ndns; i++) {
     char a[CE_NF_ADDR_TEXT_MAX + 1];
     ce_nf_addr_format(&cfg->dns[i], a);
@@ -633,12 +646,29 @@ int ce_cmd_netfilter_setup(int argc, char **argv) {
   if (a.value[OPT_MARK] != NULL &&
       ce_nf_parse_mark(a.value[OPT_MARK], &cfg.mark, &err) != 0)
     return value_error(a.source[OPT_MARK], &err);
+  if (a.value[OPT_SIDECAR_UID] != NULL &&
+      ce_nf_parse_uid(a.value[OPT_SIDECAR_UID], &cfg.sidecar_uid, &err) != 0)
+    return value_error(a.source[OPT_SIDECAR_UID], &err);
+  if (a.value[OPT_DNS_PORT] != NULL &&
+      ce_nf_parse_port(a.value[OPT_DNS_PORT], &cfg.dns_port, &err) != 0)
+    return value_error(a.source[OPT_DNS_PORT], &err);
+  if (cfg.dns_port == cfg.proxy_port) {
+    fprintf(stderr, PFX "the DNS port and the proxy port are both %u\n",
+            (unsigned)cfg.dns_port);
+    usage(stderr);
+    return CE_EXIT_USAGE;
+  }
   if (a.value[OPT_PORTS] != NULL &&
       ce_nf_parse_ports(a.value[OPT_PORTS], &cfg, &err) != 0)
     return value_error(a.source[OPT_PORTS], &err);
   if (a.value[OPT_DNS] != NULL &&
       ce_nf_parse_dns(a.value[OPT_DNS], &cfg, &err) != 0)
     return value_error(a.source[OPT_DNS], &err);
+  if (cfg.dns_any && !a.remove)
+    fprintf(stderr,
+            PFX "warning: %s any: UDP and TCP 53 are open to every address "
+                "from every process, and DNS bypasses the sidecar\n",
+            a.source[OPT_DNS]);
   if (a.value[OPT_IPV6] != NULL &&
       ce_nf_parse_ipv6_mode(a.value[OPT_IPV6], &mode, &err) != 0)
     return value_error(a.source[OPT_IPV6], &err);

@@ -23,6 +23,8 @@ void ce_nf_config_init(ce_nf_config_t *cfg) {
   memset(cfg, 0, sizeof(*cfg));
   cfg->proxy_port = CE_NF_DEFAULT_PROXY_PORT;
   cfg->mark = CE_NF_DEFAULT_MARK;
+  cfg->sidecar_uid = CE_NF_DEFAULT_SIDECAR_UID;
+  cfg->dns_port = CE_NF_DEFAULT_DNS_PORT;
   cfg->ports[0] = 80;
   cfg->ports[1] = 443;
   cfg->nports = 2;
@@ -99,6 +101,28 @@ int ce_nf_parse_mark(const char *s, uint32_t *out, ce_nf_error_t *err) {
     return fail(err, "mark", s, n,
                 "0 is the mark of every unmarked packet, so it would exempt "
                 "all traffic");
+  *out = (uint32_t)v;
+  return 0;
+}
+
+int ce_nf_parse_uid(const char *s, uint32_t *out, ce_nf_error_t *err) {
+  static const char why[] =
+      "not a uid (decimal without leading zeros, 1 to 4294967294)";
+  size_t n = strlen(s);
+  uint64_t v = 0;
+  if (n == 0 || n > 10 || s[0] == '0')
+    return fail(err, "uid", s, n,
+                n == 1 && s[0] == '0'
+                    ? "0 is root, and the workspace may be root: the "
+                      "sidecar needs a uid of its own"
+                    : why);
+  for (size_t i = 0; i < n; i++) {
+    if (!is_digit(s[i]))
+      return fail(err, "uid", s, n, why);
+    v = v * 10 + (uint64_t)(s[i] - '0');
+  }
+  if (v >= UINT32_MAX)
+    return fail(err, "uid", s, n, why);
   *out = (uint32_t)v;
   return 0;
 }
@@ -427,6 +451,12 @@ static void put_addr(nf__text_t *t, const ce_nf_addr_t *a) {
     put(t, " -o %s", a->zone);
 }
 
+/* Port 53 in the filter table. With --dns any, open to everyone (the
+ * escape hatch). Otherwise only the sidecar's uid reaches the upstream
+ * resolvers, without the mark: the C library's queries cannot carry one,
+ * and the workspace cannot take that uid (docs/netfilter.md). The
+ * workspace's own port 53 was redirected to the sidecar's resolver in nat
+ * and is accepted by the DNAT rule. */
 static void put_dns(nf__text_t *t, const ce_nf_config_t *cfg,
                     ce_nf_family_t family) {
   static const char *const protos[] = {"udp", "tcp"};
@@ -441,7 +471,8 @@ static void put_dns(nf__text_t *t, const ce_nf_config_t *cfg,
         continue;
       put(t, "-A " CE_NF_FILTER_CHAIN " ");
       put_addr(t, &cfg->dns[i]);
-      put(t, " -p %s --dport 53 -j ACCEPT\n", protos[p]);
+      put(t, " -p %s --dport 53 -m owner --uid-owner %" PRIu32 " -j ACCEPT\n",
+          protos[p], cfg->sidecar_uid);
     }
   }
 }
@@ -451,13 +482,13 @@ static void put_dns(nf__text_t *t, const ce_nf_config_t *cfg,
  * ICMPv6 and passes OUTPUT; conntrack leaves it untracked, so the
  * ESTABLISHED rule does not cover it. Without these the proxy's own
  * upstream connections cannot resolve the gateway. Hop limit 255 is what
- * RFC 4861 §7.1 requires of every ND message. Router solicitations and
- * MLD reports (which multicast-snooping switches need to deliver
- * solicited-node multicast) only go to link-scope multicast, ff02::/16,
- * and MLD always uses hop limit 1 (RFC 3810 §5), so neither can reach a
- * router's far side. Solicitations and advertisements may be unicast to
- * an on-link neighbour's global address, so they are not limited by
- * destination; docs/netfilter.md says what that leaves open. */
+ * RFC 4861 §7.1 requires of every ND message. Router solicitations only go
+ * to link-scope multicast, ff02::/16. Solicitations and advertisements may
+ * be unicast to an on-link neighbour's global address, so they are not
+ * limited by destination. MLD reports (130-132, 143) are not here: the
+ * kernel sends one for every group a process joins, and any process may
+ * join a group whose address it chooses, which makes them a channel out of
+ * the pod (docs/netfilter.md). */
 static void put_ndp(nf__text_t *t) {
   static const char head[] = "-A " CE_NF_FILTER_CHAIN " ";
   put(t, "%s-p ipv6-icmp -m icmp6 --icmpv6-type neighbour-solicitation "
@@ -466,10 +497,6 @@ static void put_ndp(nf__text_t *t) {
          "-m hl --hl-eq 255 -j ACCEPT\n", head);
   put(t, "%s-d ff02::/16 -p ipv6-icmp -m icmp6 --icmpv6-type "
          "router-solicitation -m hl --hl-eq 255 -j ACCEPT\n", head);
-  static const int mld[] = {131, 132, 143};
-  for (size_t i = 0; i < sizeof(mld) / sizeof(mld[0]); i++)
-    put(t, "%s-d ff02::/16 -p ipv6-icmp -m icmp6 --icmpv6-type %d "
-           "-m hl --hl-eq 1 -j ACCEPT\n", head, mld[i]);
 }
 
 int ce_nf_rules_text(const ce_nf_config_t *cfg, ce_nf_family_t family,
@@ -481,21 +508,29 @@ int ce_nf_rules_text(const ce_nf_config_t *cfg, ce_nf_family_t family,
   const char *loopback = v6 ? "::1/128" : "127.0.0.1/32";
   const char *nat = "-A " CE_NF_NAT_CHAIN " ";
   const char *flt = "-A " CE_NF_FILTER_CHAIN " ";
+  static const char *const protos[] = {"udp", "tcp"};
+  /* The exemption: the proxy's mark on a socket its uid owns. Either half
+   * alone is not enough (docs/netfilter.md, "The exemption"): the mark
+   * can be set with CAP_NET_RAW, a root workspace with CAP_SETUID could
+   * take the uid. */
+  char exempt[96];
+  snprintf(exempt, sizeof(exempt),
+           "-m mark --mark 0x%" PRIx32 "/0xffffffff -m owner --uid-owner %" PRIu32,
+           cfg->mark, cfg->sidecar_uid);
 
   /* nat: the first packet of each new connection goes through this chain
    * once; conntrack applies the verdict to the rest of the connection. */
   put(&t, "*nat\n:" CE_NF_NAT_CHAIN " - [0:0]\n");
-  /* The proxy's upstream sockets carry the mark: they leave as they are.
-   * Their connection mark gets the same value first, so that the proxy
-   * can delete the conntrack entries of its own connections, and only
-   * those, when it starts again (netfilter/ctflush.h): an entry that
-   * outlived the proxy would otherwise capture a workspace connection
-   * from the same source port and have it refused. nat sees only the
-   * first packet of a connection, so this runs once per connection. */
-  put(&t, "%s-m mark --mark 0x%" PRIx32 "/0xffffffff -j CONNMARK "
-          "--set-xmark 0x%" PRIx32 "/0xffffffff\n", nat, cfg->mark, cfg->mark);
-  put(&t, "%s-m mark --mark 0x%" PRIx32 "/0xffffffff -j RETURN\n", nat,
-      cfg->mark);
+  /* The proxy's upstream sockets leave as they are. Their connection mark
+   * gets the mark first: the proxy deletes the conntrack entries of its
+   * own connections, and only those, by it when it starts again
+   * (netfilter/ctflush.h), and the filter table below recognises the
+   * last packets of a connection whose socket the proxy already closed
+   * by it. nat sees only the first packet of a connection, so this runs
+   * once per connection, and only for a socket of the sidecar's uid. */
+  put(&t, "%s%s -j CONNMARK --set-xmark 0x%" PRIx32 "/0xffffffff\n", nat,
+      exempt, cfg->mark);
+  put(&t, "%s%s -j RETURN\n", nat, exempt);
   /* Traffic to the pod itself (a dev server on localhost:80, the pod IP)
    * is not egress; redirecting it would break it. */
   put(&t, "%s-o lo -j RETURN\n", nat);
@@ -503,26 +538,53 @@ int ce_nf_rules_text(const ce_nf_config_t *cfg, ce_nf_family_t family,
   for (size_t i = 0; i < cfg->nports; i++)
     put(&t, "%s%u", i > 0 ? "," : "", (unsigned)cfg->ports[i]);
   put(&t, " -j REDIRECT --to-ports %u\n", (unsigned)cfg->proxy_port);
+  if (!cfg->dns_any) {
+    /* The sidecar's own queries (the C library's, unmarked) go to the
+     * real resolvers; the filter table limits them to dns[]. Everyone
+     * else's port 53, whatever the destination, goes to the sidecar's
+     * resolver. */
+    for (size_t p = 0; p < 2; p++)
+      put(&t, "%s-p %s --dport 53 -m owner --uid-owner %" PRIu32
+              " -j RETURN\n", nat, protos[p], cfg->sidecar_uid);
+    for (size_t p = 0; p < 2; p++)
+      put(&t, "%s-p %s --dport 53 -j REDIRECT --to-ports %u\n", nat,
+          protos[p], (unsigned)cfg->dns_port);
+  }
   put(&t, "COMMIT\n");
 
   put(&t, "*filter\n:" CE_NF_FILTER_CHAIN " - [0:0]\n");
   put(&t, "%s-o lo -j ACCEPT\n", flt);
-  /* The redirected connection. The filter table sees the output
+  /* The redirected connections. The filter table sees the output
    * interface chosen before nat rewrote the destination, so a redirected
    * packet still shows the pod's outward interface, not lo, and the rule
    * above misses it (the netns test proves this). Its destination is the
    * loopback address and conntrack knows it was rewritten (DNAT). */
   put(&t, "%s-d %s -p tcp --dport %u -m conntrack --ctstate DNAT -j ACCEPT\n",
       flt, loopback, (unsigned)cfg->proxy_port);
-  put(&t, "%s-m mark --mark 0x%" PRIx32 "/0xffffffff -j ACCEPT\n", flt,
-      cfg->mark);
+  if (!cfg->dns_any) {
+    for (size_t p = 0; p < 2; p++)
+      put(&t, "%s-d %s -p %s --dport %u -m conntrack --ctstate DNAT "
+              "-j ACCEPT\n", flt, loopback, protos[p],
+          (unsigned)cfg->dns_port);
+  }
+  put(&t, "%s%s -j ACCEPT\n", flt, exempt);
+  /* A socket the proxy closed is orphaned: the kernel still sends its
+   * last packets (the FIN's retransmissions, the final ACK, unsent data)
+   * with the socket's mark, but the owner match no longer sees a uid.
+   * They are let through when the packet carries the mark, has no live
+   * socket, and belongs to a connection whose first packet passed the
+   * exemption (its connection mark, set in nat above). */
+  put(&t, "%s-m mark --mark 0x%" PRIx32 "/0xffffffff -m connmark --mark 0x%"
+          PRIx32 "/0xffffffff -m owner ! --socket-exists -j ACCEPT\n",
+      flt, cfg->mark, cfg->mark);
   /* Replies to connections opened from outside (kubelet probes to the pod
    * IP, a Service): the pod's packets are in conntrack's reply direction.
    * Only that direction: an outbound connection opened before these rules
    * existed must not keep flowing, and every allowed outbound flow is
-   * matched again, packet by packet, by its own rule (lo, DNAT, mark,
-   * DNS). An outbound first packet that is rejected never creates a
-   * confirmed conntrack entry, so it can never become ESTABLISHED. */
+   * matched again, packet by packet, by its own rule (lo, DNAT, the
+   * exemption, DNS). An outbound first packet that is rejected never
+   * creates a confirmed conntrack entry, so it can never become
+   * ESTABLISHED. */
   put(&t, "%s-m conntrack --ctstate ESTABLISHED,RELATED --ctdir REPLY "
           "-j ACCEPT\n", flt);
   if (v6)

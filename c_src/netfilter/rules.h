@@ -28,6 +28,13 @@
  * same one with SO_MARK on its upstream sockets. */
 #define CE_NF_DEFAULT_MARK 0x539u
 #define CE_NF_DEFAULT_PORTS "80,443"
+/* The proxy's uid: the exemption is the mark AND this socket owner. The
+ * proxy drops to it at start (proxy --user), Local and the testbed start
+ * it as this uid. */
+#define CE_NF_DEFAULT_SIDECAR_UID 1337u
+/* Where the workspace's DNS (UDP and TCP 53, any destination) is
+ * redirected: the sidecar's resolver on 127.0.0.1 and [::1]. */
+#define CE_NF_DEFAULT_DNS_PORT 15053
 
 /* The multiport match takes at most 15 ports, and one REDIRECT rule with
  * one multiport match is what we generate. */
@@ -67,10 +74,18 @@ typedef struct {
 typedef struct {
   uint16_t proxy_port;
   uint32_t mark;
+  /* The socket owner that, with the mark, makes traffic exempt. Never 0:
+   * the workspace may be root. */
+  uint32_t sidecar_uid;
+  /* The local port the workspace's DNS is redirected to (unless dns_any). */
+  uint16_t dns_port;
   uint16_t ports[CE_NF_PORTS_MAX];
   size_t nports;
-  /* When set, TCP and UDP 53 are open to every address and dns[] is
-   * ignored; when clear, only to the addresses in dns[] (possibly none). */
+  /* When set, TCP and UDP 53 are open to every address from every
+   * process, nothing is redirected to dns_port, and dns[] is ignored (the
+   * escape hatch of --dns any). When clear, the workspace's port 53 goes
+   * to dns_port, and only the sidecar's uid may reach port 53 of the
+   * addresses in dns[] (possibly none) without the mark. */
   bool dns_any;
   ce_nf_addr_t dns[CE_NF_DNS_MAX];
   size_t ndns;
@@ -88,8 +103,9 @@ typedef struct {
   char word[4 * CE_TEXT_QUOTE_MAX + 8];
 } ce_nf_error_t;
 
-/* Fills cfg with the defaults: proxy port 15001, mark 0x539, ports 80 and
- * 443, and no DNS at all (the command fills DNS from --dns or resolv.conf).
+/* Fills cfg with the defaults: proxy port 15001, mark 0x539, sidecar uid
+ * 1337, ports 80 and 443, DNS redirected to port 15053 and no upstream
+ * resolver (the command fills them from --dns or resolv.conf).
  * Cannot fail. */
 void ce_nf_config_init(ce_nf_config_t *cfg);
 
@@ -103,6 +119,12 @@ int ce_nf_parse_port(const char *s, uint16_t *out, ce_nf_error_t *err);
  * exempt all traffic. The rules match it under the full 32-bit mask.
  * Returns 0, or CE_EINVAL with *err filled; on failure *out is untouched. */
 int ce_nf_parse_mark(const char *s, uint32_t *out, ce_nf_error_t *err);
+
+/* Parses the sidecar's uid: decimal without leading zeros, 1 to
+ * 4294967294. 0 is refused: the workspace may be root, so root must never
+ * be half of the exemption; 4294967295 is (uid_t)-1, "no uid".
+ * Returns 0, or CE_EINVAL with *err filled; on failure *out is untouched. */
+int ce_nf_parse_uid(const char *s, uint32_t *out, ce_nf_error_t *err);
 
 /* Parses a comma-separated port list ("80,443") into cfg->ports: at least
  * one port, at most CE_NF_PORTS_MAX, each as ce_nf_parse_port, none twice.

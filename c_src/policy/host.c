@@ -417,6 +417,24 @@ int ce_host_normalize(const char *in, size_t len, ce_host_t *out) {
   return rc == CE_ENOMEM ? CE_ENOMEM : rc == 0 ? 0 : CE_EINVAL;
 }
 
+/* §2 step 3: ADDR/N, an address range, where ADDR is an IPv4 address or
+ * an IPv6 one (bare or in brackets) and N one to three digits. */
+static bool is_cidr(const char *in, size_t len) {
+  const char *slash = memchr(in, '/', len);
+  if (slash == NULL)
+    return false;
+  size_t al = (size_t)(slash - in), nl = len - al - 1;
+  if (nl < 1 || nl > 3)
+    return false;
+  for (size_t i = 1; i <= nl; i++)
+    if (slash[i] < '0' || slash[i] > '9')
+      return false;
+  uint8_t addr[16];
+  if (al >= 2 && in[0] == '[' && in[al - 1] == ']')
+    return ce_ipv6_parse(in + 1, al - 2, addr) == 0;
+  return ce_ipv4_parse(in, al, addr) == 0 || ce_ipv6_parse(in, al, addr) == 0;
+}
+
 int ce_pattern_normalize(const char *in, size_t len, ce_host_t *out,
                          ce_pattern_err_t *err) {
   ce_pattern_err_t local = CE_PATTERN_OK;
@@ -434,7 +452,7 @@ int ce_pattern_normalize(const char *in, size_t len, ce_host_t *out,
   }
   for (size_t i = 0; i < len; i++) {
     if (in[i] == '/' || in[i] == '?' || in[i] == '#') {
-      *e = CE_PATTERN_PATH;
+      *e = is_cidr(in, len) ? CE_PATTERN_CIDR : CE_PATTERN_PATH;
       return CE_EINVAL;
     }
   }

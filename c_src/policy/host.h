@@ -43,6 +43,11 @@ typedef struct {
 #define CE_PATTERN_ERR_MAP(XX)                                                  \
   XX(EMPTY, "empty", "a pattern cannot be empty")                               \
   XX(SCHEME, "scheme", "write the host only, without \"://\"")                  \
+  XX(CIDR, "cidr",                                                              \
+     "CIDR ranges are not host patterns; a rule names host names and single IP " \
+     "addresses, so list the addresses one by one (\"10.0.0.1\") or name the "   \
+     "hosts (private ranges are refused anyway unless --allow-private covers "  \
+     "them)")                                                                   \
   XX(PATH, "path", "write the host only, without a path, query or fragment")    \
   XX(PORT, "port", "policies match hosts on every port; drop the \":port\"")    \
   XX(STAR_RUN, "star_run",                                                      \

@@ -362,11 +362,25 @@ static int load_document(ce_policy_t *p, const json_t *root,
     if (p->rules == NULL)
       return fail(err, CE_ENOMEM, "$.rules", "%s", ce_strerror(CE_ENOMEM));
   }
+  /* The first decide rule answers every request that reaches it: a rule
+   * after it could never match, which is a mistake, not a policy. */
+  size_t terminal = n;
   for (size_t i = 0; i < n; i++) {
     rc = load_rule(p, json_array_get(rules, i), i, err);
     if (rc != 0)
       return rc;
     p->rule_count = i + 1;
+    if (i > terminal) {
+      char path[PATH_MAX_LEN];
+      format_into(path, sizeof(path), "$.rules[%zu]", i);
+      return fail(err, CE_EINVAL, path,
+                  "unreachable: rule %zu (decide) before it answers every request "
+                  "that reaches it, so this rule is never consulted; move it before "
+                  "rule %zu, or remove it",
+                  terminal, terminal);
+    }
+    if (terminal == n && p->rules[i].kind == CE_RULE_DECIDE)
+      terminal = i;
   }
   return 0;
 }
@@ -594,6 +608,21 @@ int ce_policy_eval_input(const ce_policy_t *policy, const char *input,
   /* A URL whose scheme and authority are acceptable but whose host is not
    * reports invalid_host: the host, not the URL syntax, is at fault. */
   return ce_policy_eval_host(policy, url.host, url.host_len, out);
+}
+
+ce_decision_t ce_policy_could_allow(const ce_policy_t *policy, const char *name, size_t len, ce_verdict_t *out) {
+  /* A DNS name never carries a port: "host:53" is not a name. */
+  if (memchr(name, ':', len) != NULL || memchr(name, '[', len) != NULL) {
+    set_invalid(out, CE_REASON_INVALID_HOST);
+    return CE_DECISION_DENY;
+  }
+  if (ce_policy_eval_host(policy, name, len, out) != 0)
+    return CE_DECISION_DENY;
+  if (out->host_valid && out->host.kind != CE_HOST_NAME) {
+    set_invalid(out, CE_REASON_INVALID_HOST);
+    return CE_DECISION_DENY;
+  }
+  return out->decision;
 }
 
 ce_decision_t ce_policy_default(const ce_policy_t *policy) {

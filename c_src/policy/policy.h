@@ -118,6 +118,22 @@ int ce_policy_eval_host(const ce_policy_t *policy, const char *host,
 int ce_policy_eval_input(const ce_policy_t *policy, const char *input,
                          size_t len, ce_verdict_t *out);
 
+/* The DNS side (docs/dns.md): could some request to the name
+ * name[0..len) be allowed? The sidecar's resolver answers only such
+ * names. A policy decides per host alone (first matching rule, a decide
+ * rule matching every host), so the verdict of ce_policy_eval_host() is
+ * exact for every request to the name:
+ *   CE_DECISION_ALLOW   an allow rule, or the default, allows it;
+ *   CE_DECISION_DECIDE  only a decider may allow it (out->rule_index is
+ *                       the decide rule);
+ *   CE_DECISION_DENY    nothing can: a deny rule, the default, or not a
+ *                       DNS name (an IP literal is not a name one asks
+ *                       DNS for: reason CE_REASON_INVALID_HOST).
+ * Returns that decision, *out filled as ce_policy_eval_host() fills it.
+ * Allocation-free for ASCII input; on CE_ENOMEM (non-ASCII input) the
+ * answer is CE_DECISION_DENY. */
+ce_decision_t ce_policy_could_allow(const ce_policy_t *policy, const char *name, size_t len, ce_verdict_t *out);
+
 /* The document's default: CE_DECISION_ALLOW or CE_DECISION_DENY. */
 ce_decision_t ce_policy_default(const ce_policy_t *policy);
 

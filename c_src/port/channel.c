@@ -3,11 +3,17 @@
  *
  * States of a channel:
  *
- *   CONNECTING --connect ok, hello written--> WELCOME --welcome line--> OPEN
- *        |                                       |                        |
- *        +-- error / timeout: {error, _} reply --+          EOF, read or write error,
- *            and the channel is forgotten                   a bad or long line
- *                                                                         v
+ *   CONNECTING --connect ok, hello written--> CHALLENGE --challenge line,
+ *        |                                       |         auth written--> WELCOME
+ *        |                                       |                           |
+ *        |                                       |          welcome line with the
+ *        |                                       |          sidecar's proof and our
+ *        |                                       |          session id --> OPEN
+ *        |                                       |                           |
+ *        +-- error / timeout / a wrong proof: ---+--------- (WELCOME) ---+   |
+ *            {error, _} reply, forgotten                                     |
+ *                                                   EOF, read or write error,
+ *                                                   a bad or long line     v
  *                                               ENDED: socket closed; lines already
  *                                               read are delivered under credit, then
  *                                               {closed, Reason} and it is forgotten
@@ -23,6 +29,7 @@
  */
 #include "port/channel.h"
 
+#include <openssl/crypto.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +37,7 @@
 
 #include "common/error.h"
 #include "control/control.h"
+#include "control/handshake.h"
 #include "control/listen.h"
 #include "port/etf.h"
 #include "port/json_term.h"
@@ -38,7 +46,7 @@
 #define CHAN_BUF CE_CONTROL_MAX_FRAME
 #define REASON_MAX 256
 
-typedef enum { CONNECTING, WELCOME, OPEN, ENDED } chan_state_t;
+typedef enum { CONNECTING, CHALLENGE, WELCOME, OPEN, ENDED } chan_state_t;
 
 struct ce__chan {
   ce_port_t *port;
@@ -65,7 +73,11 @@ struct ce__chan {
   size_t in_len;
   uint32_t timeout_ms;
   char shown[4 * CE_TEXT_QUOTE_MAX + 32];
-  char token[2 * CE_CONTROL_TOKEN_MAX + 1]; /* until hello is written, then wiped */
+  uint8_t token[CE_CONTROL_TOKEN_MAX];      /* until the welcome is checked, then wiped */
+  size_t token_len;
+  char session_id[CE_CONTROL_SESSION_ID_MAX + 1];
+  uint8_t peer_nonce[CE_CONTROL_NONCE_LEN];
+  uint8_t sidecar_nonce[CE_CONTROL_NONCE_LEN];
   char reason[REASON_MAX];                  /* why an OPEN channel ended */
 };
 
@@ -94,6 +106,11 @@ static void trace(const ce__chan_t *c, const char *fmt, ...) {
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);
+}
+
+/* Before OPEN: the attach has not been answered yet. */
+static bool handshaking(const ce__chan_t *c) {
+  return c->state == CONNECTING || c->state == CHALLENGE || c->state == WELCOME;
 }
 
 static ce__chan_t *find(ce_port_t *p, uint64_t num) {
@@ -129,6 +146,7 @@ static void forget(ce__chan_t *c) {
     return;
   trace(c, "forgotten");
   c->forgotten = true;
+  OPENSSL_cleanse(c->token, sizeof(c->token));
   ce__chan_t **pp = &c->port->chans;
   while (*pp != NULL && *pp != c)
     pp = &(*pp)->next;
@@ -188,7 +206,7 @@ static void end(ce__chan_t *c, bool discard, const char *fmt, ...) {
   va_end(ap);
   if (c->forgotten)
     return;
-  if (c->state == CONNECTING || c->state == WELCOME) {
+  if (handshaking(c)) {
     fail_attach(c, CE_ECLOSED, "%s", why);
     return;
   }
@@ -248,9 +266,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     c->in_len += (size_t)nread;
     pump(c);
   } else if (nread == UV_EOF) {
-    end(c, false, c->state == OPEN ? "the sidecar closed the control channel"
-                                   : "the control channel closed before welcome (a wrong "
-                                     "token, or not a condukt sidecar)");
+    end(c, false, c->state == OPEN
+                      ? "the sidecar closed the control channel"
+                      : "the control channel closed during the handshake (a wrong token or "
+                        "session id, another protocol version, or not a condukt sidecar)");
   } else if (nread < 0) {
     end(c, false, "cannot read from the sidecar: %s", uv_strerror((int)nread));
   }
@@ -288,17 +307,90 @@ static json_t *parse_line(const char *line, size_t n, char *why, size_t cap) {
   return v;
 }
 
-/* welcome: answers the attach with {ok, {Chan, Welcome}}. */
-static void on_welcome_line(ce__chan_t *c, const char *line, size_t n) {
-  char why[200];
-  json_t *v = parse_line(line, n, why, sizeof(why));
-  const char *type = v != NULL ? json_string_value(json_object_get(v, "type")) : NULL;
-  if (v == NULL || type == NULL || strcmp(type, "welcome") != 0) {
-    json_decref(v);
-    fail_attach(c, CE_EPROTO, "the first frame from %s is not a welcome%s%s", c->shown,
-                v == NULL ? ": " : "", v == NULL ? why : "");
+/* Parses a handshake line of the sidecar; on failure fails the attach
+ * and returns false. */
+static bool handshake_line(ce__chan_t *c, const char *line, size_t n, ce_sframe_type_t want,
+                           ce_sframe_t *f) {
+  const char *why = NULL;
+  int rc = ce_control_sframe_parse(line, n, f, &why);
+  const char *name = want == CE_SFRAME_CHALLENGE ? "challenge" : "welcome";
+  if (rc == CE_EVERSION) {
+    fail_attach(c, CE_EVERSION,
+                "%s speaks another version of the control channel than %d (the sidecar "
+                "image and this library must be of the same release)",
+                c->shown, CE_CONTROL_PROTOCOL_VERSION);
+    return false;
+  }
+  if (rc != CE_OK) {
+    fail_attach(c, rc == CE_ENOMEM ? CE_ENOMEM : CE_EPROTO, "the %s from %s is malformed: %s",
+                name, c->shown, why != NULL ? why : ce_strerror(rc));
+    return false;
+  }
+  if (f->type != want) {
+    fail_attach(c, CE_EPROTO, "%s sent a %s where a %s was due", c->shown,
+                f->type == CE_SFRAME_CHALLENGE ? "challenge" : "welcome", name);
+    return false;
+  }
+  return true;
+}
+
+/* challenge: answers with our proof (auth), then waits for the welcome. */
+static void on_challenge_line(ce__chan_t *c, const char *line, size_t n) {
+  ce_sframe_t f;
+  if (!handshake_line(c, line, n, CE_SFRAME_CHALLENGE, &f))
+    return;
+  memcpy(c->sidecar_nonce, f.nonce, sizeof(c->sidecar_nonce));
+  uint8_t proof[CE_CONTROL_PROOF_LEN];
+  if (ce_control_proof(c->token, c->token_len, CE_CONTROL_ROLE_PEER, c->session_id,
+                       c->peer_nonce, c->sidecar_nonce, proof) != CE_OK) {
+    fail_attach(c, CE_ENOMEM, "cannot compute the proof for %s", c->shown);
     return;
   }
+  char text[64 + 2 * CE_CONTROL_PROOF_LEN];
+  int len = snprintf(text, sizeof(text), "{\"type\":\"auth\",\"proof\":\"");
+  ce_control_hex(proof, sizeof(proof), text + len);
+  len += 2 * (int)CE_CONTROL_PROOF_LEN;
+  len += snprintf(text + len, sizeof(text) - (size_t)len, "\"}\n");
+  int rc = chan_write(c, text, (size_t)len);
+  if (rc != 0) {
+    fail_attach(c, CE_EIO, "cannot write auth to %s: %s", c->shown, uv_strerror(rc));
+    return;
+  }
+  trace(c, "challenge answered");
+  c->state = WELCOME;
+}
+
+/* welcome: checks the sidecar's proof and session id, then answers the
+ * attach with {ok, {Chan, Welcome}} (the welcome without its proof). A
+ * sidecar that fails either check is refused with CE_EPERM: whatever
+ * listens there does not hold this session's token. */
+static void on_welcome_line(ce__chan_t *c, const char *line, size_t n) {
+  ce_sframe_t f;
+  if (!handshake_line(c, line, n, CE_SFRAME_WELCOME, &f))
+    return;
+  if (strcmp(f.session_id, c->session_id) != 0) {
+    char shown_sid[4 * CE_TEXT_QUOTE_MAX + 8];
+    ce_text_sanitize(shown_sid, sizeof(shown_sid), f.session_id, strlen(f.session_id), 1);
+    fail_attach(c, CE_EPERM, "the sidecar at %s gates session \"%s\", not this one", c->shown,
+                shown_sid);
+    return;
+  }
+  if (!ce_control_proof_ok(c->token, c->token_len, CE_CONTROL_ROLE_SIDECAR, c->session_id,
+                           c->peer_nonce, c->sidecar_nonce, f.proof)) {
+    fail_attach(c, CE_EPERM,
+                "whatever listens at %s did not prove the session token (a wrong token, or "
+                "another process on the sidecar's port)",
+                c->shown);
+    return;
+  }
+  OPENSSL_cleanse(c->token, sizeof(c->token));
+  char why[200];
+  json_t *v = parse_line(line, n, why, sizeof(why)); /* parsed once already: cannot fail but OOM */
+  if (v == NULL) {
+    fail_attach(c, CE_ENOMEM, "out of memory reading the welcome from %s", c->shown);
+    return;
+  }
+  json_object_del(v, "proof");
   ei_x_buff x;
   char err[CE_PORT_MSG_MAX] = "";
   int rc = ce__port_reply_begin(&x, c->attach_id) == 0 ? CE_OK : CE_ENOMEM;
@@ -358,7 +450,7 @@ static bool on_frame_line(ce__chan_t *c, const char *line, size_t n) {
  * decides whether to read more: the heart of the credit window. */
 static void pump(ce__chan_t *c) {
   while (!c->forgotten && !c->port->stopping) {
-    if (c->state != WELCOME && c->unacked >= c->window)
+    if (!handshaking(c) && c->unacked >= c->window)
       break;
     char *start = c->in + c->in_start;
     char *nl = memchr(start, '\n', c->in_len);
@@ -367,7 +459,9 @@ static void pump(ce__chan_t *c) {
     size_t n = (size_t)(nl - start);
     c->in_start += n + 1;
     c->in_len -= n + 1;
-    if (c->state == WELCOME) {
+    if (c->state == CHALLENGE) {
+      on_challenge_line(c, start, n);
+    } else if (c->state == WELCOME) {
       on_welcome_line(c, start, n);
     } else if (!on_frame_line(c, start, n)) {
       return;
@@ -390,7 +484,7 @@ static void pump(ce__chan_t *c) {
   }
   /* At zero credit the socket is not read at all: what the sidecar sends
    * meanwhile waits in its own buffers, where it is counted if dropped. */
-  bool credit = c->state == WELCOME || c->unacked < c->window;
+  bool credit = handshaking(c) || c->unacked < c->window;
   set_reading(c, !has_line && credit && c->state != CONNECTING);
 }
 
@@ -398,7 +492,7 @@ static void pump(ce__chan_t *c) {
 
 static void on_timeout(uv_timer_t *t) {
   ce__chan_t *c = t->data;
-  if (c->state == CONNECTING || c->state == WELCOME)
+  if (handshaking(c))
     fail_attach(c, CE_ETIMEDOUT, "no welcome from %s within %u ms", c->shown,
                 c->timeout_ms);
 }
@@ -412,12 +506,18 @@ static void on_connected(uv_connect_t *req, int status) {
     return;
   }
   trace(c, "connected to %s", c->shown);
-  c->state = WELCOME;
-  /* The token is not kept once hello is written: the BEAM holds it, and a
-   * re-attach sends it again. */
-  json_t *hello = json_pack("{s:s, s:i, s:s}", "type", "hello", "version",
-                            CE_CONTROL_PROTOCOL_VERSION, "token", c->token);
-  memset(c->token, 0, sizeof(c->token));
+  c->state = CHALLENGE;
+  /* The hello carries a fresh nonce and the session we want, never the
+   * token: whatever listens here learns nothing it can use. */
+  if (ce_control_nonce(c->peer_nonce) != CE_OK) {
+    fail_attach(c, CE_EIO, "no random bytes for a nonce");
+    return;
+  }
+  char nonce_hex[2 * CE_CONTROL_NONCE_LEN + 1];
+  ce_control_hex(c->peer_nonce, sizeof(c->peer_nonce), nonce_hex);
+  json_t *hello = json_pack("{s:s, s:i, s:s, s:s}", "type", "hello", "version",
+                            CE_CONTROL_PROTOCOL_VERSION, "session_id", c->session_id, "nonce",
+                            nonce_hex);
   char *text = hello != NULL ? json_dumps(hello, JSON_COMPACT) : NULL;
   json_decref(hello);
   if (text == NULL) {
@@ -427,7 +527,6 @@ static void on_connected(uv_connect_t *req, int status) {
   size_t n = strlen(text);
   text[n] = '\n'; /* replaces the NUL: the line is sent by length */
   int rc = chan_write(c, text, n + 1);
-  memset(text, 0, n + 1);
   free(text);
   if (rc != 0) {
     fail_attach(c, CE_EIO, "cannot write hello to %s: %s", c->shown, uv_strerror(rc));
@@ -459,7 +558,15 @@ void ce__chan_attach(ce_port_t *p, uint64_t id, const ce__attach_t *a) {
   c->window = a->window;
   c->timeout_ms = a->timeout_ms;
   snprintf(c->shown, sizeof(c->shown), "%s", a->shown);
-  snprintf(c->token, sizeof(c->token), "%s", a->token);
+  c->token_len = strlen(a->token) / 2;
+  snprintf(c->session_id, sizeof(c->session_id), "%s", a->session_id);
+  if (!ce_control_unhex(a->token, 2 * c->token_len, c->token, c->token_len)) {
+    /* ops.c checked it already. */
+    ce__port_reply_error(p, id, CE_EINVAL, "control_attach: bad token");
+    free(in);
+    free(c);
+    return;
+  }
 
   int rc = addr.is_unix ? uv_pipe_init(p->loop, &c->sock.pipe, 0)
                         : uv_tcp_init(p->loop, &c->sock.tcp);
@@ -490,12 +597,12 @@ void ce__chan_attach(ce_port_t *p, uint64_t id, const ce__attach_t *a) {
 
 fail_timer:
   /* The socket handle is on the loop: its close callback frees c. */
-  memset(c->token, 0, sizeof(c->token));
+  OPENSSL_cleanse(c->token, sizeof(c->token));
   ce__port_reply_error(p, id, CE_EIO, "control_attach: %s", uv_strerror(rc));
   close_sock(c);
   return;
 fail_sock:
-  memset(c->token, 0, sizeof(c->token));
+  OPENSSL_cleanse(c->token, sizeof(c->token));
   ce__port_reply_error(p, id, CE_EIO, "control_attach: %s", uv_strerror(rc));
   free(in);
   free(c);
@@ -528,14 +635,15 @@ void ce__chan_send(ce_port_t *p, uint64_t id, uint64_t chan, json_t *frame) {
   }
   /* The sidecar's own parser judges the frame first: a frame it would
    * refuse closes the channel there (a protocol violation), while here
-   * it is only this call's error. A hello is valid for the parser but a
-   * violation once authenticated. */
+   * it is only this call's error. Handshake frames are valid for the
+   * parser but a violation once authenticated. */
   ce_frame_t parsed;
   const char *why = NULL;
-  if (ce_control_frame_parse(text, n, &parsed, &why) != CE_OK || parsed.type == CE_FRAME_HELLO) {
+  if (ce_control_frame_parse(text, n, &parsed, &why) != CE_OK ||
+      parsed.type == CE_FRAME_HELLO || parsed.type == CE_FRAME_AUTH) {
     free(text);
     ce__port_reply_error(p, id, CE_EINVAL, "control_send: frame: %s",
-                         why != NULL ? why : "a hello is sent by control_attach only");
+                         why != NULL ? why : "the handshake is control_attach's alone");
     return;
   }
   if (uv_stream_get_write_queue_size(&c->sock.stream) > CE_PORT_CHAN_WRITE_MAX) {

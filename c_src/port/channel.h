@@ -3,9 +3,11 @@
  * channel (docs/control-channel.md), relayed as terms
  * (docs/port-protocol.md, "Control channels").
  *
- * A channel connects (Unix socket or loopback TCP), sends hello with the
- * token, waits for welcome under a timeout, then turns every line the
- * sidecar sends into {control, Chan, {frame, Map}}. At most `window`
+ * A channel connects (Unix socket or loopback TCP), runs the handshake
+ * (control/handshake.h: hello with a nonce, the sidecar's challenge, auth
+ * with the port's proof, and a welcome whose proof and session id must
+ * check out) under one timeout, then turns every line the sidecar sends
+ * into {control, Chan, {frame, Map}}. At most `window`
  * frames are outstanding (not acknowledged with {ack, Chan, N}); at zero
  * credit the channel stops reading its socket, so the sidecar's own
  * buffering and loss counting take over instead of the port's memory.
@@ -22,6 +24,7 @@
 #include <stdint.h>
 
 #include "common/text.h"
+#include "control/control.h"
 #include "port/port.h"
 
 #define CE_PORT_ATTACH_TIMEOUT_DEFAULT 5000u  /* ms to connect and get welcome */
@@ -36,6 +39,7 @@ typedef struct {
   char listen[128];   /* the address in control/listen.h's grammar */
   char shown[4 * CE_TEXT_QUOTE_MAX + 32]; /* the address as messages name it */
   char token[257];    /* lowercase hex, checked by the caller */
+  char session_id[CE_CONTROL_SESSION_ID_MAX + 1]; /* the session the sidecar must gate */
   uint32_t timeout_ms;
   uint32_t window;
 } ce__attach_t;

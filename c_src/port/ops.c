@@ -467,10 +467,22 @@ static void op_attach(ce_port_t *p, const char *buf, int i, uint64_t id) {
       BADARG("control_attach: AttachOpts keys must be atoms or binaries");
       return;
     }
+    if (strcmp(name, "session_id") == 0) {
+      /* The session the sidecar must prove it gates; part of both proofs. */
+      if (!ce_etf_binary(buf, &i, &s, &n) || n == 0 || n > CE_CONTROL_SESSION_ID_MAX ||
+          memchr(s, '\0', n) != NULL) {
+        BADARG("control_attach: session_id must be a binary of 1 to %u bytes without NUL",
+               CE_CONTROL_SESSION_ID_MAX);
+        return;
+      }
+      memcpy(a.session_id, s, n);
+      a.session_id[n] = '\0';
+      continue;
+    }
     bool is_timeout = strcmp(name, "timeout") == 0;
     if (!is_timeout && strcmp(name, "window") != 0) {
       char t[4 * OPT_NAME_MAX];
-      BADARG("control_attach: unknown option \"%s\" (expected timeout, window)",
+      BADARG("control_attach: unknown option \"%s\" (expected session_id, timeout, window)",
              shown(t, sizeof(t), name, strlen(name)));
       return;
     }
@@ -489,6 +501,11 @@ static void op_attach(ce_port_t *p, const char *buf, int i, uint64_t id) {
       a.timeout_ms = (uint32_t)v;
     else
       a.window = (uint32_t)v;
+  }
+  if (a.session_id[0] == '\0') {
+    BADARG("control_attach: AttachOpts must name the session_id");
+    OPENSSL_cleanse(a.token, sizeof(a.token));
+    return;
   }
   ce__chan_attach(p, id, &a);
   OPENSSL_cleanse(a.token, sizeof(a.token));

@@ -168,8 +168,7 @@ static void maybe_free(ce_conn_t *c) {
   c->c.in_len = c->u.in_len = 0;
   ce_conn_release_input(&c->c);
   ce_conn_release_input(&c->u);
-  if (c->addrs != NULL)
-    uv_freeaddrinfo(c->addrs);
+  free(c->addrs);
   free(c);
   ce_proxy_conn_gone(p);
 }
@@ -233,8 +232,6 @@ static void conn_abort(ce_conn_t *c) {
     ce_control_cancel(c->proxy->control, c->ask_id);
     c->ask_id = 0;
   }
-  if (c->resolving)
-    uv_cancel((uv_req_t *)&c->gai);
   side_close(&c->c);
   side_close(&c->u);
   ce_h2conn_close_handles(c);
@@ -251,11 +248,8 @@ static bool h2_connect_end(ce_conn_t *c, int status, const char *reason) {
   if (!c->h2_connecting || c->dead)
     return false;
   c->h2_connecting = false;
-  if (status != 0) {
-    if (c->resolving)
-      uv_cancel((uv_req_t *)&c->gai);
+  if (status != 0)
     upstream_reset(c);
-  }
   arm(c, c->proxy->opts->idle_ms);
   ce_h2conn_upstream_done(c, status, reason);
   conn_process(c);
@@ -570,25 +564,25 @@ static void refuse(ce_conn_t *c, int status, const char *event_reason, const cha
   refuse_as(c, "request_denied", status, event_reason, text);
 }
 
-static void deny_text(ce_conn_t *c, char *out, size_t cap, const char *who, const char *reason) {
-  char host[300], why[600];
-  plain(host, sizeof(host), c->req.host);
+void ce_conn_deny_text(char *out, size_t cap, const char *host, const char *who, const char *reason) {
+  char h[CE_HOST_TEXT_MAX + 1], why[CE_CONN_DENY_REASON_MAX + 1];
+  plain(h, sizeof(h), host);
   plain(why, sizeof(why), reason);
   snprintf(out, cap,
            "condukt: the network policy of this sandbox refused the request to %s\n"
            "refused by: %s\nreason: %s\n",
-           host, who, why);
+           h, who, why);
 }
 
 static void refuse_policy(ce_conn_t *c, int32_t rule, const char *kind, const char *reason) {
-  char who[64], text[1200];
+  char who[CE_CONN_DENY_WHO_MAX], text[CE_CONN_DENY_TEXT_MAX];
   if (rule >= 0)
     snprintf(who, sizeof(who), "rule %d (%s)", (int)rule, kind);
   else
     snprintf(who, sizeof(who), "the policy default");
   c->req.matched_rule = rule;
   c->req.matched_kind = kind;
-  deny_text(c, text, sizeof(text), who, reason);
+  ce_conn_deny_text(text, sizeof(text), c->req.host, who, reason);
   refuse(c, 403, reason, text);
 }
 
@@ -728,7 +722,7 @@ static void upstream_handshake(ce_conn_t *c) {
 /* A connect attempt failed (at once or later): the next address, else 502. */
 static void connect_failed(ce_conn_t *c, int err) {
   trace(c, "connect failed: %s", uv_strerror(err));
-  if (c->next_addr != NULL) {
+  if (c->addrs != NULL && c->next_addr < c->addrs->count) {
     connect_next(c);
     return;
   }
@@ -795,11 +789,10 @@ static void connect_next(ce_conn_t *c) {
     c->connect_pending = true;
     return;
   }
-  struct addrinfo *ai = c->next_addr;
-  c->next_addr = ai != NULL ? ai->ai_next : NULL;
-  if (ai == NULL)
+  if (c->addrs == NULL || c->next_addr >= c->addrs->count)
     return;
-  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const struct sockaddr *sa = (const struct sockaddr *)&c->addrs->addrs[c->next_addr++];
+  int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     connect_failed(c, uv_translate_sys_error(errno));
     return;
@@ -832,35 +825,106 @@ static void connect_next(ce_conn_t *c) {
   }
   c->connect_req.data = c;
   char text[CE_ADDR_TEXT_MAX];
-  ce_addr_text(ai->ai_addr, text);
+  ce_addr_text(sa, text);
   trace(c, "connecting to %s port %u", text, (unsigned)c->up_port);
   /* An error at once (ENETUNREACH for a route-less or broadcast address)
    * is handled as a refused connect: the next address, else 502. */
-  rc = uv_tcp_connect(&c->connect_req, &c->u.tcp, ai->ai_addr, on_connected);
+  rc = uv_tcp_connect(&c->connect_req, &c->u.tcp, sa, on_connected);
   if (rc < 0) {
     side_close(&c->u);
     connect_failed(c, rc);
   }
 }
 
-static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
-  ce_conn_t *c = req->data;
+/* ---- resolving (docs/dns.md) -------------------------------------------- */
+
+typedef struct {
+  ce_conn_t *c;
+  ce_conn_resolved_cb cb;
+  void *data;
+  char host[256];
+} resolve_ctx_t;
+
+/* The words after "cannot resolve HOST: " for a lookup's status. */
+static const char *lookup_error(int status) {
+  switch (status) {
+  case CE_ENOENT:
+    return "no such host";
+  case CE_ETIMEDOUT:
+    return "the resolvers did not answer in time";
+  case CE_EPROTO:
+    return "a CNAME chain too long";
+  case CE_ECLOSED:
+    return "the proxy is shutting down";
+  case CE_EUNAVAIL:
+    return "no resolver answered";
+  default:
+    return ce_strerror(status);
+  }
+}
+
+static void on_lookup(void *data, int status, const ce_dns_addrs_t *addrs) {
+  resolve_ctx_t *x = data;
+  ce_conn_t *c = x->c;
+  ce_conn_resolved_cb cb = x->cb;
+  void *cb_data = x->data;
+  char reason[400] = "";
+  ce_dns_addrs_t *keep = NULL;
+  int outcome = 0;
+  if (status != CE_OK) {
+    snprintf(reason, sizeof(reason), "upstream_unreachable: cannot resolve %s: %s", x->host, lookup_error(status));
+    outcome = 502;
+  } else if ((keep = malloc(sizeof(*keep))) == NULL) {
+    snprintf(reason, sizeof(reason), "upstream_unreachable: cannot resolve %s: out of memory", x->host);
+    outcome = 502;
+  } else {
+    /* Keep only the addresses the proxy may use, in resolver order. */
+    char why[200] = "";
+    keep->count = 0;
+    for (size_t i = 0; i < addrs->count; i++)
+      if (upstream_addr_ok(c, (const struct sockaddr *)&addrs->addrs[i], why, sizeof(why)))
+        keep->addrs[keep->count++] = addrs->addrs[i];
+    if (keep->count == 0) {
+      free(keep);
+      keep = NULL;
+      snprintf(reason, sizeof(reason), "%s", why[0] != '\0' ? why : "upstream_unreachable: no address");
+      outcome = 403;
+    }
+  }
+  free(x);
+  cb(cb_data, outcome, keep, reason);
+}
+
+int ce_conn_resolve(ce_conn_t *c, const char *host, uint16_t port, ce_conn_resolved_cb cb, void *data) {
+  resolve_ctx_t *x = malloc(sizeof(*x));
+  if (x == NULL)
+    return CE_ENOMEM;
+  x->c = c;
+  x->cb = cb;
+  x->data = data;
+  snprintf(x->host, sizeof(x->host), "%s", host);
+  trace(c, "resolving %s", host);
+  int rc = ce_dns_stub_lookup(c->proxy->dns, host, port, on_lookup, x);
+  if (rc != CE_OK)
+    free(x);
+  return rc;
+}
+
+static void on_resolved(void *data, int status, ce_dns_addrs_t *keep, const char *reason) {
+  ce_conn_t *c = data;
   c->resolving = false;
   if (c->dead || (c->state != ST_CONNECTING && !c->h2_connecting)) {
     /* Aborted, or answered meanwhile (the connect timeout's 504). */
-    if (res != NULL)
-      uv_freeaddrinfo(res);
+    free(keep);
     maybe_free(c);
     return;
   }
-  if (status < 0 && c->preconnecting) {
+  if (status != 0 && c->preconnecting) {
     preconnect_done(c, false);
     return;
   }
-  if (status < 0) {
-    char reason[300], body[400];
-    snprintf(reason, sizeof(reason), "upstream_unreachable: cannot resolve %s: %s", c->up_host,
-             uv_strerror(status));
+  if (status == 502) {
+    char body[500];
     if (h2_connect_end(c, 502, reason))
       return;
     report_failed(c, reason);
@@ -869,35 +933,16 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     close_after_flush(c);
     return;
   }
-  /* Keep only the addresses the proxy may use, in resolver order. */
-  struct addrinfo *keep = NULL, **tail = &keep;
-  char why[200] = "";
-  for (struct addrinfo *ai = res; ai != NULL;) {
-    struct addrinfo *next = ai->ai_next;
-    ai->ai_next = NULL;
-    if ((ai->ai_family == AF_INET || ai->ai_family == AF_INET6) && upstream_addr_ok(c, ai->ai_addr, why, sizeof(why))) {
-      *tail = ai;
-      tail = &ai->ai_next;
-    } else {
-      uv_freeaddrinfo(ai);
-    }
-    ai = next;
-  }
-  if (keep == NULL && c->preconnecting) {
-    preconnect_done(c, false);
-    return;
-  }
   /* A request connected again after its stream was refused (its
    * request_allowed went out): tied to the request, never to the next. */
   bool retry = c->retrying != 0 && c->have_req && c->retrying == c->req.id;
   c->retrying = 0;
-  if (keep == NULL && h2_connect_end(c, 403, why[0] != '\0' ? why : "upstream_unreachable: no address"))
+  if (keep == NULL && h2_connect_end(c, 403, reason))
     return;
   if (keep == NULL) {
     /* Every address is private and nothing names it: a policy refusal;
      * for a retried request, that was allowed already, a failure (as
      * the h2 path's fail_queue). */
-    const char *reason = why[0] != '\0' ? why : "upstream_unreachable: no address";
     const char *detail = "the network policy of this sandbox refused the request: the host resolves to a private, "
                          "loopback or link-local address that the policy does not name";
     if (retry)
@@ -907,7 +952,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     return;
   }
   c->addrs = keep;
-  c->next_addr = keep;
+  c->next_addr = 0;
   if (!c->preconnecting && !c->h2_connecting && !retry)
     emit(c, "request_allowed", NULL);
   connect_next(c);
@@ -932,10 +977,8 @@ static void connect_upstream(ce_conn_t *c) {
   }
   if (c->u.open)
     upstream_reset(c);
-  if (c->addrs != NULL) {
-    uv_freeaddrinfo(c->addrs);
-    c->addrs = NULL;
-  }
+  free(c->addrs);
+  c->addrs = NULL;
   if (c->resolving) {
     /* A pre-connect's lookup still runs (it timed out): its request
      * structure is busy. */
@@ -952,22 +995,15 @@ static void connect_upstream(ce_conn_t *c) {
 }
 
 static void resolve_upstream(ce_conn_t *c) {
-  char port[8];
-  snprintf(port, sizeof(port), "%u", (unsigned)c->up_port);
-  struct addrinfo hints;
-  memset(&hints, 0, sizeof(hints));
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  c->gai.data = c;
-  int rc = uv_getaddrinfo(c->proxy->loop, &c->gai, on_resolved, c->up_host, port, &hints);
-  if (rc < 0 && c->preconnecting) {
+  int rc = ce_conn_resolve(c, c->up_host, c->up_port, on_resolved, c);
+  if (rc != CE_OK && c->preconnecting) {
     preconnect_done(c, false);
     return;
   }
-  if (rc < 0) {
+  if (rc != CE_OK) {
     char reason[200];
-    snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(rc));
+    snprintf(reason, sizeof(reason), "upstream_unreachable: %s",
+             rc == CE_EAGAIN ? "the resolver is busy" : ce_strerror(rc));
     if (h2_connect_end(c, 502, reason))
       return;
     report_failed(c, reason);
@@ -985,9 +1021,9 @@ static void decided(ce_conn_t *c, bool allow, const char *reason) {
   if (allow) {
     connect_upstream(c);
   } else {
-    char text[1200], who[64];
+    char text[CE_CONN_DENY_TEXT_MAX], who[CE_CONN_DENY_WHO_MAX];
     snprintf(who, sizeof(who), "the decider of rule %d", (int)c->decide_rule);
-    deny_text(c, text, sizeof(text), who, reason);
+    ce_conn_deny_text(text, sizeof(text), c->req.host, who, reason);
     refuse(c, 403, reason, text);
   }
 }
@@ -1743,8 +1779,6 @@ static void preconnect_done(ce_conn_t *c, bool ok) {
     const char *p = ce_tlsconn_alpn(c->u.tls, &n);
     c->up_h2 = p != NULL && n == 2 && memcmp(p, "h2", 2) == 0;
   } else {
-    if (c->resolving)
-      uv_cancel((uv_req_t *)&c->gai);
     upstream_reset(c);
   }
   trace(c, "pre-connect %s; upstream speaks %s", ok ? "done" : "failed", c->up_h2 ? "h2" : "http/1.1");
@@ -2253,9 +2287,6 @@ void ce_conn_hard_deadline(ce_conn_t *c) {
 void ce_conn_upstream_reset(ce_conn_t *c) { upstream_reset(c); }
 void ce_conn_process(ce_conn_t *c) { conn_process(c); }
 void ce_conn_pump_tls_input(side_t *s) { pump_tls_input(s); }
-bool ce_conn_upstream_addr_ok(ce_conn_t *c, const struct sockaddr *sa, char *why, size_t cap) {
-  return upstream_addr_ok(c, sa, why, cap);
-}
 void ce_conn_release(ce_conn_t *c) {
   c->handles--;
   maybe_free(c);
@@ -2279,10 +2310,8 @@ void ce_conn_h2_connect(ce_conn_t *c, bool offer_h2) {
   c->h2_offer = offer_h2;
   if (c->u.open)
     upstream_reset(c);
-  if (c->addrs != NULL) {
-    uv_freeaddrinfo(c->addrs);
-    c->addrs = NULL;
-  }
+  free(c->addrs);
+  c->addrs = NULL;
   if (c->resolving) {
     ce_h2conn_upstream_done(c, 502, "upstream_unreachable: the resolver is busy");
     return;

@@ -1,6 +1,7 @@
 /*
  * The connection record shared by conn.c and h2conn.c (the HTTP/2 path,
- * docs/http2.md). Nothing else includes this.
+ * docs/http2.md), h1h2.c, and stats.c (which only reads it). Nothing else
+ * includes this.
  */
 #ifndef CE_PROXY_CONN_INTERNAL_H
 #define CE_PROXY_CONN_INTERNAL_H
@@ -9,6 +10,8 @@
 #include <stdbool.h>
 #include <uv.h>
 
+#include "control/control.h"
+#include "dns/stub.h"
 #include "http1/parser.h"
 #include "policy/host.h"
 #include "proxy/clienthello.h"
@@ -70,9 +73,8 @@ struct ce_conn {
   side_t u;                /* the upstream */
   uv_timer_t timer;
   int handles;             /* open handles still to be closed */
-  bool resolving;          /* a uv_getaddrinfo is in flight */
+  bool resolving;          /* a ce_conn_resolve is in flight */
   bool connect_pending;    /* connect_next waits for the old upstream handle */
-  uv_getaddrinfo_t gai;
   bool dead;               /* aborting: handles closing */
   bool processing;         /* conn_process is on the stack */
   bool again;
@@ -91,8 +93,8 @@ struct ce_conn {
   /* The upstream currently connected (or being connected). */
   char up_host[256];
   uint16_t up_port;
-  struct addrinfo *addrs;  /* from the resolver, owned */
-  struct addrinfo *next_addr;
+  ce_dns_addrs_t *addrs;   /* from ce_conn_resolve, owned */
+  size_t next_addr;        /* the next one of addrs to try */
   uv_connect_t connect_req;
 
   /* The current request. */
@@ -176,13 +178,38 @@ void ce_conn_process(ce_conn_t *c);
  * for the HTTP/1.1 request and the h2 stream. */
 bool ce_conn_decision_outcome(ce_proxy_t *p, int status, bool allow, const char *reason, bool cacheable,
                               bool cache, int32_t rule, const char *host, const char **why);
+/* The 403 text of a policy refusal, in the same words on HTTP/1.1 and
+ * h2: the host, who refused ("rule 2 (deny)", "the policy default", "the
+ * decider of rule 2") and the reason. The reason is kept whole up to
+ * CE_CONN_DENY_REASON_MAX bytes, the control channel's limit on a
+ * decider's reason, so the workspace reads everything a decider said;
+ * bytes outside printable ASCII become '?'. out holds
+ * CE_CONN_DENY_TEXT_MAX bytes. */
+#define CE_CONN_DENY_REASON_MAX CE_CONTROL_MAX_REASON
+#define CE_CONN_DENY_WHO_MAX 64u
+#define CE_CONN_DENY_TEXT_MAX (128u + CE_HOST_TEXT_MAX + CE_CONN_DENY_WHO_MAX + CE_CONN_DENY_REASON_MAX)
+void ce_conn_deny_text(char *out, size_t cap, const char *host, const char *who, const char *reason);
 /* Moves a TLS side's decrypted bytes into its input buffer. */
 void ce_conn_pump_tls_input(side_t *s);
 /* Gives an empty input buffer back to the proxy's pool (docs/proxy.md
  * "Memory"); a side with bytes keeps it. */
 void ce_conn_release_input(side_t *s);
-/* The private-address rule for an upstream address (why set when not). */
-bool ce_conn_upstream_addr_ok(ce_conn_t *c, const struct sockaddr *sa, char *why, size_t cap);
+/* The one way an upstream host becomes addresses, for conn.c and
+ * h2conn.c alike: the proxy's own resolver (docs/dns.md: the hosts table
+ * of --hosts, else the --dns-upstream resolvers; never getaddrinfo, so
+ * nothing the workspace can write decides where an allowed name
+ * connects), then the private-address rule (loopback, private and
+ * link-local addresses only when the policy names them, DESIGN §4),
+ * in resolver order. The callback runs once, later: status 0 with keep
+ * (at least one address, owned by the callee, free() it), or 502
+ * (resolution failed: reason "upstream_unreachable: cannot resolve HOST:
+ * ...") or 403 (every address refused: reason
+ * "upstream_private_address: ADDR") with keep NULL. c must stay alive
+ * until then (count the lookup as the callers do). Returns CE_OK, or
+ * CE_EAGAIN (the resolver is busy), CE_EINVAL, CE_ENOMEM with no
+ * callback. */
+typedef void (*ce_conn_resolved_cb)(void *data, int status, ce_dns_addrs_t *keep, const char *reason);
+int ce_conn_resolve(ce_conn_t *c, const char *host, uint16_t port, ce_conn_resolved_cb cb, void *data);
 /* A handle (or lookup) of h2conn.c counted in c->handles is done: may
  * free the connection, so the caller touches nothing after. */
 void ce_conn_release(ce_conn_t *c);
@@ -230,6 +257,10 @@ void ce_h2conn_timeout(ce_conn_t *c);
 void ce_h2conn_drain(ce_conn_t *c);
 void ce_h2conn_abort(ce_conn_t *c, const char *reason);
 void ce_h2conn_free(struct ce_h2conn *h);
+/* What an h2 connection holds beyond c->c and c->u (stats.c): bytes
+ * queued towards its own upstream connections (*queued), and its
+ * streams' data buffers and request heads (*streams). */
+void ce_h2conn_held(const struct ce_h2conn *h, size_t *queued, size_t *streams);
 /* Reading on the pool's own upstream connections (from update_reading). */
 void ce_h2conn_update_reading(ce_conn_t *c);
 /* conn_abort: closes the pool's own handles and cancels its lookups. */

@@ -157,10 +157,10 @@ typedef struct h1slot {
   struct h2s *cur;         /* the stream it serves, one at a time */
   side_t own;
   bool connecting;         /* resolving, connecting or in the TLS handshake */
-  bool resolving;          /* a uv_getaddrinfo is in flight (counted in c->handles) */
+  bool resolving;          /* a ce_conn_resolve is in flight (counted in c->handles) */
   bool connect_pending;    /* the next address waits for the old handle's close */
-  uv_getaddrinfo_t gai;
-  struct addrinfo *addrs, *next_addr;
+  ce_dns_addrs_t *addrs;   /* from ce_conn_resolve, owned */
+  size_t next_addr;
   uv_connect_t creq;
   uv_timer_t timer;
   bool timer_init, timer_closing;
@@ -709,14 +709,6 @@ static ssize_t up_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf
 
 /* ---- a request head: evaluate and forward ----------------------------------------- */
 
-static void deny_text(h2s_t *s, char *text, size_t cap, const char *who, const char *reason) {
-  char hs[300], why[300];
-  plain(hs, sizeof(hs), s->req.host);
-  plain(why, sizeof(why), reason);
-  snprintf(text, cap, "condukt: the network policy of this sandbox refused the request to %s\nrefused by: %s\nreason: %s\n",
-           hs, who, why);
-}
-
 /* ---- HTTP/1.1 upstream: the queue ------------------------------------------------- */
 
 /* The streams that may wait: over HTTP/1.1, CE_H2_H1_QUEUE; for an h2
@@ -831,9 +823,9 @@ static void stream_decided(h2s_t *s, bool allow, const char *reason) {
     stream_forward(s);
     return;
   }
-  char text[1200], who[64];
+  char text[CE_CONN_DENY_TEXT_MAX], who[CE_CONN_DENY_WHO_MAX];
   snprintf(who, sizeof(who), "the decider of rule %d", (int)s->decide_rule);
-  deny_text(s, text, sizeof(text), who, reason);
+  ce_conn_deny_text(text, sizeof(text), s->req.host, who, reason);
   refuse(s, 403, reason, text);
 }
 
@@ -1047,12 +1039,12 @@ static void stream_request(h2s_t *s) {
   if (v.decision != CE_DECISION_ALLOW) {
     const char *reason = v.decision == CE_DECISION_DENY ? ce_reason_name(v.reason) : "decider_error";
     /* In the words of the HTTP/1.1 path (conn.c refuse_policy). */
-    char text[900], who[64];
+    char text[CE_CONN_DENY_TEXT_MAX], who[CE_CONN_DENY_WHO_MAX];
     if (v.rule_index >= 0)
       snprintf(who, sizeof(who), "rule %d (%s)", (int)v.rule_index, ce_rule_kind_name(v.rule_kind));
     else
       snprintf(who, sizeof(who), "the policy default");
-    deny_text(s, text, sizeof(text), who, reason);
+    ce_conn_deny_text(text, sizeof(text), s->req.host, who, reason);
     refuse(s, 403, reason, text);
     return;
   }
@@ -1778,8 +1770,6 @@ static void slot_reset(h1slot_t *sl) {
     ce_conn_upstream_reset(c);
     return;
   }
-  if (sl->resolving)
-    uv_cancel((uv_req_t *)&sl->gai);
   sl->connecting = false;
   sl->connect_pending = false;
   if (sl->timer_init && !sl->timer_closing)
@@ -1789,11 +1779,9 @@ static void slot_reset(h1slot_t *sl) {
   sl->own.tls = NULL;
   sl->own.connected = sl->own.handshaken = sl->own.eof = sl->own.close_notify = false;
   sl->own.in_len = 0;
-  if (sl->addrs != NULL) {
-    uv_freeaddrinfo(sl->addrs);
-    sl->addrs = NULL;
-  }
-  sl->next_addr = NULL;
+  free(sl->addrs);
+  sl->addrs = NULL;
+  sl->next_addr = 0;
 }
 
 /* The stream the slot served is gone half-way: the connection goes too. */
@@ -1948,16 +1936,15 @@ static void slot_connect_next(h1slot_t *sl) {
     sl->connect_pending = true;
     return;
   }
-  struct addrinfo *ai = sl->next_addr;
-  if (ai == NULL) {
+  if (sl->addrs == NULL || sl->next_addr >= sl->addrs->count) {
     char reason[200];
     snprintf(reason, sizeof(reason), "upstream_unreachable: %s",
              sl->last_err != 0 ? uv_strerror(sl->last_err) : "no address");
     slot_failed(sl, 502, reason);
     return;
   }
-  sl->next_addr = ai->ai_next;
-  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const struct sockaddr *sa = (const struct sockaddr *)&sl->addrs->addrs[sl->next_addr++];
+  int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     sl->last_err = uv_translate_sys_error(errno);
     slot_connect_next(sl);
@@ -1976,7 +1963,7 @@ static void slot_connect_next(h1slot_t *sl) {
   int rc = uv_tcp_open(&sl->own.tcp, fd);
   if (rc == 0) {
     sl->creq.data = sl;
-    rc = uv_tcp_connect(&sl->creq, &sl->own.tcp, ai->ai_addr, own_connected);
+    rc = uv_tcp_connect(&sl->creq, &sl->own.tcp, sa, own_connected);
   } else {
     close(fd);
   }
@@ -1987,43 +1974,24 @@ static void slot_connect_next(h1slot_t *sl) {
   }
 }
 
-static void own_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
-  h1slot_t *sl = req->data;
+/* The slot's lookup ended (ce_conn_resolve: the same resolver and
+ * private-address rule as conn.c). */
+static void own_resolved(void *data, int status, ce_dns_addrs_t *keep, const char *reason) {
+  h1slot_t *sl = data;
   ce_conn_t *c = sl->h->c;
   sl->resolving = false;
   if (c->dead || !sl->connecting) {
-    if (res != NULL)
-      uv_freeaddrinfo(res);
+    free(keep);
     ce_conn_release(c); /* last: it may free the connection */
     return;
   }
-  if (status < 0) {
-    char reason[300];
-    snprintf(reason, sizeof(reason), "upstream_unreachable: cannot resolve %s: %s", c->sni.text, uv_strerror(status));
-    slot_failed(sl, 502, reason);
+  if (keep == NULL) {
+    slot_failed(sl, status, reason);
   } else {
-    /* The addresses the proxy may use, in resolver order (as conn.c). */
-    struct addrinfo *keep = NULL, **tail = &keep;
-    char why[200] = "";
-    for (struct addrinfo *ai = res; ai != NULL;) {
-      struct addrinfo *next = ai->ai_next;
-      ai->ai_next = NULL;
-      if ((ai->ai_family == AF_INET || ai->ai_family == AF_INET6) &&
-          ce_conn_upstream_addr_ok(c, ai->ai_addr, why, sizeof(why))) {
-        *tail = ai;
-        tail = &ai->ai_next;
-      } else {
-        uv_freeaddrinfo(ai);
-      }
-      ai = next;
-    }
-    if (keep == NULL) {
-      slot_failed(sl, 403, why[0] != '\0' ? why : "upstream_unreachable: no address");
-    } else {
-      sl->addrs = sl->next_addr = keep;
-      sl->last_err = 0;
-      slot_connect_next(sl);
-    }
+    sl->addrs = keep;
+    sl->next_addr = 0;
+    sl->last_err = 0;
+    slot_connect_next(sl);
   }
   ce_conn_process(c);
   ce_conn_release(c);
@@ -2057,18 +2025,11 @@ static void own_connect(h1slot_t *sl) {
   sl->connecting = true;
   sl->last_err = 0;
   uv_timer_start(&sl->timer, slot_timeout, c->proxy->opts->connect_ms, 0);
-  char port[8];
-  snprintf(port, sizeof(port), "%u", (unsigned)c->port);
-  struct addrinfo hints;
-  memset(&hints, 0, sizeof(hints));
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  sl->gai.data = sl;
-  int rc = uv_getaddrinfo(c->proxy->loop, &sl->gai, own_resolved, c->sni.text, port, &hints);
-  if (rc < 0) {
+  int rc = ce_conn_resolve(c, c->sni.text, c->port, own_resolved, sl);
+  if (rc != CE_OK) {
     char reason[200];
-    snprintf(reason, sizeof(reason), "upstream_unreachable: %s", uv_strerror(rc));
+    snprintf(reason, sizeof(reason), "upstream_unreachable: %s",
+             rc == CE_EAGAIN ? "the resolver is busy" : ce_strerror(rc));
     slot_failed(sl, 502, reason);
     return;
   }
@@ -2295,8 +2256,6 @@ void ce_h2conn_close_handles(ce_conn_t *c) {
     return;
   for (size_t i = 1; i < CE_H2_H1_POOL; i++) {
     h1slot_t *sl = &h->slots[i];
-    if (sl->resolving)
-      uv_cancel((uv_req_t *)&sl->gai);
     sl->connecting = false;
     own_close_handle(sl);
     if (sl->timer_init && !sl->timer_closing) {
@@ -2417,6 +2376,17 @@ int ce_h2conn_start(ce_conn_t *c) {
   return CE_OK;
 }
 
+void ce_h2conn_held(const struct ce_h2conn *h, size_t *queued, size_t *streams) {
+  size_t q = 0, up = 0;
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++)
+    if (!h->slots[i].conn_slot)
+      q += h->slots[i].own.queued;
+  for (const h2s_t *s = h->streams; s != NULL; s = s->next)
+    up += s->up.cap;
+  *queued = q;
+  *streams = h->down_held + h->rq_held + up;
+}
+
 void ce_h2conn_free(struct ce_h2conn *h) {
   if (h == NULL)
     return;
@@ -2436,8 +2406,7 @@ void ce_h2conn_free(struct ce_h2conn *h) {
     ce_tlsconn_free(sl->own.tls);
     sl->own.in_len = 0;
     ce_conn_release_input(&sl->own);
-    if (sl->addrs != NULL)
-      uv_freeaddrinfo(sl->addrs);
+    free(sl->addrs);
   }
   nghttp2_session_del(h->srv);
   free(h->head);

@@ -13,11 +13,12 @@
 #include "cli/cli.h"
 #include "common/error.h"
 #include "common/text.h"
+#include "dns/stub.h"
 #include "policy/ip.h"
 
 #define PROG "condukt-egress proxy"
 
-typedef enum { OPT_STR, OPT_LIST, OPT_U32, OPT_MARK, OPT_CIDR, OPT_BOOL } opt_kind_t;
+typedef enum { OPT_STR, OPT_LIST, OPT_U32, OPT_MARK, OPT_CIDR, OPT_BOOL, OPT_DNS } opt_kind_t;
 
 typedef struct {
   const char *flag;   /* without "--" */
@@ -43,6 +44,8 @@ static const opt_spec_t specs[] = {
     {"upstream-extra-ca", "CONDUKT_EGRESS_UPSTREAM_EXTRA_CA", OPT_STR, 0, 0,
      "one more PEM file of upstream roots (tests, private registries)"},
     {"mark", "CONDUKT_EGRESS_MARK", OPT_MARK, 0, 0, "SO_MARK of upstream sockets (default 0x539)"},
+    {"user", "CONDUKT_EGRESS_USER", OPT_U32, 1, 4294967294u,
+     "uid (and gid) to become, keeping only CAP_NET_ADMIN, before any socket is opened (docs/netfilter.md)"},
     {"allow-private", "CONDUKT_EGRESS_ALLOW_PRIVATE", OPT_CIDR, 0, 0,
      "private/loopback/link-local range upstreams may use without the policy naming the IP (repeatable)"},
     {"redact-header", "CONDUKT_EGRESS_REDACT_HEADER", OPT_LIST, 0, 0,
@@ -62,6 +65,21 @@ static const opt_spec_t specs[] = {
      "to receive a request or response head once it started (default 30000)"},
     {"idle-timeout-ms", "CONDUKT_EGRESS_IDLE_TIMEOUT_MS", OPT_U32, 1, 86400000,
      "without any byte either way (default 300000)"},
+    {"hosts", "CONDUKT_EGRESS_HOSTS", OPT_STR, 0, 0,
+     "static names in hosts(5) syntax, from a file the workspace cannot write (default: none; "
+     "/etc/hosts is never read)"},
+    {"dns-upstream", "CONDUKT_EGRESS_DNS_UPSTREAM", OPT_DNS, 0, 0,
+     "resolver the proxy asks, ADDR or ADDR:PORT (repeatable or comma-separated, at most 4; "
+     "default: the nameservers of --resolv-conf, read once at start)"},
+    {"resolv-conf", "CONDUKT_EGRESS_RESOLV_CONF", OPT_STR, 0, 0,
+     "where the default resolvers come from when --dns-upstream is not given "
+     "(default " CE_PROXY_DEFAULT_RESOLV_CONF ")"},
+    {"dns-state", "CONDUKT_EGRESS_DNS_STATE", OPT_STR, 0, 0,
+     "file that keeps the resolvers read from --resolv-conf at the first start; later starts use it "
+     "(a place only the sidecar can write that outlives its restarts; default: none)"},
+    {"dns-listen", "CONDUKT_EGRESS_DNS_LISTEN", OPT_LIST, 0, 0,
+     "where the workspace's DNS resolver listens, UDP and TCP (repeatable; default 127.0.0.1:15053 and "
+     "[::1]:15053; none: no resolver)"},
     {"verbose", "CONDUKT_EGRESS_VERBOSE", OPT_BOOL, 0, 0, "trace connection state changes on stderr"},
 };
 #define NSPECS (sizeof(specs) / sizeof(specs[0]))
@@ -167,7 +185,32 @@ static int apply(const opt_spec_t *spec, const char *value, ce_proxy_options_t *
     else if (strcmp(f, "token-file") == 0) o->token_path = value;
     else if (strcmp(f, "trust-bundle") == 0) o->trust_bundle_path = value;
     else if (strcmp(f, "upstream-extra-ca") == 0) o->upstream_extra_ca_path = value;
+    else if (strcmp(f, "hosts") == 0) o->hosts_path = value;
+    else if (strcmp(f, "resolv-conf") == 0) o->resolv_conf_path = value;
+    else if (strcmp(f, "dns-state") == 0) o->dns_state_path = value;
     return CE_EXIT_OK;
+  case OPT_DNS: {
+    /* A comma-separated list on the command line too. */
+    const char *item = value;
+    for (;;) {
+      const char *comma = strchr(item, ',');
+      size_t n = comma != NULL ? (size_t)(comma - item) : strlen(item);
+      char one[80];
+      if (n == 0 || n >= sizeof(one))
+        return usage_error("--dns-upstream expects ADDR or ADDR:PORT, got", value);
+      memcpy(one, item, n);
+      one[n] = '\0';
+      if (o->dns_upstream_count == CE_PROXY_MAX_DNS_UPSTREAMS)
+        return usage_error("too many --dns-upstream resolvers (at most 4) at", one);
+      if (ce_dns_upstream_parse(one, &o->dns_upstreams[o->dns_upstream_count]) != CE_OK)
+        return usage_error("--dns-upstream expects ADDR or ADDR:PORT, got", one);
+      o->dns_upstream_count++;
+      if (comma == NULL)
+        break;
+      item = comma + 1;
+    }
+    return CE_EXIT_OK;
+  }
   case OPT_LIST:
     if (value[0] == '\0')
       return usage_error("empty value for option", f);
@@ -175,6 +218,14 @@ static int apply(const opt_spec_t *spec, const char *value, ce_proxy_options_t *
       if (o->listen_count == CE_PROXY_MAX_LISTEN)
         return usage_error("too many listen addresses at", value);
       o->listen[o->listen_count++] = value;
+    } else if (strcmp(f, "dns-listen") == 0) {
+      if (strcmp(value, "none") == 0) {
+        o->dns_listen_off = true;
+        return CE_EXIT_OK;
+      }
+      if (o->dns_listen_count == CE_PROXY_MAX_DNS_LISTEN)
+        return usage_error("too many --dns-listen addresses at", value);
+      o->dns_listen[o->dns_listen_count++] = value;
     } else {
       if (o->redact_count == CE_PROXY_MAX_REDACT)
         return usage_error("too many redacted headers at", value);
@@ -206,6 +257,7 @@ static int apply(const opt_spec_t *spec, const char *value, ce_proxy_options_t *
     else if (strcmp(f, "connect-timeout-ms") == 0) o->connect_ms = v;
     else if (strcmp(f, "header-timeout-ms") == 0) o->header_ms = v;
     else if (strcmp(f, "idle-timeout-ms") == 0) o->idle_ms = v;
+    else if (strcmp(f, "user") == 0) o->user = v;
     return CE_EXIT_OK;
   }
   return CE_EXIT_OK;
@@ -285,7 +337,7 @@ int ce_proxy_options_parse(int argc, char **argv, ce_proxy_options_t *o) {
         continue;
       size_t n = strlen(ev);
       memcpy(w, ev, n + 1);
-      bool list = specs[si].kind == OPT_LIST || specs[si].kind == OPT_CIDR;
+      bool list = specs[si].kind == OPT_LIST || specs[si].kind == OPT_CIDR || specs[si].kind == OPT_DNS;
       char *item = w;
       w += n + 1;
       for (;;) {
@@ -310,6 +362,14 @@ int ce_proxy_options_parse(int argc, char **argv, ce_proxy_options_t *o) {
     o->listen[o->listen_count++] = "127.0.0.1:15001";
     o->listen[o->listen_count++] = "[::1]:15001";
   }
+  if (o->dns_listen_off && o->dns_listen_count > 0)
+    return usage_error("--dns-listen none cannot be combined with an address, got", o->dns_listen[0]);
+  if (!o->dns_listen_off && o->dns_listen_count == 0) {
+    o->dns_listen[o->dns_listen_count++] = "127.0.0.1:15053";
+    o->dns_listen[o->dns_listen_count++] = "[::1]:15053";
+  }
+  if (o->resolv_conf_path == NULL)
+    o->resolv_conf_path = CE_PROXY_DEFAULT_RESOLV_CONF;
   static const struct {
     const char *flag;
     size_t off;

@@ -10,10 +10,16 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #define CE_PROXY_MAX_LISTEN 8
 #define CE_PROXY_MAX_CIDRS 64
 #define CE_PROXY_MAX_REDACT 64
+/* The proxy's own DNS (docs/dns.md). */
+#define CE_PROXY_MAX_DNS_UPSTREAMS 4
+#define CE_PROXY_MAX_DNS_LISTEN 4
+#define CE_PROXY_DEFAULT_DNS_PORT 15053
+#define CE_PROXY_DEFAULT_RESOLV_CONF "/etc/resolv.conf"
 
 /* Defaults (docs/proxy.md, "Limits and timeouts"). */
 #define CE_PROXY_DEFAULT_PORT 15001
@@ -45,6 +51,7 @@ typedef struct {
   const char *trust_bundle_path;
   const char *upstream_extra_ca_path;
   uint32_t mark;
+  uint32_t user; /* --user: the uid to become when started as root; 0 = stay */
   ce_cidr_t allow_private[CE_PROXY_MAX_CIDRS];
   size_t allow_private_count;
   const char *redact[CE_PROXY_MAX_REDACT];
@@ -56,6 +63,17 @@ typedef struct {
   uint32_t connect_ms;
   uint32_t header_ms;
   uint32_t idle_ms;
+  /* DNS (docs/dns.md): the static names, the upstream resolvers (else
+   * the nameservers of resolv_conf_path, read once at start), and where
+   * the workspace's resolver listens (none when dns_listen_off). */
+  const char *hosts_path;
+  struct sockaddr_storage dns_upstreams[CE_PROXY_MAX_DNS_UPSTREAMS];
+  size_t dns_upstream_count;
+  const char *resolv_conf_path;
+  const char *dns_state_path; /* where the resolvers of the first start are kept */
+  const char *dns_listen[CE_PROXY_MAX_DNS_LISTEN];
+  size_t dns_listen_count;
+  bool dns_listen_off;
   bool verbose;
   char *owned;        /* private: copies of environment lists */
 } ce_proxy_options_t;

@@ -19,6 +19,8 @@
 #include <uv.h>
 
 #include "control/control.h"
+#include "dns/hosts.h"
+#include "dns/stub.h"
 #include "policy/policy.h"
 #include "proxy/bufpool.h"
 #include "proxy/options.h"
@@ -26,7 +28,8 @@
 
 /* Definitive decider answers cached per (decide rule, host). */
 #define CE_DECISION_CACHE_SIZE 4096u
-#define CE_DECISION_REASON_MAX 512u
+/* A cached reason is a decider's: the control channel's limit. */
+#define CE_DECISION_REASON_MAX CE_CONTROL_MAX_REASON
 
 typedef struct ce_conn ce_conn_t;
 
@@ -47,6 +50,9 @@ typedef struct ce_proxy {
   SSL_CTX *server_ctx;
   SSL_CTX *client_ctx;
   ce_control_t *control;
+  ce_hosts_t *hosts;         /* --hosts, or NULL */
+  ce_dns_stub_t *dns;        /* the proxy's own resolver (docs/dns.md) */
+  struct ce_dns_server *dns_server; /* the workspace's resolver, or NULL */
 
   uv_tcp_t listeners[CE_PROXY_MAX_LISTEN];
   struct sockaddr_storage listen_addrs[CE_PROXY_MAX_LISTEN];
@@ -54,6 +60,7 @@ typedef struct ce_proxy {
   uv_signal_t sigterm;
   uv_signal_t sigint;
   uv_signal_t sigpipe;
+  uv_signal_t sigusr1;     /* writes the buffer statistics (stats.h) */
 
   ce_conn_t *conns;          /* intrusive list of live connections */
   size_t conn_count;

@@ -14,10 +14,15 @@
 #include "cli/cli.h"
 #include "common/error.h"
 #include "common/trace.h"
+#include "dns/hosts.h"
+#include "dns/server.h"
+#include "dns/stub.h"
 #include "netfilter/ctflush.h"
 #include "proxy/conn.h"
 #include "proxy/netaddr.h"
+#include "proxy/privdrop.h"
 #include "proxy/proxy.h"
+#include "proxy/stats.h"
 #include "tls/context.h"
 
 #define PROG "condukt-egress proxy"
@@ -116,9 +121,13 @@ static void begin_drain(ce_proxy_t *p, const char *why) {
   CE_TRACE_I("proxy", 0, 0, "%s: draining %zu connection(s)", why, p->conn_count);
   for (size_t i = 0; i < p->listener_count; i++)
     uv_close((uv_handle_t *)&p->listeners[i], NULL);
+  /* The workspace's resolver stops with the listeners. */
+  ce_dns_server_close(p->dns_server);
+  p->dns_server = NULL;
   uv_close((uv_handle_t *)&p->sigterm, NULL);
   uv_close((uv_handle_t *)&p->sigint, NULL);
   uv_close((uv_handle_t *)&p->sigpipe, NULL);
+  uv_close((uv_handle_t *)&p->sigusr1, NULL);
   ce_conn_drain_all(p);
   uv_timer_init(p->loop, &drain_timer);
   drain_timer.data = p;
@@ -131,6 +140,15 @@ static void on_signal(uv_signal_t *s, int signum) {
   ce_proxy_t *p = s->data;
   if (signum == SIGPIPE)
     return;
+  if (signum == SIGUSR1) {
+    /* Whatever the trace level, as "proxy ready" is: it was asked for. */
+    ce_buffer_stats_t st;
+    char line[256];
+    ce_proxy_buffer_stats(p, &st);
+    ce_proxy_buffer_stats_text(&st, line, sizeof(line));
+    fprintf(stderr, "condukt-egress: %s\n", line);
+    return;
+  }
   begin_drain(p, signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 
@@ -220,6 +238,103 @@ static int start_listeners(ce_proxy_t *p) {
   return CE_EXIT_OK;
 }
 
+/* The proxy's resolver (docs/dns.md): the static names of --hosts and
+ * the upstream resolvers of --dns-upstream, else those of --resolv-conf
+ * read now, once. Nothing is read again later: a file the workspace can
+ * write (a shared resolv.conf) counts only as it was at start. */
+/* The nameservers of a resolv.conf-style file into so (0 when the file
+ * is missing or names none). */
+static size_t read_resolvers(const char *path, ce_dns_stub_opts_t *so) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return 0;
+  char buf[16384];
+  size_t n = fread(buf, 1, sizeof(buf), f);
+  fclose(f);
+  return ce_dns_resolv_conf_parse(buf, n, so);
+}
+
+/* Keeps the resolvers read at the first start in --dns-state (a place
+ * only the sidecar can write, which outlives a restart of its container),
+ * so that a restart never takes them from a resolv.conf the workspace
+ * may have rewritten meanwhile. Written whole or not at all (rename). */
+static void write_resolvers(const char *path, const ce_dns_stub_opts_t *so) {
+  char tmp[PATH_MAX];
+  int len = snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+  FILE *f = len > 0 && (size_t)len < sizeof(tmp) ? fopen(tmp, "wb") : NULL;
+  bool ok = f != NULL;
+  for (size_t i = 0; ok && i < so->upstream_count; i++) {
+    char text[CE_ADDR_TEXT_MAX];
+    ce_addr_text((const struct sockaddr *)&so->upstreams[i], text);
+    ok = fprintf(f, "nameserver %s\n", text) > 0;
+  }
+  if (f != NULL && fclose(f) != 0)
+    ok = false;
+  if (ok && rename(tmp, path) != 0)
+    ok = false;
+  if (!ok) {
+    fprintf(stderr, PROG ": warning: cannot keep the resolvers in --dns-state %s: %s; a restart reads %s again\n",
+            path, strerror(errno), "the resolv.conf");
+    unlink(tmp);
+  }
+}
+
+static int dns_setup(ce_proxy_t *p) {
+  const ce_proxy_options_t *o = p->opts;
+  char err[CE_HOSTS_ERROR_MAX];
+  if (o->hosts_path != NULL && ce_hosts_load_file(o->hosts_path, &p->hosts, err, sizeof(err)) != CE_OK) {
+    fprintf(stderr, PROG ": --hosts %s: %s\n", o->hosts_path, err);
+    return CE_EXIT_FAIL;
+  }
+  ce_dns_stub_opts_t so;
+  memset(&so, 0, sizeof(so));
+  so.hosts = p->hosts;
+  so.mark = o->mark;
+  if (o->dns_upstream_count > 0) {
+    for (size_t i = 0; i < o->dns_upstream_count; i++)
+      so.upstreams[i] = o->dns_upstreams[i];
+    so.upstream_count = o->dns_upstream_count;
+  } else if (o->dns_state_path != NULL && read_resolvers(o->dns_state_path, &so) > 0) {
+    CE_TRACE_I("proxy", 0, 0, "DNS upstreams as kept in %s at the first start", o->dns_state_path);
+  } else if (read_resolvers(o->resolv_conf_path, &so) == 0) {
+    fprintf(stderr,
+            PROG ": warning: no --dns-upstream and no nameserver in %s: only IP literals and the names of "
+                 "--hosts resolve\n",
+            o->resolv_conf_path);
+  } else if (o->dns_state_path != NULL) {
+    write_resolvers(o->dns_state_path, &so);
+  }
+  if (ce_dns_stub_new(p->loop, &so, &p->dns) != CE_OK) {
+    fprintf(stderr, PROG ": out of memory\n");
+    return CE_EXIT_FAIL;
+  }
+  for (size_t i = 0; i < so.upstream_count; i++) {
+    char text[CE_ADDR_TEXT_MAX];
+    ce_addr_text((const struct sockaddr *)&so.upstreams[i], text);
+    CE_TRACE_I("proxy", 0, 0, "DNS upstream %s port %u", text,
+               (unsigned)ce_addr_port((const struct sockaddr *)&so.upstreams[i]));
+  }
+  if (o->dns_listen_off)
+    return CE_EXIT_OK;
+  ce_dns_server_opts_t dso = {
+      .listen = o->dns_listen,
+      .listen_count = o->dns_listen_count,
+      .policy = p->policy,
+      .stub = p->dns,
+      .control = p->control,
+      .next_id = &p->next_request_id,
+  };
+  char serr[300];
+  int rc = ce_dns_server_start(p->loop, &dso, &p->dns_server, serr, sizeof(serr));
+  if (rc != CE_OK) {
+    fprintf(stderr, PROG ": %s\n", rc == CE_ENOMEM ? "out of memory" : serr);
+    return rc == CE_EINVAL ? CE_EXIT_USAGE : CE_EXIT_FAIL;
+  }
+  for (size_t i = 0; i < o->dns_listen_count; i++)
+    CE_TRACE_I("proxy", 0, 0, "the workspace's DNS resolver listens on %s (UDP and TCP)", o->dns_listen[i]);
+  return CE_EXIT_OK;
+}
+
 static void close_walk(uv_handle_t *h, void *arg) {
   (void)arg;
   if (!uv_is_closing(h))
@@ -291,6 +406,14 @@ int ce_cmd_proxy(int argc, char **argv) {
     goto fail;
   }
 
+  /* Every file is read; no socket exists yet. From here on the proxy is
+   * the sidecar's uid, whose marked sockets alone are exempt
+   * (docs/netfilter.md, "The exemption"). */
+  if (opts.user != 0 && ce_privdrop(opts.user, err, sizeof(err)) != CE_OK) {
+    fprintf(stderr, PROG ": %s\n", err);
+    goto fail;
+  }
+
   uv_loop_init(&loop);
   loop_ready = true;
   p->loop = &loop;
@@ -319,6 +442,11 @@ int ce_cmd_proxy(int argc, char **argv) {
             (unsigned)opts.mark, cterr);
   else
     CE_TRACE_I("proxy", 0, 0, "deleted the conntrack entries with connection mark 0x%x", (unsigned)opts.mark);
+  rc = dns_setup(p);
+  if (rc != CE_EXIT_OK) {
+    exit_code = rc;
+    goto fail;
+  }
   rc = start_listeners(p);
   if (rc != CE_EXIT_OK) {
     exit_code = rc;
@@ -327,10 +455,12 @@ int ce_cmd_proxy(int argc, char **argv) {
   uv_signal_init(p->loop, &p->sigterm);
   uv_signal_init(p->loop, &p->sigint);
   uv_signal_init(p->loop, &p->sigpipe);
-  p->sigterm.data = p->sigint.data = p->sigpipe.data = p;
+  uv_signal_init(p->loop, &p->sigusr1);
+  p->sigterm.data = p->sigint.data = p->sigpipe.data = p->sigusr1.data = p;
   uv_signal_start(&p->sigterm, on_signal, SIGTERM);
   uv_signal_start(&p->sigint, on_signal, SIGINT);
   uv_signal_start(&p->sigpipe, on_signal, SIGPIPE);
+  uv_signal_start(&p->sigusr1, on_signal, SIGUSR1);
 
   /* "proxy ready" and "drained, exiting" are not traces but the start and
    * end markers test/support/netns/sidecar.ex waits for: written whatever
@@ -343,6 +473,11 @@ int ce_cmd_proxy(int argc, char **argv) {
 
 fail:
   if (loop_ready) {
+    /* The server first: its queries end when the stub closes. */
+    ce_dns_server_close(p->dns_server);
+    p->dns_server = NULL;
+    ce_dns_stub_close(p->dns);
+    p->dns = NULL;
     if (p->control != NULL) {
       ce_control_close(p->control, on_control_closed, p);
       uv_run(p->loop, UV_RUN_DEFAULT);
@@ -360,6 +495,7 @@ fail:
   ce_leaf_cache_free(p->leaves);
   ce_ca_free(p->ca);
   ce_policy_free(p->policy);
+  ce_hosts_free(p->hosts);
   ce_proxy_options_free(&opts);
   return exit_code;
 }

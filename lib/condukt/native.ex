@@ -125,17 +125,22 @@ defmodule Condukt.Native do
   end
 
   @doc """
-  Attaches a control channel to the sidecar at `address` with `token`
-  (lowercase hex) and returns its number and the sidecar's `welcome` frame.
+  Attaches a control channel to the sidecar at `address` for the session
+  `:session_id` (required) and returns its number and the sidecar's
+  `welcome` frame. `token` (lowercase hex) is never sent: the port and the
+  sidecar each prove that they hold it (docs/control-channel.md). A
+  listener that cannot prove it, or that gates another session, is
+  refused with `{:error, %Condukt.Native.Error{code: :perm}}`.
 
-  Options: `:timeout` (ms to connect and get the welcome, default 5000),
-  `:window` (frame credit, default 256), `:owner` (the process that gets
-  the channel's frames; default the caller).
+  Options: `:session_id` (the session the sidecar must gate), `:timeout`
+  (ms to connect and complete the handshake, default 5000), `:window`
+  (frame credit, default 256), `:owner` (the process that gets the
+  channel's frames; default the caller).
   """
   @spec control_attach(server(), address(), String.t(), keyword()) :: {:ok, {chan(), map()}} | error()
   def control_attach(server, address, token, opts \\ []) do
     {owner, opts} = Keyword.pop(opts, :owner, self())
-    attach = Map.new(Keyword.take(opts, [:timeout, :window]))
+    attach = Map.new(Keyword.take(opts, [:timeout, :window, :session_id]))
     timeout = Map.get(attach, :timeout, 5_000) + @call_margin
     call(server, {:control_attach, encode_address(address), token, attach}, timeout, owner)
   end

@@ -25,6 +25,7 @@
 
 #include "common/error.h"
 #include "control/control.h"
+#include "control/handshake.h"
 
 /* Long enough for a loaded CI machine, short enough to fail fast. */
 #define WAIT_MS 3000
@@ -40,7 +41,7 @@ static ce_control_t *ctl;
 
 static const uint8_t TOKEN[16] = {0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07,
                                   0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0xff};
-static const char TOKEN_HEX[] = "000102030405060708090a0b0c0d0eff";
+static const char SID[] = "sess-1";
 
 static void setup(void) {
   /* A peer that goes away must not kill the test worker (control.h). */
@@ -274,21 +275,59 @@ static void expect_type(json_t *j, const char *type) {
   cr_assert_str_eq(str(j, "type"), type);
 }
 
-static void send_hello(client_t *c, const char *token_hex) {
-  char text[400];
-  snprintf(text, sizeof(text), "{\"type\":\"hello\",\"version\":1,\"token\":\"%s\"}\n",
-           token_hex);
+/* A peer's side of the handshake (control/handshake.h), step by step. */
+typedef struct {
+  uint8_t np[CE_CONTROL_NONCE_LEN];
+  uint8_t ns[CE_CONTROL_NONCE_LEN];
+} hs_t;
+
+static void send_hello_sid(client_t *c, hs_t *hs, const char *sid) {
+  cr_assert_eq(ce_control_nonce(hs->np), CE_OK);
+  char nonce[2 * CE_CONTROL_NONCE_LEN + 1], text[600];
+  ce_control_hex(hs->np, sizeof(hs->np), nonce);
+  snprintf(text, sizeof(text),
+           "{\"type\":\"hello\",\"version\":2,\"session_id\":\"%s\",\"nonce\":\"%s\"}\n", sid,
+           nonce);
   client_send(c, text);
 }
 
-/* Authenticates and returns the welcome's "dropped". */
-static json_int_t authenticate(client_t *c) {
-  send_hello(c, TOKEN_HEX);
+/* Sends hello and reads the challenge into hs->ns. */
+static void hello_challenge(client_t *c, hs_t *hs) {
+  send_hello_sid(c, hs, SID);
+  json_t *j = client_read(c);
+  cr_assert_not_null(j, "closed instead of a challenge");
+  expect_type(j, "challenge");
+  cr_assert_eq(json_integer_value(json_object_get(j, "version")), 2);
+  const char *n = str(j, "nonce");
+  cr_assert(ce_control_unhex(n, strlen(n), hs->ns, sizeof(hs->ns)), "nonce %s", n);
+  json_decref(j);
+}
+
+static void send_proof(client_t *c, const uint8_t proof[CE_CONTROL_PROOF_LEN]) {
+  char hex[2 * CE_CONTROL_PROOF_LEN + 1], text[200];
+  ce_control_hex(proof, CE_CONTROL_PROOF_LEN, hex);
+  snprintf(text, sizeof(text), "{\"type\":\"auth\",\"proof\":\"%s\"}\n", hex);
+  client_send(c, text);
+}
+
+/* The proof of `role` for hs with the test token and session. */
+static void proof_of(ce_control_role_t role, const hs_t *hs, uint8_t out[CE_CONTROL_PROOF_LEN]) {
+  cr_assert_eq(ce_control_proof(TOKEN, sizeof(TOKEN), role, SID, hs->np, hs->ns, out), CE_OK);
+}
+
+/* Reads the welcome, checks the sidecar's proof, returns its "dropped". */
+static json_int_t read_welcome(client_t *c, const hs_t *hs) {
   json_t *w = client_read(c);
   cr_assert_not_null(w, "closed instead of a welcome");
   expect_type(w, "welcome");
-  cr_assert_eq(json_integer_value(json_object_get(w, "version")), 1);
-  cr_assert_str_eq(str(w, "session_id"), "sess-1");
+  cr_assert_eq(json_integer_value(json_object_get(w, "version")), 2);
+  cr_assert_str_eq(str(w, "session_id"), SID);
+  uint8_t proof[CE_CONTROL_PROOF_LEN];
+  const char *p = str(w, "proof");
+  cr_assert(ce_control_unhex(p, strlen(p), proof, sizeof(proof)));
+  cr_assert(ce_control_proof_ok(TOKEN, sizeof(TOKEN), CE_CONTROL_ROLE_SIDECAR, SID, hs->np,
+                                hs->ns, proof),
+            "the sidecar's proof does not check out");
   json_t *d = json_object_get(w, "dropped");
   cr_assert(json_is_integer(d));
   json_int_t dropped = json_integer_value(d);
@@ -296,14 +335,44 @@ static json_int_t authenticate(client_t *c) {
   return dropped;
 }
 
+/* Authenticates and returns the welcome's "dropped". */
+static json_int_t authenticate(client_t *c) {
+  hs_t hs;
+  hello_challenge(c, &hs);
+  uint8_t proof[CE_CONTROL_PROOF_LEN];
+  proof_of(CE_CONTROL_ROLE_PEER, &hs, proof);
+  send_proof(c, proof);
+  return read_welcome(c, &hs);
+}
+
+/* After the challenge, the sidecar closes without one more byte. */
+static void expect_closed_after_challenge(client_t *c) {
+  size_t before = c->total;
+  cr_assert(pump_until(client_closed, c, WAIT_MS), "connection not closed");
+  cr_assert_eq(c->total, before, "the sidecar wrote after a refused proof: %.*s", (int)c->len,
+               c->buf);
+}
+
 static bool is_disconnected(void *arg) {
   (void)arg;
   return !stats().peer_connected;
 }
 
+/* The next frame that is not a control_refused event (refusals of other
+ * connections reach the peer as events). */
+static json_t *client_read_skip_refused(client_t *c) {
+  for (;;) {
+    json_t *j = client_read(c);
+    const char *ev = j != NULL ? json_string_value(json_object_get(j, "event")) : NULL;
+    if (ev == NULL || strcmp(ev, "control_refused") != 0)
+      return j;
+    json_decref(j);
+  }
+}
+
 static void ping_pong(client_t *c) {
   client_send(c, "{\"type\":\"ping\"}\n");
-  json_t *j = client_read(c);
+  json_t *j = client_read_skip_refused(c);
   cr_assert_not_null(j, "closed instead of a pong");
   expect_type(j, "pong");
   json_decref(j);
@@ -464,6 +533,11 @@ Test(control, start_refusals) {
   o = default_opts();
   o.session_id = "bad \xff utf-8";
   refused_start(o, CE_EINVAL, "session_id");
+  /* Both proofs cover the session id: it may not be empty. */
+  o.session_id = "";
+  refused_start(o, CE_EINVAL, "session_id");
+  o.session_id = NULL;
+  refused_start(o, CE_EINVAL, "session_id");
 
   o = default_opts();
   o.stdout_fd = 1000; /* not open */
@@ -552,7 +626,8 @@ Test(control, unix_socket) {
   authenticate(c);
   ping_pong(c);
   client_t *bad = connect_unix(path);
-  send_hello(bad, "00");
+  hs_t hs;
+  send_hello_sid(bad, &hs, "another-session");
   expect_dropped_silently(bad);
   cr_assert_eq(stats().auth_failures, 1);
   client_free(bad);
@@ -592,22 +667,87 @@ Test(control, unix_stale_socket_replaced_live_one_refused) {
   stop();
 }
 
-Test(control, wrong_token_dropped) {
+/* A process that does not hold the token gets a challenge and then
+ * nothing: every wrong proof closes the connection without another byte. */
+Test(control, wrong_proof_dropped) {
   start();
-  static const char *const tokens[] = {
-      "000102030405060708090a0b0c0d0eee", /* right length, wrong bytes */
-      "000102030405060708090a0b0c0d0e",   /* a prefix */
-      "000102030405060708090a0b0c0d0eff00",
-      "000102030405060708090A0B0C0D0EFF", /* uppercase is refused */
-  };
-  for (size_t i = 0; i < sizeof(tokens) / sizeof(tokens[0]); i++) {
+  for (int i = 0; i < 6; i++) {
     client_t *c = connect_ctl();
-    send_hello(c, tokens[i]);
-    expect_dropped_silently(c);
+    hs_t hs;
+    hello_challenge(c, &hs);
+    uint8_t proof[CE_CONTROL_PROOF_LEN];
+    static const uint8_t other[16] = {9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9};
+    switch (i) {
+    case 0: /* another token */
+      cr_assert_eq(ce_control_proof(other, sizeof(other), CE_CONTROL_ROLE_PEER, SID, hs.np, hs.ns,
+                                    proof),
+                   CE_OK);
+      break;
+    case 1: /* the sidecar's own proof reflected back */
+      proof_of(CE_CONTROL_ROLE_SIDECAR, &hs, proof);
+      break;
+    case 2: { /* a proof for another session */
+      cr_assert_eq(ce_control_proof(TOKEN, sizeof(TOKEN), CE_CONTROL_ROLE_PEER, "other", hs.np,
+                                    hs.ns, proof),
+                   CE_OK);
+      break;
+    }
+    case 3: { /* the nonces swapped */
+      hs_t sw;
+      memcpy(sw.np, hs.ns, 32);
+      memcpy(sw.ns, hs.np, 32);
+      proof_of(CE_CONTROL_ROLE_PEER, &sw, proof);
+      break;
+    }
+    case 4: /* one bit off */
+      proof_of(CE_CONTROL_ROLE_PEER, &hs, proof);
+      proof[0] ^= 0x80;
+      break;
+    default: /* not an auth at all */
+      client_send(c, "{\"type\":\"ping\"}\n");
+      break;
+    }
+    if (i < 5)
+      send_proof(c, proof);
+    expect_closed_after_challenge(c);
     client_free(c);
-    cr_assert_eq(stats().auth_failures, i + 1);
+    cr_assert_eq(stats().auth_failures, (uint64_t)i + 1);
   }
   cr_assert_not(stats().peer_connected);
+  stop();
+}
+
+/* A proof is good for its connection only: one seen on another (an
+ * attacker relaying or recording) is refused, since the sidecar's nonce
+ * differs. */
+Test(control, proof_not_replayable) {
+  start();
+  client_t *a = connect_ctl();
+  hs_t hs;
+  hello_challenge(a, &hs);
+  uint8_t proof[CE_CONTROL_PROOF_LEN];
+  proof_of(CE_CONTROL_ROLE_PEER, &hs, proof);
+  send_proof(a, proof);
+  read_welcome(a, &hs);
+
+  /* The same hello nonce and the recorded proof on a new connection. */
+  client_t *b = connect_ctl();
+  char nonce[65], text[300];
+  ce_control_hex(hs.np, 32, nonce);
+  snprintf(text, sizeof(text),
+           "{\"type\":\"hello\",\"version\":2,\"session_id\":\"%s\",\"nonce\":\"%s\"}\n", SID,
+           nonce);
+  client_send(b, text);
+  json_t *j = client_read(b);
+  cr_assert_not_null(j);
+  expect_type(j, "challenge");
+  cr_assert_str_neq(str(j, "nonce"), "", "");
+  json_decref(j);
+  send_proof(b, proof);
+  expect_closed_after_challenge(b);
+  cr_assert_eq(stats().auth_failures, 1);
+  client_free(a);
+  client_free(b);
   stop();
 }
 
@@ -616,12 +756,20 @@ Test(control, bad_first_frames_dropped) {
   static const char *const frames[] = {
       "{\"type\":\"ping\"}\n",
       "{\"type\":\"decision\",\"id\":\"1\",\"decision\":\"allow\"}\n",
-      "{\"type\":\"hello\",\"version\":2,\"token\":\"000102030405060708090a0b0c0d0eff\"}\n",
-      "{\"type\":\"hello\",\"version\":1}\n",
+      /* The first protocol's hello, with the right token: refused unread. */
+      "{\"type\":\"hello\",\"version\":1,\"token\":\"000102030405060708090a0b0c0d0eff\"}\n",
+      "{\"type\":\"hello\",\"version\":2,\"session_id\":\"sess-1\"}\n",
+      "{\"type\":\"hello\",\"version\":2,\"session_id\":\"\",\"nonce\":\"" /* empty id */
+      "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\"}\n",
+      "{\"type\":\"hello\",\"version\":2,\"session_id\":\"sess-2\",\"nonce\":\"" /* another */
+      "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\"}\n",
+      "{\"type\":\"auth\",\"proof\":\"" /* a proof before any challenge */
+      "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\"}\n",
       "not json\n",
       "\n",
   };
-  for (size_t i = 0; i < sizeof(frames) / sizeof(frames[0]); i++) {
+  size_t count = sizeof(frames) / sizeof(frames[0]);
+  for (size_t i = 0; i < count; i++) {
     client_t *c = connect_ctl();
     client_send(c, frames[i]);
     expect_dropped_silently(c);
@@ -632,27 +780,32 @@ Test(control, bad_first_frames_dropped) {
   pump(20);
   client_free(c);
   pump(50);
-  cr_assert_eq(stats().auth_failures, 7);
+  cr_assert_eq(stats().auth_failures, count + 1);
   stop();
 }
 
-Test(control, slow_hello_dropped) {
+Test(control, slow_handshake_dropped) {
   ce_control_opts_t o = default_opts();
   o.hello_timeout_ms = 60;
   start_with(&o);
   client_t *silent = connect_ctl();
   client_t *partial = connect_ctl();
-  client_send(partial, "{\"type\":\"hello\",\"version\":1,\"token\":\"0001");
+  client_send(partial, "{\"type\":\"hello\",\"version\":2,\"session_id\":\"se");
+  client_t *no_auth = connect_ctl();
+  hs_t hs;
+  hello_challenge(no_auth, &hs); /* and then nothing */
   expect_dropped_silently(silent);
   expect_dropped_silently(partial);
-  cr_assert_eq(stats().auth_failures, 2);
+  expect_closed_after_challenge(no_auth);
+  cr_assert_eq(stats().auth_failures, 3);
   /* A prompt peer still gets in. */
   client_t *c = connect_ctl();
   authenticate(c);
   pump(120);
-  ping_pong(c); /* the hello timer no longer applies */
+  ping_pong(c); /* the deadline no longer applies */
   client_free(silent);
   client_free(partial);
+  client_free(no_auth);
   client_free(c);
   stop();
 }
@@ -670,19 +823,32 @@ Test(control, preauth_byte_limit) {
   stop();
 }
 
-Test(control, hello_split_and_pipelined) {
+Test(control, hello_split_and_auth_pipelined) {
   start();
   client_t *c = connect_ctl();
+  hs_t hs;
+  cr_assert_eq(ce_control_nonce(hs.np), CE_OK);
+  char nonce[65], rest[200];
+  ce_control_hex(hs.np, 32, nonce);
   client_send(c, "{\"type\":\"hello\",\"vers");
   pump(20);
-  char rest[200];
-  snprintf(rest, sizeof(rest),
-           "ion\":1,\"token\":\"%s\"}\n{\"type\":\"ping\"}\n{\"type\":\"ping\"}\n", TOKEN_HEX);
+  snprintf(rest, sizeof(rest), "ion\":2,\"session_id\":\"%s\",\"nonce\":\"%s\"}\n", SID, nonce);
   client_send(c, rest);
   json_t *j = client_read(c);
   cr_assert_not_null(j);
-  expect_type(j, "welcome");
+  expect_type(j, "challenge");
+  const char *n = str(j, "nonce");
+  cr_assert(ce_control_unhex(n, strlen(n), hs.ns, 32));
   json_decref(j);
+  /* The auth and two pings in one write. */
+  uint8_t proof[32];
+  char hex[65], text[300];
+  proof_of(CE_CONTROL_ROLE_PEER, &hs, proof);
+  ce_control_hex(proof, 32, hex);
+  snprintf(text, sizeof(text),
+           "{\"type\":\"auth\",\"proof\":\"%s\"}\n{\"type\":\"ping\"}\n{\"type\":\"ping\"}\n", hex);
+  client_send(c, text);
+  read_welcome(c, &hs);
   for (int i = 0; i < 2; i++) {
     j = client_read(c);
     cr_assert_not_null(j);
@@ -693,30 +859,195 @@ Test(control, hello_split_and_pipelined) {
   stop();
 }
 
-Test(control, unauthenticated_connections_bounded) {
+static bool all_closed_up_to(void *arg) {
+  client_t **cs = arg;
+  for (size_t i = 0; cs[i] != NULL; i++) {
+    client_poll(cs[i]);
+    if (!cs[i]->closed)
+      return false;
+  }
+  return true;
+}
+
+/* A workspace that holds more connections in the handshake than there
+ * are slots cannot keep the peer out: each newcomer pushes out the oldest,
+ * and the peer's connection, the newest, is never the one to go. */
+Test(control, preauth_slots_drop_the_oldest) {
   start();
-  client_t *waiting[8];
-  for (int i = 0; i < 8; i++) {
-    waiting[i] = connect_ctl();
-    pump(10);
+  enum { HOLD = CE_CONTROL_MAX_PREAUTH + 40 };
+  client_t **held = calloc(HOLD + 1, sizeof(*held));
+  cr_assert_not_null(held);
+  for (int i = 0; i < HOLD; i++) {
+    held[i] = connect_ctl();
+    if (i % 2 == 1) { /* half of them mid-handshake, after their challenge */
+      hs_t hs;
+      hello_challenge(held[i], &hs);
+    }
+    pump(1);
   }
-  client_t *extra = connect_ctl();
-  expect_dropped_silently(extra);
-  cr_assert_eq(stats().auth_failures, 1);
-  for (int i = 0; i < 8; i++) {
-    client_poll(waiting[i]);
-    cr_assert_not(waiting[i]->closed, "waiting peer %d was closed", i);
+  /* The 40 oldest went, silently or right after their challenge. */
+  client_t *oldest[41] = {0};
+  for (int i = 0; i < 40; i++)
+    oldest[i] = held[i];
+  cr_assert(pump_until(all_closed_up_to, oldest, WAIT_MS), "the oldest were not dropped");
+  for (int i = 40; i < HOLD; i++) {
+    client_poll(held[i]);
+    cr_assert_not(held[i]->closed, "connection %d (not among the oldest) was closed", i);
   }
-  /* Authenticating one frees a slot. */
-  authenticate(waiting[3]);
-  client_t *next = connect_ctl();
-  expect_quiet(next, 30);
-  authenticate(next); /* replaces waiting[3] */
-  cr_assert(pump_until(client_closed, waiting[3], WAIT_MS));
-  client_free(extra);
-  client_free(next);
-  for (int i = 0; i < 8; i++)
-    client_free(waiting[i]);
+  cr_assert_eq(stats().auth_failures, 40);
+
+  /* The peer connects while every slot is held, and gets in. */
+  client_t *c = connect_ctl();
+  authenticate(c);
+  cr_assert(stats().peer_connected);
+  ping_pong(c);
+  /* The peer's connection took the slot of held[40], the oldest then. */
+  cr_assert(pump_until(client_closed, held[40], WAIT_MS));
+  for (int i = 0; i < HOLD; i++)
+    client_free(held[i]);
+  free(held);
+  client_free(c);
+  stop();
+}
+
+static int connect6_fd(int port) {
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert_geq(fd, 0);
+  struct sockaddr_in6 sin6;
+  memset(&sin6, 0, sizeof(sin6));
+  sin6.sin6_family = AF_INET6;
+  sin6.sin6_port = htons((uint16_t)port);
+  sin6.sin6_addr = in6addr_loopback;
+  if (connect(fd, (struct sockaddr *)&sin6, sizeof(sin6)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static bool have_ipv6_loopback(void) {
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in6 sin6;
+  memset(&sin6, 0, sizeof(sin6));
+  sin6.sin6_family = AF_INET6;
+  sin6.sin6_addr = in6addr_loopback;
+  bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sin6, sizeof(sin6)) == 0;
+  if (fd >= 0)
+    close(fd);
+  return ok;
+}
+
+/* 127.0.0.1:PORT also holds [::1]:PORT, so that nobody else can listen
+ * there for a peer (or a port-forward) that falls back to IPv6. */
+Test(control, tcp_binds_both_loopback_families) {
+  if (!have_ipv6_loopback()) {
+    uv_loop_close(&loop);
+    cr_skip_test("no IPv6 loopback here");
+  }
+  start();
+  int port = ce_control_port(ctl);
+  int fd = connect6_fd(port);
+  cr_assert_geq(fd, 0, "[::1]:%d is not ours", port);
+  client_t *c = client_new(fd);
+  authenticate(c);
+
+  /* A squatter cannot take [::1]:PORT while we hold it. */
+  int sq = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(sq, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+  setsockopt(sq, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  struct sockaddr_in6 sin6;
+  memset(&sin6, 0, sizeof(sin6));
+  sin6.sin6_family = AF_INET6;
+  sin6.sin6_port = htons((uint16_t)port);
+  sin6.sin6_addr = in6addr_loopback;
+  cr_assert_neq(bind(sq, (struct sockaddr *)&sin6, sizeof(sin6)), 0);
+  close(sq);
+  client_free(c);
+  stop();
+}
+
+/* A sidecar that finds its port taken in either family refuses to start
+ * rather than leave that family to whoever took it. */
+Test(control, start_refused_when_the_other_family_is_taken) {
+  if (!have_ipv6_loopback()) {
+    uv_loop_close(&loop);
+    cr_skip_test("no IPv6 loopback here");
+  }
+  int sq = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(sq, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+  struct sockaddr_in6 sin6;
+  memset(&sin6, 0, sizeof(sin6));
+  sin6.sin6_family = AF_INET6;
+  sin6.sin6_addr = in6addr_loopback;
+  cr_assert_eq(bind(sq, (struct sockaddr *)&sin6, sizeof(sin6)), 0);
+  cr_assert_eq(listen(sq, 1), 0);
+  socklen_t len = sizeof(sin6);
+  cr_assert_eq(getsockname(sq, (struct sockaddr *)&sin6, &len), 0);
+  char listen_addr[32];
+  snprintf(listen_addr, sizeof(listen_addr), "127.0.0.1:%d", ntohs(sin6.sin6_port));
+  ce_control_opts_t o = default_opts();
+  o.listen = listen_addr;
+  refused_start(o, CE_EIO, "[::1]");
+
+  /* And the same from the other side: [::1]:PORT with 127.0.0.1:PORT taken. */
+  int sq4 = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sin;
+  memset(&sin, 0, sizeof(sin));
+  sin.sin_family = AF_INET;
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  cr_assert_eq(bind(sq4, (struct sockaddr *)&sin, sizeof(sin)), 0);
+  cr_assert_eq(listen(sq4, 1), 0);
+  len = sizeof(sin);
+  cr_assert_eq(getsockname(sq4, (struct sockaddr *)&sin, &len), 0);
+  snprintf(listen_addr, sizeof(listen_addr), "[::1]:%d", ntohs(sin.sin_port));
+  o.listen = listen_addr;
+  refused_start(o, CE_EIO, "IPv4");
+  close(sq);
+  close(sq4);
+  cr_assert_eq(uv_loop_close(&loop), 0);
+}
+
+static bool has_refused_events(void *arg) {
+  return stats().refused_events >= *(uint64_t *)arg;
+}
+
+/* Refusals become control_refused events for the audit trail (stdout and
+ * the peer), at most one a second: a workspace that connects in a loop
+ * cannot push the request events out of the buffer. */
+Test(control, refusals_are_events_rate_limited) {
+  start();
+  client_t *peer = connect_ctl();
+  authenticate(peer);
+  for (int i = 0; i < 20; i++) {
+    client_t *c = connect_ctl();
+    hs_t hs;
+    hello_challenge(c, &hs);
+    uint8_t proof[32];
+    proof_of(CE_CONTROL_ROLE_SIDECAR, &hs, proof); /* a wrong proof */
+    send_proof(c, proof);
+    expect_closed_after_challenge(c);
+    client_free(c);
+  }
+  uint64_t two = 2;
+  cr_assert(pump_until(has_refused_events, &two, WAIT_MS), "no summary event");
+  pump(50);
+  cr_assert_eq(stats().refused_events, 2, "%llu events for 20 refusals in a second",
+               (unsigned long long)stats().refused_events);
+  json_int_t total = 0;
+  for (int k = 0; k < 2; k++) {
+    json_t *j = client_read(peer);
+    cr_assert_not_null(j);
+    expect_type(j, "event");
+    cr_assert_str_eq(str(j, "event"), "control_refused");
+    cr_assert_str_eq(str(j, "reason"), "wrong proof");
+    cr_assert_not_null(strstr(str(j, "at"), "Z"));
+    total += json_integer_value(json_object_get(j, "count"));
+    json_decref(j);
+  }
+  cr_assert_eq(total, 20);
+  client_free(peer);
   stop();
 }
 
@@ -742,7 +1073,10 @@ Test(control, replacement_peer) {
 Test(control, protocol_violations_close_the_peer) {
   start();
   static const char *const frames[] = {
-      "{\"type\":\"hello\",\"version\":1,\"token\":\"000102030405060708090a0b0c0d0eff\"}\n",
+      "{\"type\":\"hello\",\"version\":2,\"session_id\":\"sess-1\",\"nonce\":\""
+      "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\"}\n",
+      "{\"type\":\"auth\",\"proof\":\""
+      "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\"}\n",
       "{\"type\":\"pong\"}\n",
       "{\"type\":\"decision\",\"id\":\"01\",\"decision\":\"allow\"}\n",
       "[]\n",
@@ -1069,7 +1403,7 @@ Test(control, decision_round_trip) {
   cr_assert_eq(a2.status, CE_OK);
   cr_assert_not(a2.allow);
   cr_assert(a2.reason_null, "no reason → NULL");
-  cr_assert(a2.cacheable);
+  cr_assert_not(a2.cacheable, "no cache member → not cached");
 
   send_decision(c, 1, "\"decision\":\"allow\",\"reason\":\"looks fine\",\"cache\":false");
   cr_assert(pump_until(answered, &a1, WAIT_MS));

@@ -38,59 +38,76 @@ static void refused(const char *text, int code, const char *why_part) {
     cr_assert_eq(((unsigned char *)&f)[i], 0x5a, "%s: *out was touched", text);
 }
 
+#define H64 "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+#define HELLO(rest) "{\"type\":\"hello\",\"version\":2," rest "}"
+
 Test(frame, hello_accepted) {
-  ce_frame_t f = parse_ok("{\"type\":\"hello\",\"version\":1,\"token\":\"00ff10ab\"}");
+  ce_frame_t f = parse_ok(HELLO("\"session_id\":\"ws-7f3a\",\"nonce\":\"" H64 "\""));
   cr_assert_eq(f.type, CE_FRAME_HELLO);
-  cr_assert_eq(f.version, 1);
-  cr_assert_str_eq(f.token, "00ff10ab");
-  cr_assert_eq(f.token_len, 8);
+  cr_assert_eq(f.version, 2);
+  cr_assert_str_eq(f.session_id, "ws-7f3a");
+  cr_assert_eq(f.nonce[0], 0x01);
+  cr_assert_eq(f.nonce[31], 0xef);
 }
 
 Test(frame, hello_with_unknown_members_and_whitespace) {
-  ce_frame_t f = parse_ok(" {\"token\":\"abcd\", \"future\":{\"x\":[1,2,{}]},"
-                          "\"type\":\"hello\",\"version\":1}\r");
+  ce_frame_t f = parse_ok(" {\"nonce\":\"" H64 "\", \"future\":{\"x\":[1,2,{}]},"
+                          "\"type\":\"hello\",\"session_id\":\"s\",\"version\":2}\r");
   cr_assert_eq(f.type, CE_FRAME_HELLO);
-  cr_assert_str_eq(f.token, "abcd");
+  cr_assert_str_eq(f.session_id, "s");
 }
 
-Test(frame, hello_longest_token) {
-  char text[400];
-  char token[257];
-  memset(token, 'e', 256);
-  token[256] = '\0';
-  snprintf(text, sizeof(text), "{\"type\":\"hello\",\"version\":1,\"token\":\"%s\"}", token);
+Test(frame, hello_longest_session_id) {
+  char text[600];
+  char sid[258];
+  memset(sid, 'e', 256);
+  sid[256] = '\0';
+  snprintf(text, sizeof(text), HELLO("\"session_id\":\"%s\",\"nonce\":\"" H64 "\""), sid);
   ce_frame_t f = parse_ok(text);
-  cr_assert_eq(f.token_len, 256);
-  cr_assert_str_eq(f.token, token);
-  token[0] = 'f';
-  snprintf(text, sizeof(text), "{\"type\":\"hello\",\"version\":1,\"token\":\"%s00\"}", token);
-  refused(text, CE_EPARSE, "1 to 256 hex digits");
+  cr_assert_str_eq(f.session_id, sid);
+  sid[256] = 'e';
+  sid[257] = '\0';
+  snprintf(text, sizeof(text), HELLO("\"session_id\":\"%s\",\"nonce\":\"" H64 "\""), sid);
+  refused(text, CE_EPARSE, "1 to 256 bytes");
 }
 
 Test(frame, hello_refusals) {
-  refused("{\"type\":\"hello\",\"token\":\"ab\"}", CE_EPARSE, "missing \"version\"");
-  refused("{\"type\":\"hello\",\"version\":2,\"token\":\"ab\"}", CE_EPARSE,
+  refused("{\"type\":\"hello\",\"session_id\":\"s\",\"nonce\":\"" H64 "\"}", CE_EPARSE,
+          "missing \"version\"");
+  /* The first protocol sent the token itself: it is refused, never read. */
+  refused("{\"type\":\"hello\",\"version\":1,\"token\":\"" H64 "\"}", CE_EPARSE,
           "unsupported version");
-  refused("{\"type\":\"hello\",\"version\":0,\"token\":\"ab\"}", CE_EPARSE,
-          "unsupported version");
-  refused("{\"type\":\"hello\",\"version\":1.0,\"token\":\"ab\"}", CE_EPARSE,
-          "must be an integer");
-  refused("{\"type\":\"hello\",\"version\":\"1\",\"token\":\"ab\"}", CE_EPARSE,
-          "must be an integer");
-  refused("{\"type\":\"hello\",\"version\":1}", CE_EPARSE, "missing \"token\"");
-  refused("{\"type\":\"hello\",\"version\":1,\"token\":null}", CE_EPARSE,
-          "must be a string");
-  refused("{\"type\":\"hello\",\"version\":1,\"token\":171}", CE_EPARSE,
-          "must be a string");
-  refused("{\"type\":\"hello\",\"version\":1,\"token\":\"\"}", CE_EPARSE, "1 to 256");
-  refused("{\"type\":\"hello\",\"version\":1,\"token\":\"ABCD\"}", CE_EPARSE,
-          "lowercase hex");
-  refused("{\"type\":\"hello\",\"version\":1,\"token\":\"abc\"}", CE_EPARSE,
-          "whole bytes");
-  refused("{\"type\":\"hello\",\"version\":1,\"token\":\"ab g\"}", CE_EPARSE,
-          "lowercase hex");
-  refused("{\"type\":\"hello\",\"version\":1,\"token\":\"ab\\u0000\"}", CE_EPARSE,
+  refused("{\"type\":\"hello\",\"version\":3,\"session_id\":\"s\",\"nonce\":\"" H64 "\"}",
+          CE_EPARSE, "unsupported version");
+  refused("{\"type\":\"hello\",\"version\":2.0,\"session_id\":\"s\",\"nonce\":\"" H64 "\"}",
+          CE_EPARSE, "must be an integer");
+  refused("{\"type\":\"hello\",\"version\":\"2\",\"session_id\":\"s\",\"nonce\":\"" H64 "\"}",
+          CE_EPARSE, "must be an integer");
+  refused(HELLO("\"nonce\":\"" H64 "\""), CE_EPARSE, "missing \"session_id\"");
+  refused(HELLO("\"session_id\":7,\"nonce\":\"" H64 "\""), CE_EPARSE, "must be a string");
+  refused(HELLO("\"session_id\":\"\",\"nonce\":\"" H64 "\""), CE_EPARSE, "1 to 256");
+  refused(HELLO("\"session_id\":\"s\""), CE_EPARSE, "\"nonce\" must be 64");
+  refused(HELLO("\"session_id\":\"s\",\"nonce\":null"), CE_EPARSE, "\"nonce\" must be 64");
+  refused(HELLO("\"session_id\":\"s\",\"nonce\":\"abcd\""), CE_EPARSE, "\"nonce\" must be 64");
+  refused(HELLO("\"session_id\":\"s\",\"nonce\":\"" H64 "00\""), CE_EPARSE,
+          "\"nonce\" must be 64");
+  refused(HELLO("\"session_id\":\"s\",\"nonce\":\"0123456789ABCDEF0123456789abcdef0123456789abcdef"
+                "0123456789abcdef\""),
+          CE_EPARSE, "\"nonce\" must be 64");
+  refused(HELLO("\"session_id\":\"s\\u0000\",\"nonce\":\"" H64 "\""), CE_EPARSE,
           "not valid JSON");
+}
+
+Test(frame, auth_accepted_and_refused) {
+  ce_frame_t f = parse_ok("{\"type\":\"auth\",\"proof\":\"" H64 "\",\"more\":1}");
+  cr_assert_eq(f.type, CE_FRAME_AUTH);
+  cr_assert_eq(f.proof[0], 0x01);
+  cr_assert_eq(f.proof[31], 0xef);
+  refused("{\"type\":\"auth\"}", CE_EPARSE, "\"proof\" must be 64");
+  refused("{\"type\":\"auth\",\"proof\":\"" H64 "0\"}", CE_EPARSE, "\"proof\" must be 64");
+  refused("{\"type\":\"auth\",\"proof\":[1]}", CE_EPARSE, "\"proof\" must be 64");
+  refused("{\"type\":\"auth\",\"proof\":\"" H64 "\",\"proof\":\"" H64 "\"}", CE_EPARSE,
+          "duplicate");
 }
 
 Test(frame, decision_accepted) {
@@ -106,13 +123,16 @@ Test(frame, decision_accepted) {
   cr_assert_eq(f.id, UINT64_MAX);
   cr_assert(f.allow);
   cr_assert_str_empty(f.reason);
-  cr_assert(f.cacheable, "cache defaults to true");
+  cr_assert_not(f.cacheable, "cache defaults to false");
 
   f = parse_ok("{\"type\":\"decision\",\"id\":\"0\",\"decision\":\"allow\","
                "\"reason\":null,\"cache\":null,\"extra\":[1]}");
   cr_assert_eq(f.id, 0);
   cr_assert_str_empty(f.reason);
-  cr_assert(f.cacheable, "null means absent");
+  cr_assert_not(f.cacheable, "null means absent");
+
+  f = parse_ok("{\"type\":\"decision\",\"id\":\"1\",\"decision\":\"deny\",\"cache\":true}");
+  cr_assert(f.cacheable);
 }
 
 Test(frame, decision_reason_limit) {
@@ -186,7 +206,7 @@ Test(frame, envelope_refusals) {
   refused("{\"type\":\"pong\"}", CE_EPARSE, "unknown type");
   refused("{\"type\":\"event\"}", CE_EPARSE, "unknown type");
   refused("{\"type\":\"ping\",\"type\":\"ping\"}", CE_EPARSE, "duplicate");
-  refused("{\"type\":\"hello\",\"version\":1,\"token\":\"ab\",\"token\":\"cd\"}",
+  refused("{\"type\":\"hello\",\"version\":2,\"session_id\":\"a\",\"session_id\":\"b\"}",
           CE_EPARSE, "duplicate");
   refused("{\"type\":\"ping\xff\"}", CE_EPARSE, "not valid JSON");
 }

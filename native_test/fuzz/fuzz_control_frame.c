@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "control/control.h"
+#include "control/handshake.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -25,11 +26,15 @@ static void check(int ok, const char *what) {
 
 /* Encodes an accepted frame back into its wire form. */
 static json_t *reencode(const ce_frame_t *f) {
-  char id[24];
+  char id[24], hex[2 * CE_CONTROL_PROOF_LEN + 1];
   switch (f->type) {
   case CE_FRAME_HELLO:
-    return json_pack("{s:s, s:i, s:s}", "type", "hello", "version", f->version, "token",
-                     f->token);
+    ce_control_hex(f->nonce, sizeof(f->nonce), hex);
+    return json_pack("{s:s, s:i, s:s, s:s}", "type", "hello", "version", f->version,
+                     "session_id", f->session_id, "nonce", hex);
+  case CE_FRAME_AUTH:
+    ce_control_hex(f->proof, sizeof(f->proof), hex);
+    return json_pack("{s:s, s:s}", "type", "auth", "proof", hex);
   case CE_FRAME_DECISION:
     snprintf(id, sizeof(id), "%llu", (unsigned long long)f->id);
     return json_pack("{s:s, s:s, s:s, s:s, s:b}", "type", "decision", "id", id, "decision",
@@ -54,12 +59,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   check(why == NULL, "a reason on success");
-  check(f.type == CE_FRAME_HELLO || f.type == CE_FRAME_DECISION || f.type == CE_FRAME_PING,
+  check(f.type == CE_FRAME_HELLO || f.type == CE_FRAME_AUTH || f.type == CE_FRAME_DECISION ||
+            f.type == CE_FRAME_PING,
         "unknown frame type");
   if (f.type == CE_FRAME_HELLO) {
-    check(memchr(f.token, '\0', sizeof(f.token)) != NULL, "token not terminated");
-    check(strlen(f.token) == f.token_len, "token_len");
-    check(f.token_len > 0 && f.token_len % 2 == 0, "token length");
+    check(memchr(f.session_id, '\0', sizeof(f.session_id)) != NULL, "session_id not terminated");
+    check(strlen(f.session_id) > 0, "empty session_id");
     check(f.version == CE_CONTROL_PROTOCOL_VERSION, "version");
   }
   if (f.type == CE_FRAME_DECISION)
@@ -76,7 +81,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   free(text);
   check(g.type == f.type, "round trip: type");
   if (f.type == CE_FRAME_HELLO)
-    check(strcmp(g.token, f.token) == 0, "round trip: token");
+    check(strcmp(g.session_id, f.session_id) == 0 && memcmp(g.nonce, f.nonce, sizeof(f.nonce)) == 0,
+          "round trip: hello");
+  if (f.type == CE_FRAME_AUTH)
+    check(memcmp(g.proof, f.proof, sizeof(f.proof)) == 0, "round trip: auth");
   if (f.type == CE_FRAME_DECISION)
     check(g.id == f.id && g.allow == f.allow && g.cacheable == f.cacheable &&
               strcmp(g.reason, f.reason) == 0,

@@ -7,9 +7,13 @@
 # Two network namespaces joined by a veth pair:
 #   pod   10.200.1.1/24  fd00:200::1/64   runs netfilter-setup; a stand-in
 #                                         proxy on 127.0.0.1:15001 and
-#                                         [::1]:15001
-#   inet  10.200.1.2-3   fd00:200::2-3    TCP 80, 443, 8080, 53 and UDP
-#                                         443, 53 listeners
+#                                         [::1]:15001, a stand-in resolver
+#                                         on port 15053 (UDP and TCP)
+#   inet  10.200.1.2-3   fd00:200::2-3    TCP 80, 443, 8080, 8082, 53 and
+#                                         UDP 443, 53 listeners
+# "The sidecar" is uid 1337 with CAP_NET_ADMIN; "the workspace" is root,
+# as root without capabilities, or as root with the container runtime's
+# default capability set (which includes CAP_NET_RAW, enough for SO_MARK).
 # Each check prints "ok - ..." or "not ok - ..."; the exit status is 0 when
 # all pass, 1 otherwise, 77 when a prerequisite is missing (the last line
 # says which). Namespaces (and with them the veth pair) and listeners are
@@ -20,6 +24,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 PY=/usr/bin/python3
 PROBE=$HERE/probe.py
 MARK=0x539
+SIDECAR_UID=1337
+# containerd's and Docker's default capability set.
+DEFAULT_CAPS=-all,+chown,+dac_override,+fsetid,+fowner,+mknod,+net_raw,+setgid,+setuid,+setfcap,+setpcap,+net_bind_service,+sys_chroot,+kill,+audit_write
 
 skip() {
   echo "skip: $1"
@@ -68,6 +75,32 @@ nobody_probe() {
   in_pod setpriv --reuid 65534 --regid 65534 --clear-groups \
     "$PY" "$WORK/probe.py" "$@"
 }
+# The sidecar: its uid with CAP_NET_ADMIN, as the proxy runs.
+sidecar_probe() {
+  in_pod setpriv --reuid $SIDECAR_UID --regid $SIDECAR_UID --clear-groups \
+    --inh-caps +net_admin --ambient-caps +net_admin "$PY" "$WORK/probe.py" "$@"
+}
+# Its uid without any capability (cannot set the mark).
+sidecar_nocap_probe() {
+  in_pod setpriv --reuid $SIDECAR_UID --regid $SIDECAR_UID --clear-groups \
+    "$PY" "$WORK/probe.py" "$@"
+}
+# A root workspace with the runtime's default capabilities.
+default_probe() {
+  in_pod setpriv --bounding-set "$DEFAULT_CAPS" --inh-caps -all \
+    "$PY" "$WORK/probe.py" "$@"
+}
+# Joins GROUP in the pod while inet captures; prints how many captured
+# frames carry the group's address (the listener report).
+multicast_reports() { # multicast_reports GROUP TAG
+  rm -f "$WORK/sniff-$2"
+  in_inet "$PY" "$WORK/probe.py" sniff "cenf${ID}i" "$WORK/sniff-$2" 3 >/dev/null &
+  sniffer=$!
+  for _ in $(seq 20); do [ -s "$WORK/sniff-$2" ] && break; sleep 0.05; done
+  pod_probe join "$1" "cenf${ID}p" 2 >/dev/null
+  wait $sniffer
+  "$PY" "$WORK/probe.py" seen "$WORK/sniff-$2" "$1"
+}
 
 ip netns add "$POD" || skip "ip netns add failed"
 ip netns add "$INET" || exit 1
@@ -92,6 +125,7 @@ ip netns exec "$INET" "$PY" "$WORK/probe.py" serve "$WORK/inet.log" "$WORK/inet.
   tcp,0.0.0.0,80,inet80 tcp,::,80,inet80 \
   tcp,0.0.0.0,443,inet443 tcp,::,443,inet443 \
   tcp,0.0.0.0,8080,inet8080 tcp,::,8080,inet8080 \
+  tcpeof,0.0.0.0,8082,eof tcpeof,::,8082,eof \
   udp,0.0.0.0,443,udp443 udp,::,443,udp443 \
   tcp,10.200.1.2,53,dnsA tcp,10.200.1.3,53,dnsB \
   tcp,fd00:200::2,53,dnsA tcp,fd00:200::3,53,dnsB \
@@ -100,6 +134,8 @@ ip netns exec "$INET" "$PY" "$WORK/probe.py" serve "$WORK/inet.log" "$WORK/inet.
 PIDS="$PIDS $!"
 ip netns exec "$POD" "$PY" "$WORK/probe.py" serve "$WORK/pod.log" "$WORK/pod.ready" \
   tcp,127.0.0.1,15001,proxy4 tcp,::1,15001,proxy6 \
+  tcp,127.0.0.1,15053,dnsredir4 tcp,::1,15053,dnsredir6 \
+  udp,127.0.0.1,15053,udpredir4 udp,::1,15053,udpredir6 \
   tcp,127.0.0.1,8080,podlocal \
   tcp,0.0.0.0,8081,pod tcp,::,8081,pod &
 PIDS="$PIDS $!"
@@ -117,6 +153,13 @@ check "before setup, inet:80 is reached directly (IPv4)" "reply inet80" \
   "$(pod_probe connect 10.200.1.2 80 pre4)"
 check "before setup, inet:80 is reached directly (IPv6)" "reply inet80" \
   "$(pod_probe connect fd00:200::2 80 pre6)"
+# Joining a multicast group makes the kernel send listener reports (MLD
+# for IPv6, IGMP for IPv4) naming the group: without the rules they leave
+# the pod, which is what makes them a channel.
+check "before setup, joining ff0e::c0de:1 sends an MLD report out" yes \
+  "$([ "$(multicast_reports ff0e::c0de:1 pre6)" -ge 1 ] && echo yes)"
+check "before setup, joining 239.1.2.3 sends an IGMP report out" yes \
+  "$([ "$(multicast_reports 239.1.2.3 pre4)" -ge 1 ] && echo yes)"
 
 # A connection opened before the rules: it must stop when they arrive,
 # since conntrack's ESTABLISHED only admits the reply direction. A
@@ -165,35 +208,62 @@ check "uid 65534 -> inet:443 lands on the proxy (IPv6)" "reply proxy6" \
 check "uid 65534 cannot set the mark" mark-refused \
   "$(nobody_probe connect 10.200.1.2 443 nobodymark $MARK)"
 
-check "marked socket -> inet:443 directly (IPv4)" "reply inet443" \
-  "$(pod_probe connect 10.200.1.2 443 marked4 $MARK)"
-check "marked socket -> inet:443 directly (IPv6)" "reply inet443" \
-  "$(pod_probe connect fd00:200::2 443 marked6 $MARK)"
+# The exemption is the mark on a socket of the sidecar's uid: both halves.
+for fam in 4 6; do
+  [ $fam = 4 ] && A=10.200.1.2 || A=fd00:200::2
+  check "the sidecar's marked socket -> inet:443 directly (IPv$fam)" "reply inet443" \
+    "$(sidecar_probe connect $A 443 marked$fam $MARK)"
+  check "the sidecar's marked socket -> inet:8080 directly (IPv$fam)" "reply inet8080" \
+    "$(sidecar_probe connect $A 8080 marked8080-$fam $MARK)"
+  check "the sidecar's uid without the mark -> inet:8080 is refused (IPv$fam)" refused \
+    "$(sidecar_nocap_probe connect $A 8080 uidonly$fam)"
+  check "the sidecar's uid without the mark -> inet:443 lands on the proxy (IPv$fam)" "reply proxy$fam" \
+    "$(sidecar_nocap_probe connect $A 443 uidonly443-$fam)"
+  # Root with the runtime's default capabilities can set the mark
+  # (CAP_NET_RAW suffices since Linux 5.17), but is not the sidecar's uid.
+  check "root with the default capabilities, marked -> inet:443 lands on the proxy (IPv$fam)" "reply proxy$fam" \
+    "$(default_probe connect $A 443 rootmark$fam $MARK)"
+  check "root with the default capabilities, marked -> inet:8080 is refused (IPv$fam)" refused \
+    "$(default_probe connect $A 8080 rootmark8080-$fam $MARK)"
+  # A socket the sidecar closed first still sends its last ACK: the
+  # server sees the whole close and does not linger in LAST-ACK.
+  check "the sidecar's marked socket can close first (IPv$fam)" closed \
+    "$(sidecar_probe closefirst $A 8082 eof$fam $MARK)"
+done
+sleep 0.3
+check "after the sidecar closed first, no server socket waits in LAST-ACK" 0 \
+  "$(in_inet ss -Htan state last-ack '( sport = :8082 )' | wc -l)"
 check "a different mark is no exemption" "reply proxy4" \
-  "$(pod_probe connect 10.200.1.2 443 othermark 0x538)"
+  "$(sidecar_probe connect 10.200.1.2 443 othermark 0x538)"
 # The proxy's connections carry its mark as their connection mark too (the
 # proxy deletes their conntrack entries by it when it starts), and only
-# they do: the redirected connections to inet:443 above (plain and uid
-# 65534 in each family, mark 0x538 in IPv4) keep connection mark 0.
+# they do: the redirected connections to inet:443 above (plain, uid 65534,
+# the sidecar's uid unmarked, root marked; mark 0x538 in IPv4) keep
+# connection mark 0.
 if command -v conntrack >/dev/null 2>&1; then
   for f in ipv4 ipv6; do
-    check "only the marked connection to inet:443 has connection mark $MARK ($f)" 1 \
+    check "only the sidecar's marked connection to inet:443 has connection mark $MARK ($f)" 1 \
       "$(in_pod conntrack -L -f $f -p tcp --dport 443 -m $MARK 2>/dev/null | grep -c 'dport=443')"
     check "the redirected connections to inet:443 have connection mark 0 ($f)" yes \
-      "$([ "$(in_pod conntrack -L -f $f -p tcp --dport 443 -m 0 2>/dev/null | grep -c 'dport=443')" -ge 2 ] && echo yes)"
+      "$([ "$(in_pod conntrack -L -f $f -p tcp --dport 443 -m 0 2>/dev/null | grep -c 'dport=443')" -ge 4 ] && echo yes)"
   done
 else
   echo "ok - # skip connection marks: conntrack (the conntrack package) not installed"
 fi
 
-check "TCP 53 to the allowed resolver (IPv4)" "reply dnsA" \
-  "$(pod_probe connect 10.200.1.2 53 dns4)"
-check "TCP 53 to the allowed resolver (IPv6)" "reply dnsA" \
-  "$(pod_probe connect fd00:200::2 53 dns6)"
-check "TCP 53 to another address is refused (IPv4)" refused \
-  "$(pod_probe connect 10.200.1.3 53 dnsB4)"
-check "TCP 53 to another address is refused (IPv6)" refused \
-  "$(pod_probe connect fd00:200::3 53 dnsB6)"
+# DNS: the workspace's port 53, to any address, lands on the sidecar's
+# resolver; only the sidecar's uid reaches the real resolver, and only it.
+for fam in 4 6; do
+  [ $fam = 4 ] && A=10.200.1.2 B=10.200.1.3 || A=fd00:200::2 B=fd00:200::3
+  check "TCP 53 to the resolver is redirected to the sidecar's resolver (IPv$fam)" "reply dnsredir$fam" \
+    "$(pod_probe connect $A 53 wsdns$fam)"
+  check "TCP 53 to another address is redirected too (IPv$fam)" "reply dnsredir$fam" \
+    "$(default_probe connect $B 53 wsdnsB$fam)"
+  check "the sidecar's uid reaches the resolver on TCP 53 (IPv$fam)" "reply dnsA" \
+    "$(sidecar_nocap_probe connect $A 53 sidecardns$fam)"
+  check "the sidecar's uid cannot reach another address on TCP 53 (IPv$fam)" refused \
+    "$(sidecar_nocap_probe connect $B 53 sidecardnsB$fam)"
+done
 
 check "loopback stays open" "reply podlocal" \
   "$(pod_probe connect 127.0.0.1 8080 lo)"
@@ -207,28 +277,45 @@ check "inet -> pod:8081 gets its replies (IPv6)" "reply pod" \
 # Datagrams: the refused ones first, then the allowed ones, so that once
 # the allowed ones have arrived, a refused one that got through would have
 # arrived too.
-for a in 10.200.1.2 fd00:200::2; do pod_probe udp $a 443 udp-unmarked >/dev/null; done
-for a in 10.200.1.3 fd00:200::3; do pod_probe udp $a 53 udp-dns-other >/dev/null; done
 for a in 10.200.1.2 fd00:200::2; do
-  pod_probe udp $a 443 udp-marked $MARK >/dev/null
-  pod_probe udp $a 53 udp-dns >/dev/null
+  pod_probe udp $a 443 udp-unmarked >/dev/null
+  default_probe udp $a 443 udp-rootmarked $MARK >/dev/null
+  sidecar_nocap_probe udp $a 443 udp-uidonly >/dev/null
+done
+for a in 10.200.1.3 fd00:200::3; do sidecar_nocap_probe udp $a 53 udp-dns-other >/dev/null; done
+for a in 10.200.1.2 fd00:200::2; do
+  sidecar_probe udp $a 443 udp-marked $MARK >/dev/null
+  sidecar_nocap_probe udp $a 53 udp-dns >/dev/null
+  pod_probe udp $a 53 udp-redirected >/dev/null
 done
 for _ in $(seq 40); do
-  [ "$(grep -c -e '^udp443 udp-marked$' -e '^udpdnsA udp-dns$' "$WORK/inet.log")" = 4 ] && break
+  [ "$(grep -c -e '^udp443 udp-marked$' -e '^udpdnsA udp-dns$' -e 'udp-redirected$' "$WORK/inet.log" "$WORK/pod.log" | awk -F: '{s+=$2} END {print s}')" = 6 ] && break
   sleep 0.05
 done
-check "marked UDP 443 arrives (both families)" 2 \
+check "the sidecar's marked UDP 443 arrives (both families)" 2 \
   "$(grep -c '^udp443 udp-marked$' "$WORK/inet.log")"
-check "UDP 53 to the allowed resolver arrives (both families)" 2 \
+check "the sidecar's UDP 53 to the resolver arrives (both families)" 2 \
   "$(grep -c '^udpdnsA udp-dns$' "$WORK/inet.log")"
-check "unmarked UDP 443 never arrives" 0 \
-  "$(grep -c 'udp-unmarked' "$WORK/inet.log")"
+check "the workspace's UDP 53 lands on the sidecar's resolver (both families)" 2 \
+  "$(grep -c -e '^udpredir4 udp-redirected$' -e '^udpredir6 udp-redirected$' "$WORK/pod.log")"
+check "unmarked, root-marked or uid-only UDP 443 never arrives" 0 \
+  "$(grep -c -e 'udp-unmarked' -e 'udp-rootmarked' -e 'udp-uidonly' "$WORK/inet.log")"
 check "UDP 53 to another address never arrives" 0 \
   "$(grep -c 'udp-dns-other' "$WORK/inet.log")"
+check "the workspace's UDP 53 never reaches a resolver" 0 \
+  "$(grep -c 'udp-redirected' "$WORK/inet.log")"
 check "no redirected connection reached inet" 0 \
-  "$(grep -c -e redir -e nobody -e othermark "$WORK/inet.log")"
-check "the proxy saw all 6 redirected connections" 6 \
-  "$(grep -c -e 'proxy[46] redir' -e 'proxy[46] nobody[46]$' "$WORK/pod.log")"
+  "$(grep -c -e redir -e nobody -e othermark -e uidonly -e rootmark -e wsdns "$WORK/inet.log")"
+check "the proxy saw all 11 redirected connections" 11 \
+  "$(grep -c -e 'proxy[46] redir' -e 'proxy[46] nobody[46]$' -e 'proxy[46] uidonly443' -e 'proxy[46] rootmark[46]$' -e 'proxy4 othermark' "$WORK/pod.log")"
+
+# Only neighbour discovery leaves among ICMPv6: joining a group the
+# workspace chooses sends no report out any more (nor IGMP for IPv4),
+# while the IPv6 checks above worked with the neighbour caches flushed.
+check "after setup, joining ff0e::c0de:2 sends no MLD report out" 0 \
+  "$(multicast_reports ff0e::c0de:2 post6)"
+check "after setup, joining 239.1.2.4 sends no IGMP report out" 0 \
+  "$(multicast_reports 239.1.2.4 post4)"
 
 for run in 1 2; do
   out=$(in_pod "$BIN" netfilter-setup --remove 2>&1)

@@ -205,6 +205,7 @@ Test(nf_cmd, options_from_the_environment_and_the_flag_wins) {
   cr_assert_not_null(strstr(r.out, "--dports 80 -j REDIRECT --to-ports 8443\n"), "%s", r.out);
   cr_assert_not_null(strstr(r.out, "--mark 0x10/0xffffffff"), "%s", r.out);
   cr_assert_not_null(strstr(r.out, "-A CONDUKT_FILTER -p udp --dport 53 -j ACCEPT\n"), "%s", r.out);
+  cr_assert_not_null(strstr(r.err, "warning: CONDUKT_EGRESS_DNS any: UDP and TCP 53 are open"), "%s", r.err);
   cr_assert_null(strstr(r.out, "IPv6"), "%s", r.out);
   if (kernel_has_ipv6())
     cr_assert_not_null(strstr(r.err, "CONDUKT_EGRESS_IPV6 off: IPv6 egress"), "%s", r.err);
@@ -213,6 +214,18 @@ Test(nf_cmd, options_from_the_environment_and_the_flag_wins) {
   cr_assert_eq(r.status, 0, "%s", r.err);
   cr_assert_not_null(strstr(r.out, "--to-ports 9443\n"), "%s", r.out);
   cr_assert_not_null(strstr(r.out, "--mark 0x539/0xffffffff"), "%s", r.out);
+
+  /* The sidecar's uid and the DNS port, by variable and by flag. */
+  const char *env2[] = {"CONDUKT_EGRESS_SIDECAR_UID=4242", "CONDUKT_EGRESS_DNS_PORT=5353",
+                        "CONDUKT_EGRESS_DNS=none", "CONDUKT_EGRESS_IPV6=off", NULL};
+  run(&r, (const char *[]){"--dry-run", NULL}, env2);
+  cr_assert_eq(r.status, 0, "%s", r.err);
+  cr_assert_not_null(strstr(r.out, "-m owner --uid-owner 4242 -j RETURN\n"), "%s", r.out);
+  cr_assert_not_null(strstr(r.out, "--dport 53 -j REDIRECT --to-ports 5353\n"), "%s", r.out);
+  run(&r, (const char *[]){"--dry-run", "--sidecar-uid", "7", "--dns-port=15054", NULL}, env2);
+  cr_assert_eq(r.status, 0, "%s", r.err);
+  cr_assert_not_null(strstr(r.out, "-m owner --uid-owner 7 -j RETURN\n"), "%s", r.out);
+  cr_assert_not_null(strstr(r.out, "--dport 53 -j REDIRECT --to-ports 15054\n"), "%s", r.out);
 
   /* A resolv.conf named by the variable. */
   char rc[160];
@@ -247,10 +260,12 @@ Test(nf_cmd, resolv_conf_notes_and_errors) {
   cr_assert_not_null(strstr(r.err, ":1: nameserver 'dns.example' gets no rule: not an IPv4 "
                                    "or IPv6 address\n"),
                      "%s", r.err);
-  cr_assert_not_null(strstr(r.err, "names no usable nameserver, so DNS is only allowed to "
-                                   "loopback resolvers"),
+  cr_assert_not_null(strstr(r.err, "names no usable nameserver, so the sidecar may query no "
+                                   "resolver"),
                      "%s", r.err);
-  cr_assert_null(strstr(r.out, "--dport 53"), "%s", r.out);
+  /* No resolver for the sidecar; the workspace's DNS is still redirected. */
+  cr_assert_null(strstr(r.out, "--dport 53 -m owner --uid-owner 1337 -j ACCEPT"), "%s", r.out);
+  cr_assert_not_null(strstr(r.out, "-p udp --dport 53 -j REDIRECT --to-ports 15053"), "%s", r.out);
 
   in_dir(path, sizeof(path), "missing.conf");
   run(&r, (const char *[]){"--dry-run", "--resolv-conf", path, NULL}, NULL);
@@ -291,6 +306,15 @@ Test(nf_cmd, usage_errors_exit_2_and_name_the_word) {
                "--dns: bad resolver address 'junk': not an IPv4 or IPv6 address");
   expect_usage((const char *[]){"--dns", "10.0.0.1,fe80::1%eth+", NULL}, NULL,
                "bad resolver address 'fe80::1%eth+'");
+  expect_usage((const char *[]){"--sidecar-uid", "0", NULL}, NULL,
+               "--sidecar-uid: bad uid '0': 0 is root, and the workspace may be root");
+  expect_usage((const char *[]){"--sidecar-uid", "nobody", NULL}, NULL, "--sidecar-uid: bad uid 'nobody'");
+  expect_usage((const char *[]){"--dry-run", NULL},
+               (const char *[]){"CONDUKT_EGRESS_SIDECAR_UID=0", NULL},
+               "CONDUKT_EGRESS_SIDECAR_UID: bad uid '0'");
+  expect_usage((const char *[]){"--dns-port", "0", NULL}, NULL, "--dns-port: bad port '0'");
+  expect_usage((const char *[]){"--dns-port", "15001", NULL}, NULL,
+               "the DNS port and the proxy port are both 15001");
   expect_usage((const char *[]){"--ipv6", "maybe", NULL}, NULL,
                "--ipv6: bad IPv6 mode 'maybe': not auto, on or off");
   expect_usage((const char *[]){"--frobnicate", NULL}, NULL, "unknown option '--frobnicate'");
@@ -420,7 +444,8 @@ Test(nf_fake, install_then_rerun_adds_each_jump_once) {
   run(&r, args, env);
   cr_assert_eq(r.status, 0, "%s", r.err);
   cr_assert_str_eq(r.out, "condukt-egress: netfilter-setup: installed the IPv4 rules: TCP "
-                          "80,443 to local port 15001, mark 0x539 exempt, DNS to 192.0.2.53\n");
+                          "80,443 to local port 15001, mark 0x539 from uid 1337 exempt, DNS to local "
+                          "port 15053, the sidecar's to 192.0.2.53\n");
   cr_assert_str_eq(fake_log(), "iptables-restore -w 5 --noflush\n"
                                "iptables -w 5 -t nat -C OUTPUT -j CONDUKT_NAT\n"
                                "iptables -w 5 -t filter -C OUTPUT -j CONDUKT_FILTER\n"
@@ -680,10 +705,11 @@ static void expect_installed(const char *ns, const char *prog, size_t filter_rul
   const char *s = r.out;
   cr_assert_eq(count(s, "\n-A OUTPUT -j CONDUKT_NAT\n"), 1, "%s", s);
   cr_assert_eq(count(s, "\n-A OUTPUT -j CONDUKT_FILTER\n"), 1, "%s", s);
-  cr_assert_eq(count(s, "\n-A CONDUKT_NAT "), 4, "%s", s);
+  cr_assert_eq(count(s, "\n-A CONDUKT_NAT "), 8, "%s", s);
   /* The proxy's connections get its mark as their connection mark. */
-  cr_assert_not_null(strstr(s, "-A CONDUKT_NAT -m mark --mark 0x539 -j CONNMARK --set-xmark "
-                               "0x539/0xffffffff\n-A CONDUKT_NAT -m mark --mark 0x539 -j RETURN\n"),
+  cr_assert_not_null(strstr(s, "-A CONDUKT_NAT -m mark --mark 0x539 -m owner --uid-owner 1337 -j CONNMARK "
+                               "--set-xmark 0x539/0xffffffff\n-A CONDUKT_NAT -m mark --mark 0x539 -m owner "
+                               "--uid-owner 1337 -j RETURN\n"),
                      "%s", s);
   cr_assert_eq(count(s, "\n-A CONDUKT_FILTER "), filter_rules, "%s", s);
   cr_assert_eq(count(s, "\n:CONDUKT_NAT - "), 1, "%s", s);
@@ -725,9 +751,10 @@ Test(nf_netns, install_twice_then_remove_twice) {
     cr_assert_eq(r.status, 0, "run %d: %s", i + 1, r.err);
     cr_assert_str_empty(r.err, "run %d", i + 1);
   }
-  /* lo, DNAT, mark, conntrack, DNS udp + tcp, two rejects; IPv6 adds
-   * three neighbour-discovery and three MLD rules. */
-  expect_installed(ns, "iptables-save", 8);
+  /* lo, three DNAT (proxy, DNS udp + tcp), the exemption, the closed
+   * sockets, conntrack, the sidecar's DNS udp + tcp, two rejects; IPv6
+   * adds three neighbour-discovery rules, and no MLD rule. */
+  expect_installed(ns, "iptables-save", 11);
   if (v6)
     expect_installed(ns, "ip6tables-save", 14);
 
@@ -797,7 +824,7 @@ Test(nf_netns, legacy_backend_capabilities) {
   }
   in_netns(&r, ns, (const char *[]){"iptables-legacy-save", NULL});
   cr_assert_eq(count(r.out, "\n-A OUTPUT -j CONDUKT_"), 2, "%s", r.out);
-  cr_assert_eq(count(r.out, "\n-A CONDUKT_FILTER "), 8, "%s", r.out);
+  cr_assert_eq(count(r.out, "\n-A CONDUKT_FILTER "), 11, "%s", r.out);
   setup_in(&r, ns, (const char *[]){"--remove", "--ipv6", "off", "--iptables", "iptables-legacy",
                                     NULL});
   cr_assert_eq(r.status, 0, "%s", r.err);

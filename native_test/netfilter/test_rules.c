@@ -19,16 +19,24 @@ static const char *rules(const ce_nf_config_t *cfg, ce_nf_family_t family) {
 static const char *const V4_DEFAULT =
     "*nat\n"
     ":CONDUKT_NAT - [0:0]\n"
-    "-A CONDUKT_NAT -m mark --mark 0x539/0xffffffff -j CONNMARK --set-xmark 0x539/0xffffffff\n"
-    "-A CONDUKT_NAT -m mark --mark 0x539/0xffffffff -j RETURN\n"
+    "-A CONDUKT_NAT -m mark --mark 0x539/0xffffffff -m owner --uid-owner 1337 -j CONNMARK --set-xmark 0x539/0xffffffff\n"
+    "-A CONDUKT_NAT -m mark --mark 0x539/0xffffffff -m owner --uid-owner 1337 -j RETURN\n"
     "-A CONDUKT_NAT -o lo -j RETURN\n"
     "-A CONDUKT_NAT -p tcp -m multiport --dports 80,443 -j REDIRECT --to-ports 15001\n"
+    "-A CONDUKT_NAT -p udp --dport 53 -m owner --uid-owner 1337 -j RETURN\n"
+    "-A CONDUKT_NAT -p tcp --dport 53 -m owner --uid-owner 1337 -j RETURN\n"
+    "-A CONDUKT_NAT -p udp --dport 53 -j REDIRECT --to-ports 15053\n"
+    "-A CONDUKT_NAT -p tcp --dport 53 -j REDIRECT --to-ports 15053\n"
     "COMMIT\n"
     "*filter\n"
     ":CONDUKT_FILTER - [0:0]\n"
     "-A CONDUKT_FILTER -o lo -j ACCEPT\n"
     "-A CONDUKT_FILTER -d 127.0.0.1/32 -p tcp --dport 15001 -m conntrack --ctstate DNAT -j ACCEPT\n"
-    "-A CONDUKT_FILTER -m mark --mark 0x539/0xffffffff -j ACCEPT\n"
+    "-A CONDUKT_FILTER -d 127.0.0.1/32 -p udp --dport 15053 -m conntrack --ctstate DNAT -j ACCEPT\n"
+    "-A CONDUKT_FILTER -d 127.0.0.1/32 -p tcp --dport 15053 -m conntrack --ctstate DNAT -j ACCEPT\n"
+    "-A CONDUKT_FILTER -m mark --mark 0x539/0xffffffff -m owner --uid-owner 1337 -j ACCEPT\n"
+    "-A CONDUKT_FILTER -m mark --mark 0x539/0xffffffff -m connmark --mark 0x539/0xffffffff "
+    "-m owner ! --socket-exists -j ACCEPT\n"
     "-A CONDUKT_FILTER -m conntrack --ctstate ESTABLISHED,RELATED --ctdir REPLY -j ACCEPT\n"
     "-A CONDUKT_FILTER -p tcp -j REJECT --reject-with tcp-reset\n"
     "-A CONDUKT_FILTER -j REJECT --reject-with icmp-admin-prohibited\n"
@@ -37,23 +45,28 @@ static const char *const V4_DEFAULT =
 static const char *const V6_DEFAULT =
     "*nat\n"
     ":CONDUKT_NAT - [0:0]\n"
-    "-A CONDUKT_NAT -m mark --mark 0x539/0xffffffff -j CONNMARK --set-xmark 0x539/0xffffffff\n"
-    "-A CONDUKT_NAT -m mark --mark 0x539/0xffffffff -j RETURN\n"
+    "-A CONDUKT_NAT -m mark --mark 0x539/0xffffffff -m owner --uid-owner 1337 -j CONNMARK --set-xmark 0x539/0xffffffff\n"
+    "-A CONDUKT_NAT -m mark --mark 0x539/0xffffffff -m owner --uid-owner 1337 -j RETURN\n"
     "-A CONDUKT_NAT -o lo -j RETURN\n"
     "-A CONDUKT_NAT -p tcp -m multiport --dports 80,443 -j REDIRECT --to-ports 15001\n"
+    "-A CONDUKT_NAT -p udp --dport 53 -m owner --uid-owner 1337 -j RETURN\n"
+    "-A CONDUKT_NAT -p tcp --dport 53 -m owner --uid-owner 1337 -j RETURN\n"
+    "-A CONDUKT_NAT -p udp --dport 53 -j REDIRECT --to-ports 15053\n"
+    "-A CONDUKT_NAT -p tcp --dport 53 -j REDIRECT --to-ports 15053\n"
     "COMMIT\n"
     "*filter\n"
     ":CONDUKT_FILTER - [0:0]\n"
     "-A CONDUKT_FILTER -o lo -j ACCEPT\n"
     "-A CONDUKT_FILTER -d ::1/128 -p tcp --dport 15001 -m conntrack --ctstate DNAT -j ACCEPT\n"
-    "-A CONDUKT_FILTER -m mark --mark 0x539/0xffffffff -j ACCEPT\n"
+    "-A CONDUKT_FILTER -d ::1/128 -p udp --dport 15053 -m conntrack --ctstate DNAT -j ACCEPT\n"
+    "-A CONDUKT_FILTER -d ::1/128 -p tcp --dport 15053 -m conntrack --ctstate DNAT -j ACCEPT\n"
+    "-A CONDUKT_FILTER -m mark --mark 0x539/0xffffffff -m owner --uid-owner 1337 -j ACCEPT\n"
+    "-A CONDUKT_FILTER -m mark --mark 0x539/0xffffffff -m connmark --mark 0x539/0xffffffff "
+    "-m owner ! --socket-exists -j ACCEPT\n"
     "-A CONDUKT_FILTER -m conntrack --ctstate ESTABLISHED,RELATED --ctdir REPLY -j ACCEPT\n"
     "-A CONDUKT_FILTER -p ipv6-icmp -m icmp6 --icmpv6-type neighbour-solicitation -m hl --hl-eq 255 -j ACCEPT\n"
     "-A CONDUKT_FILTER -p ipv6-icmp -m icmp6 --icmpv6-type neighbour-advertisement -m hl --hl-eq 255 -j ACCEPT\n"
     "-A CONDUKT_FILTER -d ff02::/16 -p ipv6-icmp -m icmp6 --icmpv6-type router-solicitation -m hl --hl-eq 255 -j ACCEPT\n"
-    "-A CONDUKT_FILTER -d ff02::/16 -p ipv6-icmp -m icmp6 --icmpv6-type 131 -m hl --hl-eq 1 -j ACCEPT\n"
-    "-A CONDUKT_FILTER -d ff02::/16 -p ipv6-icmp -m icmp6 --icmpv6-type 132 -m hl --hl-eq 1 -j ACCEPT\n"
-    "-A CONDUKT_FILTER -d ff02::/16 -p ipv6-icmp -m icmp6 --icmpv6-type 143 -m hl --hl-eq 1 -j ACCEPT\n"
     "-A CONDUKT_FILTER -p tcp -j REJECT --reject-with tcp-reset\n"
     "-A CONDUKT_FILTER -j REJECT --reject-with icmp6-adm-prohibited\n"
     "COMMIT\n";
@@ -63,6 +76,8 @@ Test(nf_rules, defaults_exact_text) {
   ce_nf_config_init(&cfg);
   cr_assert_eq(cfg.proxy_port, 15001);
   cr_assert_eq(cfg.mark, 0x539u);
+  cr_assert_eq(cfg.sidecar_uid, 1337u);
+  cr_assert_eq(cfg.dns_port, 15053);
   cr_assert_eq(cfg.nports, 2);
   cr_assert_eq(cfg.ndns, 0);
   cr_assert_not(cfg.dns_any);
@@ -78,28 +93,44 @@ Test(nf_rules, custom_port_mark_ports_dns) {
   cr_assert_eq(ce_nf_parse_mark("0xDEADbeef", &cfg.mark, &err), 0);
   cr_assert_eq(ce_nf_parse_ports("8080", &cfg, &err), 0);
   cr_assert_eq(ce_nf_parse_dns("10.96.0.10,fd00::a,fe80::1%eth0", &cfg, &err), 0);
+  cr_assert_eq(ce_nf_parse_uid("4242", &cfg.sidecar_uid, &err), 0);
+  cr_assert_eq(ce_nf_parse_port("5353", &cfg.dns_port, &err), 0);
 
   const char *v4 = rules(&cfg, CE_NF_IPV4);
-  cr_assert_not_null(strstr(v4, "-A CONDUKT_NAT -m mark --mark 0xdeadbeef/0xffffffff -j RETURN\n"), "%s", v4);
-  cr_assert_not_null(strstr(v4, "-A CONDUKT_NAT -m mark --mark 0xdeadbeef/0xffffffff -j CONNMARK "
-                                "--set-xmark 0xdeadbeef/0xffffffff\n"), "%s", v4);
+  cr_assert_not_null(strstr(v4, "-A CONDUKT_NAT -m mark --mark 0xdeadbeef/0xffffffff -m owner --uid-owner 4242 "
+                                "-j RETURN\n"), "%s", v4);
+  cr_assert_not_null(strstr(v4, "-A CONDUKT_NAT -m mark --mark 0xdeadbeef/0xffffffff -m owner --uid-owner 4242 "
+                                "-j CONNMARK --set-xmark 0xdeadbeef/0xffffffff\n"), "%s", v4);
+  cr_assert_not_null(strstr(v4, "-A CONDUKT_NAT -p udp --dport 53 -m owner --uid-owner 4242 -j RETURN\n"
+                                "-A CONDUKT_NAT -p tcp --dport 53 -m owner --uid-owner 4242 -j RETURN\n"
+                                "-A CONDUKT_NAT -p udp --dport 53 -j REDIRECT --to-ports 5353\n"
+                                "-A CONDUKT_NAT -p tcp --dport 53 -j REDIRECT --to-ports 5353\n"), "%s", v4);
+  cr_assert_not_null(strstr(v4, "-d 127.0.0.1/32 -p udp --dport 5353 -m conntrack --ctstate DNAT"), "%s", v4);
+  cr_assert_not_null(strstr(v4, "-m connmark --mark 0xdeadbeef/0xffffffff -m owner ! --socket-exists"), "%s", v4);
   cr_assert_not_null(strstr(v4, "-A CONDUKT_NAT -p tcp -m multiport --dports 8080 -j REDIRECT --to-ports 8443\n"), "%s", v4);
   cr_assert_not_null(strstr(v4, "-d 127.0.0.1/32 -p tcp --dport 8443 -m conntrack --ctstate DNAT"), "%s", v4);
-  cr_assert_not_null(strstr(v4, "-A CONDUKT_FILTER -m mark --mark 0xdeadbeef/0xffffffff -j ACCEPT\n"), "%s", v4);
+  cr_assert_not_null(strstr(v4, "-A CONDUKT_FILTER -m mark --mark 0xdeadbeef/0xffffffff -m owner --uid-owner 4242 "
+                                "-j ACCEPT\n"), "%s", v4);
   cr_assert_not_null(strstr(v4,
-      "-A CONDUKT_FILTER -d 10.96.0.10/32 -p udp --dport 53 -j ACCEPT\n"
-      "-A CONDUKT_FILTER -d 10.96.0.10/32 -p tcp --dport 53 -j ACCEPT\n"
+      "-A CONDUKT_FILTER -d 10.96.0.10/32 -p udp --dport 53 -m owner --uid-owner 4242 -j ACCEPT\n"
+      "-A CONDUKT_FILTER -d 10.96.0.10/32 -p tcp --dport 53 -m owner --uid-owner 4242 -j ACCEPT\n"
       "-A CONDUKT_FILTER -p tcp -j REJECT"), "%s", v4);
+  /* No rule opens anything on the mark alone, nor on the uid alone
+   * beyond port 53 of the resolvers. */
+  for (const char *l = v4; (l = strstr(l, "--mark 0xdeadbeef/0xffffffff -j")) != NULL; l++)
+    cr_assert_fail("a rule on the mark alone: %s", v4);
+  cr_assert_null(strstr(v4, "-A CONDUKT_FILTER -m owner"), "%s", v4);
   /* IPv6 resolvers never reach the IPv4 rules, nor the reverse. */
   cr_assert_null(strstr(v4, "fd00"), "%s", v4);
 
   const char *v6 = rules(&cfg, CE_NF_IPV6);
   cr_assert_null(strstr(v6, "10.96.0.10"), "%s", v6);
   cr_assert_not_null(strstr(v6,
-      "-A CONDUKT_FILTER -d fd00::a/128 -p udp --dport 53 -j ACCEPT\n"
-      "-A CONDUKT_FILTER -d fe80::1/128 -o eth0 -p udp --dport 53 -j ACCEPT\n"
-      "-A CONDUKT_FILTER -d fd00::a/128 -p tcp --dport 53 -j ACCEPT\n"
-      "-A CONDUKT_FILTER -d fe80::1/128 -o eth0 -p tcp --dport 53 -j ACCEPT\n"), "%s", v6);
+      "-A CONDUKT_FILTER -d fd00::a/128 -p udp --dport 53 -m owner --uid-owner 4242 -j ACCEPT\n"
+      "-A CONDUKT_FILTER -d fe80::1/128 -o eth0 -p udp --dport 53 -m owner --uid-owner 4242 -j ACCEPT\n"
+      "-A CONDUKT_FILTER -d fd00::a/128 -p tcp --dport 53 -m owner --uid-owner 4242 -j ACCEPT\n"
+      "-A CONDUKT_FILTER -d fe80::1/128 -o eth0 -p tcp --dport 53 -m owner --uid-owner 4242 -j ACCEPT\n"), "%s", v6);
+  cr_assert_not_null(strstr(v6, "-d ::1/128 -p tcp --dport 5353 -m conntrack --ctstate DNAT"), "%s", v6);
   cr_assert_not_null(strstr(v6, "-d ::1/128 -p tcp --dport 8443 -m conntrack --ctstate DNAT"), "%s", v6);
 }
 
@@ -113,8 +144,13 @@ Test(nf_rules, dns_any_and_none) {
   cr_assert_not_null(strstr(v4,
       "-A CONDUKT_FILTER -p udp --dport 53 -j ACCEPT\n"
       "-A CONDUKT_FILTER -p tcp --dport 53 -j ACCEPT\n"), "%s", v4);
+  /* The escape hatch redirects nothing: no REDIRECT to the DNS port, no
+   * rule for it, no uid rule for port 53. */
+  cr_assert_null(strstr(v4, "15053"), "%s", v4);
+  cr_assert_null(strstr(v4, "--dport 53 -m owner"), "%s", v4);
   const char *v6 = rules(&cfg, CE_NF_IPV6);
   cr_assert_not_null(strstr(v6, "-A CONDUKT_FILTER -p udp --dport 53 -j ACCEPT\n"), "%s", v6);
+  cr_assert_null(strstr(v6, "15053"), "%s", v6);
 
   cr_assert_eq(ce_nf_parse_dns("none", &cfg, &err), 0);
   cr_assert_not(cfg.dns_any);
@@ -231,6 +267,48 @@ Test(nf_rules, marks) {
   uint32_t m;
   ce_nf_parse_mark("0x0", &m, &err);
   cr_assert_not_null(strstr(err.why, "every unmarked packet"), "%s", err.why);
+}
+
+Test(nf_rules, uids) {
+  static const struct {
+    const char *s;
+    uint32_t v;
+  } good[] = {{"1337", 1337}, {"1", 1}, {"4294967294", 4294967294u}, {"65534", 65534}};
+  for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+    ce_nf_error_t err;
+    uint32_t u = 0;
+    cr_expect_eq(ce_nf_parse_uid(good[i].s, &u, &err), 0, "'%s'", good[i].s);
+    cr_expect_eq(u, good[i].v, "'%s'", good[i].s);
+  }
+  static const char *const bad[] = {"0", "00", "01337", "4294967295", "4294967296", "99999999999",
+                                    "-1", "+1", "1337 ", "0x539", "", "root"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    ce_nf_error_t err;
+    uint32_t u = 42;
+    cr_expect_eq(ce_nf_parse_uid(bad[i], &u, &err), CE_EINVAL, "'%s'", bad[i]);
+    cr_expect_eq(u, 42, "'%s' touched the output", bad[i]);
+    cr_expect_str_eq(err.word, bad[i]);
+    cr_expect_str_eq(err.what, "uid");
+  }
+  ce_nf_error_t err;
+  uint32_t u;
+  ce_nf_parse_uid("0", &u, &err);
+  cr_assert_not_null(strstr(err.why, "workspace may be root"), "%s", err.why);
+}
+
+/* Only neighbour discovery leaves among ICMPv6: no MLD type (130 query,
+ * 131 and 143 reports, 132 done) has a rule, by number or by name. */
+Test(nf_rules, no_mld_rule) {
+  ce_nf_config_t cfg;
+  ce_nf_config_init(&cfg);
+  const char *v6 = rules(&cfg, CE_NF_IPV6);
+  static const char *const mld[] = {"type 130", "type 131", "type 132", "type 143", "listener", "hl-eq 1 "};
+  for (size_t i = 0; i < sizeof(mld) / sizeof(mld[0]); i++)
+    cr_expect_null(strstr(v6, mld[i]), "%s in %s", mld[i], v6);
+  size_t icmp = 0;
+  for (const char *l = v6; (l = strstr(l, "-p ipv6-icmp")) != NULL; l++)
+    icmp++;
+  cr_assert_eq(icmp, 3, "NS, NA and RS only: %s", v6);
 }
 
 Test(nf_rules, dns_lists) {

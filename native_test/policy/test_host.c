@@ -273,6 +273,23 @@ Test(pattern, every_error_code) {
       {"example.com/", NULL, CE_PATTERN_PATH},
       {"example.com?x", NULL, CE_PATTERN_PATH},
       {"example.com#x", NULL, CE_PATTERN_PATH},
+      {"10.0.0.0/8", NULL, CE_PATTERN_CIDR},
+      {"192.168.1.1/32", NULL, CE_PATTERN_CIDR},
+      {"fd00::/8", NULL, CE_PATTERN_CIDR},
+      {"::/0", NULL, CE_PATTERN_CIDR},
+      {"[2001:db8::]/32", NULL, CE_PATTERN_CIDR},
+      {"::ffff:10.0.0.0/104", NULL, CE_PATTERN_CIDR},
+      /* Not ADDR/N: a path after all. */
+      {"10.0.0.0/", NULL, CE_PATTERN_PATH},
+      {"10.0.0.0/1234", NULL, CE_PATTERN_PATH},
+      {"10.0.0.0/8/9", NULL, CE_PATTERN_PATH},
+      {"10.0.0.0/x", NULL, CE_PATTERN_PATH},
+      {"10.0.0/8", NULL, CE_PATTERN_PATH},
+      {"010.0.0.0/8", NULL, CE_PATTERN_PATH},
+      {"example.com/8", NULL, CE_PATTERN_PATH},
+      {"[::1/128]", NULL, CE_PATTERN_PATH},
+      {"[::1]x/8", NULL, CE_PATTERN_PATH},
+      {"10.0.0.0?8", NULL, CE_PATTERN_PATH},
       {"example.com:443", NULL, CE_PATTERN_PORT},
       {"*:443", NULL, CE_PATTERN_PORT},
       {"***.example.com", NULL, CE_PATTERN_STAR_RUN},
@@ -320,6 +337,9 @@ Test(pattern, errors_follow_the_step_order) {
       {"a/b:1", NULL, CE_PATTERN_PATH},
       /* path (3) before the bracket check (4). */
       {"[::1]/x", NULL, CE_PATTERN_PATH},
+      /* ... and cidr (3) too; scheme (2) before it. */
+      {"[::1]/128", NULL, CE_PATTERN_CIDR},
+      {"https://10.0.0.0/8", NULL, CE_PATTERN_SCHEME},
       /* port (5) before star_run (6) before labels (9). */
       {"***:1", NULL, CE_PATTERN_PORT},
       {"***..", NULL, CE_PATTERN_STAR_RUN},

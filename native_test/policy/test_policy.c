@@ -173,12 +173,57 @@ Test(policy_load, rule_level_errors) {
   /* Bounds that are fine. */
   ce_policy_t *p = load_ok(
       "{\"version\":1,\"default\":\"deny\",\"rules\":["
-      "{\"index\":0,\"kind\":\"decide\",\"timeout_ms\":1,\"cache\":false},"
-      "{\"index\":1,\"kind\":\"decide\",\"timeout_ms\":3600000,\"cache\":true}]}");
+      "{\"index\":0,\"kind\":\"decide\",\"timeout_ms\":1,\"cache\":false}]}");
   ce_rule_info_t r;
   cr_assert_eq(ce_policy_rule(p, 0, &r), 0);
   cr_assert_eq(r.timeout_ms, 1);
   cr_assert(!r.cache);
+  ce_policy_free(p);
+  p = load_ok("{\"version\":1,\"default\":\"deny\",\"rules\":["
+              "{\"index\":0,\"kind\":\"allow\",\"hosts\":[\"a.com\"]},"
+              "{\"index\":1,\"kind\":\"decide\",\"timeout_ms\":3600000,\"cache\":true}]}");
+  cr_assert_eq(ce_policy_rule(p, 1, &r), 0);
+  cr_assert_eq(r.timeout_ms, 3600000);
+  cr_assert(r.cache);
+  ce_policy_free(p);
+}
+
+/* A decide rule answers every request that reaches it: a rule after it
+ * could never match and the document is refused, naming both. */
+Test(policy_load, rules_after_a_decide_rule_are_unreachable) {
+  static const char *const after[] = {
+      "{\"index\":2,\"kind\":\"allow\",\"hosts\":[\"c.example\"]}",
+      "{\"index\":2,\"kind\":\"deny\",\"hosts\":[\"**\"]}",
+      "{\"index\":2,\"kind\":\"decide\",\"timeout_ms\":5,\"cache\":true}",
+  };
+  for (size_t k = 0; k < sizeof(after) / sizeof(after[0]); k++) {
+    char doc[512], want[256];
+    const char *rule = after[k];
+    snprintf(doc, sizeof(doc),
+             "{\"version\":1,\"default\":\"deny\",\"rules\":["
+             "{\"index\":0,\"kind\":\"deny\",\"hosts\":[\"b.example\"]},"
+             "{\"index\":1,\"kind\":\"decide\",\"timeout_ms\":5,\"cache\":true},%s]}",
+             rule);
+    snprintf(want, sizeof(want),
+             "$.rules[2]: unreachable: rule 1 (decide) before it answers every request that "
+             "reaches it, so this rule is never consulted; move it before rule 1, or remove it");
+    load_fails(doc, CE_EINVAL, want);
+  }
+  /* The rule's own error comes first. */
+  load_fails("{\"version\":1,\"default\":\"deny\",\"rules\":["
+             "{\"index\":0,\"kind\":\"decide\",\"timeout_ms\":5,\"cache\":true},"
+             "{\"index\":1,\"kind\":\"allow\",\"hosts\":[\"10.0.0.0/8\"]}]}",
+             CE_EINVAL,
+             "$.rules[1].hosts[0]: bad pattern \"10.0.0.0/8\" (cidr): CIDR ranges are not host "
+             "patterns; a rule names host names and single IP addresses, so list the addresses "
+             "one by one (\"10.0.0.1\") or name the hosts (private ranges are refused anyway "
+             "unless --allow-private covers them)");
+  /* Last is fine, and so are rules before it. */
+  ce_policy_t *p = load_ok("{\"version\":1,\"default\":\"allow\",\"rules\":["
+                           "{\"index\":0,\"kind\":\"deny\",\"hosts\":[\"b.example\"]},"
+                           "{\"index\":1,\"kind\":\"allow\",\"hosts\":[\"a.example\"]},"
+                           "{\"index\":2,\"kind\":\"decide\",\"timeout_ms\":5,\"cache\":true}]}");
+  cr_assert_eq(ce_policy_rule_count(p), 3);
   ce_policy_free(p);
 }
 
@@ -190,8 +235,8 @@ Test(policy_load, later_rules_name_their_index) {
              "$.rules[1].hosts[1]: bad pattern \"https://api.github.com\" (scheme): "
              "write the host only, without \"://\"");
   load_fails("{\"version\":1,\"default\":\"deny\",\"rules\":["
-             "{\"index\":0,\"kind\":\"decide\",\"timeout_ms\":5,\"cache\":true},"
-             "{\"index\":1,\"kind\":\"decide\",\"timeout_ms\":5,\"cache\":true},"
+             "{\"index\":0,\"kind\":\"allow\",\"hosts\":[\"a.com\"]},"
+             "{\"index\":1,\"kind\":\"allow\",\"hosts\":[\"b.com\"]},"
              "{\"index\":1,\"kind\":\"decide\",\"timeout_ms\":5,\"cache\":true}]}",
              CE_EINVAL, "$.rules[2].index: must equal the rule's position 2, not 1");
 }
@@ -206,6 +251,8 @@ Test(policy_load, every_pattern_code_surfaces) {
       {"\"https://x\"", CE_PATTERN_SCHEME,
        "bad pattern \"https://x\" (scheme): write the host only, without \"://\""},
       {"\"x/y\"", CE_PATTERN_PATH, NULL},
+      {"\"10.0.0.0/8\"", CE_PATTERN_CIDR, NULL},
+      {"\"[fd00::]/8\"", CE_PATTERN_CIDR, NULL},
       {"\"x:1\"", CE_PATTERN_PORT, NULL},
       {"\"***.x\"", CE_PATTERN_STAR_RUN, NULL},
       {"\"a..b\"", CE_PATTERN_EMPTY_LABEL, NULL},
@@ -335,8 +382,8 @@ Test(policy_load, size_limit_on_buffers) {
   free(doc);
 }
 
-/* Builds {"rules":[...]} with nrules decide rules, or one deny rule with
- * nhosts patterns. */
+/* Builds {"rules":[...]} with nrules rules (allow rules, the last one a
+ * decide rule), or one deny rule with nhosts patterns. */
 static char *build_doc(size_t nrules, size_t nhosts) {
   size_t cap = 64 + nrules * 80 + nhosts * 16;
   char *doc = malloc(cap);
@@ -344,8 +391,10 @@ static char *build_doc(size_t nrules, size_t nhosts) {
   size_t o = (size_t)snprintf(doc, cap, "{\"version\":1,\"default\":\"deny\",\"rules\":[");
   for (size_t i = 0; i < nrules; i++)
     o += (size_t)snprintf(doc + o, cap - o,
-                          "%s{\"index\":%zu,\"kind\":\"decide\",\"timeout_ms\":5,"
-                          "\"cache\":true}",
+                          i + 1 < nrules
+                              ? "%s{\"index\":%zu,\"kind\":\"allow\",\"hosts\":[\"r.com\"]}"
+                              : "%s{\"index\":%zu,\"kind\":\"decide\",\"timeout_ms\":5,"
+                                "\"cache\":true}",
                           i ? "," : "", i);
   if (nhosts > 0) {
     o += (size_t)snprintf(doc + o, cap - o, "{\"index\":0,\"kind\":\"deny\",\"hosts\":[");

@@ -153,3 +153,31 @@ Test(vectors, groups) {
                 total, MIN_GROUP_CASES);
   json_decref(root);
 }
+
+/* Policies both loaders refuse: a rule after a decide rule. */
+Test(vectors, unreachable) {
+  json_t *root = load_vectors();
+  const json_t *list = json_object_get(root, "unreachable");
+  cr_assert(json_is_array(list) && json_array_size(list) > 0, "\"unreachable\" must be a non-empty array");
+  size_t i;
+  const json_t *v;
+  json_array_foreach(list, i, v) {
+    const char *name = show(str_or_null(v, "name"));
+    char *doc = json_dumps(json_object_get(v, "policy"), JSON_COMPACT);
+    cr_assert_not_null(doc, "unreachable \"%s\": no policy object", name);
+    char want[128];
+    snprintf(want, sizeof(want), "$.rules[%lld]: unreachable: rule %lld (decide) ",
+             (long long)json_integer_value(json_object_get(v, "rule_index")),
+             (long long)json_integer_value(json_object_get(v, "decide_index")));
+    ce_policy_t *p = NULL;
+    ce_policy_error_t err;
+    int rc = ce_policy_load_buffer(doc, strlen(doc), &p, &err);
+    free(doc);
+    cr_expect_eq(rc, CE_EINVAL, "unreachable \"%s\": loaded (%s)", name, ce_err_name(rc));
+    cr_expect(rc != 0 && strncmp(err.message, want, strlen(want)) == 0,
+              "unreachable \"%s\": expected a message starting %s, got %s", name, want,
+              rc != 0 ? err.message : "none");
+    ce_policy_free(p);
+  }
+  json_decref(root);
+}

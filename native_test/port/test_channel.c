@@ -40,6 +40,7 @@ static char sock[128];
 static const uint8_t TOKEN[16] = {0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07,
                                   0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0xff};
 #define TOKEN_HEX "000102030405060708090a0b0c0d0eff"
+#define SID_OPT "#{session_id => <<\"sess-port\">>}"
 
 static void pump_once(void *arg) { uv_run(&loop, UV_RUN_NOWAIT); }
 
@@ -126,13 +127,13 @@ static void expect_quiet(void) {
 }
 
 static void attach(int window) {
-  char req[256];
+  char req[512];
   snprintf(req, sizeof(req),
            "{call, 1, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, "
-           "#{window => %d, timeout => 5000}}}",
+           "#{window => %d, timeout => 5000, session_id => <<\"sess-port\">>}}}",
            sock, window);
   ce_test_port_send(&pp, req);
-  expect_packet("{reply,1,{ok,{1,#{<<\"type\">> => <<\"welcome\">>,<<\"version\">> => 1,"
+  expect_packet("{reply,1,{ok,{1,#{<<\"type\">> => <<\"welcome\">>,<<\"version\">> => 2,"
                 "<<\"session_id\">> => <<\"sess-port\">>,<<\"dropped\">> => 0}}}}");
 }
 
@@ -162,13 +163,15 @@ Test(port_channel, welcome_then_buffered_and_live_events) {
 }
 
 Test(port_channel, wrong_token_is_closed_before_welcome) {
-  char req[256];
+  char req[512];
   snprintf(req, sizeof(req),
-           "{call, 7, {control_attach, {unix, <<\"%s\">>}, <<\"" "ff" TOKEN_HEX "\">>, #{}}}",
+           "{call, 7, {control_attach, {unix, <<\"%s\">>}, <<\"" "ff" TOKEN_HEX "\">>, " SID_OPT
+           "}}",
            sock);
   ce_test_port_send(&pp, req);
-  expect_packet("{reply,7,{error,{closed,<<\"the control channel closed before welcome (a "
-                "wrong token, or not a condukt sidecar)\">>}}}");
+  expect_packet("{reply,7,{error,{closed,<<\"the control channel closed during the handshake (a "
+                "wrong token or session id, another protocol version, or not a condukt "
+                "sidecar)\">>}}}");
   ce_control_stats_t st;
   ce_control_stats(ctl, &st);
   cr_assert_eq(st.auth_failures, 1);
@@ -248,10 +251,10 @@ Test(port_channel, control_send_refusals) {
                          "decision => allow}}}");
   expect_packet("{reply,2,{error,{inval,<<\"control_send: frame: decision: \\\"id\\\" must be a "
                 "decimal string of a uint64\">>}}}");
-  ce_test_port_send(&pp, "{call, 3, {control_send, 1, #{type => hello, version => 1, "
-                         "token => <<\"00\">>}}}");
-  expect_packet("{reply,3,{error,{inval,<<\"control_send: frame: a hello is sent by "
-                "control_attach only\">>}}}");
+  ce_test_port_send(&pp, "{call, 3, {control_send, 1, #{type => auth, proof => <<\""
+                         "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\">>}}}");
+  expect_packet("{reply,3,{error,{inval,<<\"control_send: frame: the handshake is "
+                "control_attach's alone\">>}}}");
   ce_test_port_send(&pp, "{call, 4, {control_send, 1, #{type => ping, x => {1, 2}}}}");
   expect_packet("{reply,4,{error,{badarg,<<\"control_send: frame.x: a tuple is not JSON\">>}}}");
   ce_test_port_send(&pp, "{call, 5, {control_send, 1, [ping]}}");
@@ -296,9 +299,9 @@ Test(port_channel, detach_sends_no_closed) {
   ce_test_port_send(&pp, "{call, 3, {control_detach, 1}}");
   expect_packet("{reply,3,ok}");
   /* A second attach gets a new channel number. */
-  char req[256];
+  char req[512];
   snprintf(req, sizeof(req),
-           "{call, 4, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, #{}}}", sock);
+           "{call, 4, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, " SID_OPT "}}", sock);
   ce_test_port_send(&pp, req);
   char *r = recv_term();
   bool ok = strncmp(r, "{reply,4,{ok,{2,#{<<\"type\">> => <<\"welcome\">>", 44) == 0;
@@ -312,26 +315,26 @@ Test(port_channel, detach_sends_no_closed) {
 
 Test(port_channel, attach_errors) {
   ce_test_port_send(&pp, "{call, 1, {control_attach, {unix, <<\"/nonexistent/ctl.sock\">>}, <<\""
-                         TOKEN_HEX "\">>, #{}}}");
+                         TOKEN_HEX "\">>, " SID_OPT "}}");
   expect_packet("{reply,1,{error,{unavail,<<\"cannot connect to unix:/nonexistent/ctl.sock: no "
                 "such file or directory\">>}}}");
   ce_test_port_send(&pp, "{call, 2, {control_attach, {tcp, <<\"10.1.2.3\">>, 80}, <<\"" TOKEN_HEX
-                         "\">>, #{}}}");
+                         "\">>, " SID_OPT "}}");
   expect_packet("{reply,2,{error,{inval,<<\"control_attach: address 10.1.2.3:80: 10.1.2.3 is "
                 "not a loopback address (127.0.0.0/8)\">>}}}");
   ce_test_port_send(&pp, "{call, 3, {control_attach, {tcp, <<\"example.com\">>, 80}, <<\""
-                         TOKEN_HEX "\">>, #{}}}");
+                         TOKEN_HEX "\">>, " SID_OPT "}}");
   expect_packet("{reply,3,{error,{inval,<<\"control_attach: address example.com:80: "
                 "\\\"example.com\\\" is not an IP address (names are not resolved)\">>}}}");
   ce_test_port_send(&pp, "{call, 4, {control_attach, {tcp, <<\"::1\">>, 0}, <<\"" TOKEN_HEX
-                         "\">>, #{}}}");
+                         "\">>, " SID_OPT "}}");
   expect_packet("{reply,4,{error,{badarg,<<\"control_attach: PortNumber must be an integer "
                 "from 1 to 65535\">>}}}");
   ce_test_port_send(&pp, "{call, 5, {control_attach, {udp, <<\"x\">>}, <<\"" TOKEN_HEX
-                         "\">>, #{}}}");
+                         "\">>, " SID_OPT "}}");
   expect_packet("{reply,5,{error,{badarg,<<\"control_attach: Address must be {unix, Path} or "
                 "{tcp, Host, PortNumber}\">>}}}");
-  char req[256];
+  char req[512];
   snprintf(req, sizeof(req), "{call, 6, {control_attach, {unix, <<\"%s\">>}, <<\"ABCD\">>, #{}}}",
            sock);
   ce_test_port_send(&pp, req);
@@ -348,7 +351,7 @@ Test(port_channel, attach_errors) {
            "#{colour => 1}}}", sock);
   ce_test_port_send(&pp, req);
   expect_packet("{reply,8,{error,{badarg,<<\"control_attach: unknown option \\\"colour\\\" "
-                "(expected timeout, window)\">>}}}");
+                "(expected session_id, timeout, window)\">>}}}");
   snprintf(req, sizeof(req),
            "{call, 9, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, []}}", sock);
   ce_test_port_send(&pp, req);
@@ -365,10 +368,10 @@ Test(port_channel, tcp_and_timeout) {
   ce_control_t *unix_ctl = ctl;
   start_sidecar("127.0.0.1:0");
   int port = ce_control_port(ctl);
-  char req[256];
+  char req[512];
   snprintf(req, sizeof(req),
            "{call, 1, {control_attach, {tcp, <<\"localhost\">>, %d}, <<\"" TOKEN_HEX
-           "\">>, #{}}}", port);
+           "\">>, " SID_OPT "}}", port);
   ce_test_port_send(&pp, req);
   char *r = recv_term();
   bool ok = strncmp(r, "{reply,1,{ok,{1,#{<<\"type\">> => <<\"welcome\">>", 44) == 0;
@@ -390,7 +393,7 @@ Test(port_channel, tcp_and_timeout) {
   uv_tcp_getsockname(&silent, (struct sockaddr *)&bound, &blen);
   snprintf(req, sizeof(req),
            "{call, 2, {control_attach, {tcp, <<\"127.0.0.1\">>, %d}, <<\"" TOKEN_HEX
-           "\">>, #{timeout => 200}}}", ntohs(((struct sockaddr_in *)&bound)->sin_port));
+           "\">>, #{timeout => 200, session_id => <<\"sess-port\">>}}}", ntohs(((struct sockaddr_in *)&bound)->sin_port));
   ce_test_port_send(&pp, req);
   char expect[256];
   snprintf(expect, sizeof(expect),
@@ -401,37 +404,146 @@ Test(port_channel, tcp_and_timeout) {
   finish();
 }
 
-Test(port_channel, not_a_sidecar) {
-  /* Something that answers with a line that is not welcome. */
+/* A process that listens where the sidecar should (a squatter) and plays
+ * the sidecar's part as far as it can without the token. */
+typedef struct {
+  int lfd, c;
+} squat_t;
+
+static void squat_start(squat_t *q) {
   stop_sidecar();
   uv_run(&loop, UV_RUN_NOWAIT);
-  /* A Unix listener written by hand: accept, read hello, answer junk. */
-  int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  q->lfd = socket(AF_UNIX, SOCK_STREAM, 0);
   struct sockaddr_un sun;
   memset(&sun, 0, sizeof(sun));
   sun.sun_family = AF_UNIX;
   strcpy(sun.sun_path, sock);
   unlink(sock);
-  cr_assert_eq(bind(lfd, (struct sockaddr *)&sun, sizeof(sun)), 0);
-  cr_assert_eq(listen(lfd, 1), 0);
-  char req[256];
+  cr_assert_eq(bind(q->lfd, (struct sockaddr *)&sun, sizeof(sun)), 0);
+  cr_assert_eq(listen(q->lfd, 1), 0);
+  q->c = -1;
+}
+
+/* Sends an attach (id) and accepts it; returns the hello line it got. */
+static void squat_accept(squat_t *q, int id, char *line, size_t cap) {
+  char req[512];
+  snprintf(req, sizeof(req),
+           "{call, %d, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, " SID_OPT "}}",
+           id, sock);
+  ce_test_port_send(&pp, req);
+  q->c = accept(q->lfd, NULL, NULL);
+  cr_assert(q->c >= 0);
+  ssize_t n = read(q->c, line, cap - 1);
+  cr_assert(n > 0);
+  line[n] = '\0';
+}
+
+static void squat_say(squat_t *q, const char *text) {
+  cr_assert_eq(write(q->c, text, strlen(text)), (ssize_t)strlen(text));
+}
+
+static void squat_end(squat_t *q) {
+  if (q->c >= 0)
+    close(q->c);
+  q->c = -1;
+}
+
+#define H64 "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+/* The squatter learns a nonce and the session id, never the token, and
+ * whatever it answers, the attach fails. */
+Test(port_channel, a_squatter_learns_nothing_and_is_refused) {
+  squat_t q;
+  squat_start(&q);
+  char line[1024], expect[600];
+
+  /* 1. The hello: no token, a fresh nonce. */
+  squat_accept(&q, 1, line, sizeof(line));
+  cr_assert_null(strstr(line, TOKEN_HEX), "the token was sent: %s", line);
+  json_error_t jerr;
+  json_t *hello = json_loads(line, 0, &jerr);
+  cr_assert_not_null(hello, "%s", line);
+  cr_assert_str_eq(json_string_value(json_object_get(hello, "type")), "hello");
+  cr_assert_eq(json_integer_value(json_object_get(hello, "version")), 2);
+  cr_assert_str_eq(json_string_value(json_object_get(hello, "session_id")), "sess-port");
+  cr_assert_eq(strlen(json_string_value(json_object_get(hello, "nonce"))), 64);
+  cr_assert_eq(json_object_size(hello), 4);
+  json_decref(hello);
+  /* Not a challenge at all. */
+  squat_say(&q, "{\"type\":\"pong\"}\n");
+  snprintf(expect, sizeof(expect),
+           "{reply,1,{error,{proto,<<\"the challenge from unix:%s is malformed: neither a "
+           "challenge nor a welcome\">>}}}",
+           sock);
+  expect_packet(expect);
+  squat_end(&q);
+
+  /* 2. A made-up proof; 3. the port's own proof reflected back as the
+   * sidecar's; 4. another session's sidecar. */
+  for (int k = 0; k < 3; k++) {
+    int id = 2 + k;
+    squat_accept(&q, id, line, sizeof(line));
+    squat_say(&q, "{\"type\":\"challenge\",\"version\":2,\"nonce\":\"" H64 "\"}\n");
+    ssize_t n = read(q.c, line, sizeof(line) - 1);
+    cr_assert(n > 24 + 64);
+    line[n] = '\0';
+    cr_assert(strncmp(line, "{\"type\":\"auth\",\"proof\":\"", 24) == 0, "%s", line);
+    char welcome[400];
+    snprintf(welcome, sizeof(welcome),
+             "{\"type\":\"welcome\",\"version\":2,\"dropped\":0,\"session_id\":\"%s\","
+             "\"proof\":\"%.64s\"}\n",
+             k == 2 ? "other" : "sess-port", k == 1 ? line + 24 : H64);
+    squat_say(&q, welcome);
+    if (k < 2)
+      snprintf(expect, sizeof(expect),
+               "{reply,%d,{error,{perm,<<\"whatever listens at unix:%s did not prove the "
+               "session token (a wrong token, or another process on the sidecar's port)\">>}}}",
+               id, sock);
+    else
+      snprintf(expect, sizeof(expect),
+               "{reply,%d,{error,{perm,<<\"the sidecar at unix:%s gates session \\\"other\\\", "
+               "not this one\">>}}}",
+               id, sock);
+    expect_packet(expect);
+    squat_end(&q);
+  }
+
+  /* 5. Another protocol version. */
+  squat_accept(&q, 5, line, sizeof(line));
+  squat_say(&q, "{\"type\":\"challenge\",\"version\":1,\"nonce\":\"" H64 "\"}\n");
+  snprintf(expect, sizeof(expect),
+           "{reply,5,{error,{version,<<\"unix:%s speaks another version of the control channel "
+           "than 2 (the sidecar image and this library must be of the same release)\">>}}}",
+           sock);
+  expect_packet(expect);
+  squat_end(&q);
+
+  close(q.lfd);
+  finish();
+}
+
+Test(port_channel, attach_needs_the_session_id) {
+  char req[512];
   snprintf(req, sizeof(req),
            "{call, 1, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, #{}}}", sock);
   ce_test_port_send(&pp, req);
-  int c = accept(lfd, NULL, NULL);
-  cr_assert(c >= 0);
-  char hello[512];
-  ssize_t n = read(c, hello, sizeof(hello) - 1);
-  cr_assert(n > 0);
-  hello[n] = '\0';
-  cr_assert_str_eq(hello, "{\"type\":\"hello\",\"version\":1,\"token\":\"" TOKEN_HEX "\"}\n");
-  cr_assert_eq(write(c, "{\"type\":\"pong\"}\n", 16), 16);
-  char expect[512];
-  snprintf(expect, sizeof(expect),
-           "{reply,1,{error,{proto,<<\"the first frame from unix:%s is not a welcome\">>}}}",
+  expect_packet("{reply,1,{error,{badarg,<<\"control_attach: AttachOpts must name the "
+                "session_id\">>}}}");
+  snprintf(req, sizeof(req),
+           "{call, 2, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, "
+           "#{session_id => <<>>}}}",
            sock);
-  expect_packet(expect);
-  close(c);
-  close(lfd);
+  ce_test_port_send(&pp, req);
+  expect_packet("{reply,2,{error,{badarg,<<\"control_attach: session_id must be a binary of 1 "
+                "to 256 bytes without NUL\">>}}}");
+  /* A session id the sidecar does not gate: it closes without a word. */
+  snprintf(req, sizeof(req),
+           "{call, 3, {control_attach, {unix, <<\"%s\">>}, <<\"" TOKEN_HEX "\">>, "
+           "#{session_id => <<\"sess-other\">>}}}",
+           sock);
+  ce_test_port_send(&pp, req);
+  expect_packet("{reply,3,{error,{closed,<<\"the control channel closed during the handshake (a "
+                "wrong token or session id, another protocol version, or not a condukt "
+                "sidecar)\">>}}}");
   finish();
 }

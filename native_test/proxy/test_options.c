@@ -34,6 +34,7 @@ Test(proxy_options, defaults, .init = clear_env) {
   cr_expect_str_eq(o.listen[1], "[::1]:15001");
   cr_expect_str_eq(o.control, "127.0.0.1:15002");
   cr_expect_eq(o.mark, 0x539u);
+  cr_expect_eq(o.user, 0u);
   cr_expect_eq(o.max_connections, 1024u);
   cr_expect_eq(o.clienthello_ms, 10000u);
   cr_expect_eq(o.idle_ms, 300000u);
@@ -46,12 +47,13 @@ Test(proxy_options, defaults, .init = clear_env) {
 Test(proxy_options, flags_and_equals_forms, .init = clear_env) {
   const char *argv[] = {"proxy",          REQUIRED,        "--listen",  "127.0.0.1:9",   "--listen=[::1]:9",
                         "--mark=0x10",    "--allow-private", "10.0.0.0/8", "--body-preview", "100",
-                        "--redact-header", "X-Api-Key",    "--verbose"};
+                        "--redact-header", "X-Api-Key",    "--verbose", "--user", "1337"};
   ce_proxy_options_t o;
   cr_assert_eq(parse(&o, (int)(sizeof(argv) / sizeof(argv[0])), argv), CE_EXIT_OK);
   cr_expect_eq(o.listen_count, 2);
   cr_expect_str_eq(o.listen[1], "[::1]:9");
   cr_expect_eq(o.mark, 16u);
+  cr_expect_eq(o.user, 1337u);
   cr_expect_eq(o.allow_private_count, 1);
   cr_expect_eq(o.allow_private[0].prefix, 8);
   cr_expect_eq(o.body_preview, 100u);
@@ -98,7 +100,7 @@ Test(proxy_options, bad_values_name_the_word, .init = clear_env) {
       {"--mark", "0"},          {"--mark", "junk"},          {"--body-preview", "65537"},
       {"--max-connections", "0"}, {"--allow-private", "10.0.0.0/40"}, {"--idle-timeout-ms", "-5"},
       {"--verbose=maybe", NULL}, {"--nope", NULL},           {"stray", NULL},
-      {"--policy", ""},
+      {"--policy", ""},         {"--user", "0"},             {"--user", "root"},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     const char *argv[14] = {"proxy", REQUIRED};

@@ -67,7 +67,10 @@ defmodule Condukt.NativeTest do
 
   test "control_attach to nothing is an error, not a hang", %{native: n, tmp_dir: dir} do
     assert {:error, %Error{op: :control_attach}} =
-             Native.control_attach(n, {:unix, Path.join(dir, "nobody.sock")}, @token, timeout: 1_000)
+             Native.control_attach(n, {:unix, Path.join(dir, "nobody.sock")}, @token,
+               timeout: 1_000,
+               session_id: "test"
+             )
   end
 
   describe "control channels" do
@@ -82,16 +85,30 @@ defmodule Condukt.NativeTest do
             n,
             {:unix, listener.path},
             @token,
-            [owner: opts[:owner]] ++ Keyword.delete(opts, :owner)
+            [owner: opts[:owner], session_id: "test"] ++ Keyword.delete(opts, :owner)
           )
         end)
 
+      # The hello carries a nonce and the session, never the token.
       assert_receive {:listener, :hello, hello, conn}, 5_000
-      assert hello == %{"type" => "hello", "version" => 1, "token" => @token}
-      ControlListener.welcome(conn)
+      assert %{"type" => "hello", "version" => 2, "session_id" => "test", "nonce" => nonce} = hello
+      assert map_size(hello) == 4 and nonce =~ ~r/\A[0-9a-f]{64}\z/
+      ControlListener.welcome(conn, "test", @token)
       assert {:ok, {chan, welcome}} = Task.await(task)
-      assert %{"type" => "welcome", "version" => 1} = welcome
+      assert %{"type" => "welcome", "version" => 2, "session_id" => "test"} = welcome
+      refute Map.has_key?(welcome, "proof")
       {chan, conn}
+    end
+
+    test "a listener that does not hold the token learns nothing and never welcomes", %{native: n, listener: l} do
+      task = Task.async(fn -> Native.control_attach(n, {:unix, l.path}, @token, session_id: "test") end)
+      assert_receive {:listener, :hello, hello, conn}, 5_000
+      refute inspect(hello) =~ @token
+      # The stand-in holds another token: the port's proof does not check
+      # out there, and nothing it can say would check out here.
+      ControlListener.welcome(conn, "test", String.duplicate("a5", 16))
+      assert_receive {:listener, :refused}, 5_000
+      assert {:error, %Error{code: :closed}} = Task.await(task)
     end
 
     test "frames both ways, as terms", %{native: n, listener: l} do
@@ -145,7 +162,10 @@ defmodule Condukt.NativeTest do
       Process.flag(:trap_exit, true)
       {:ok, n} = Native.start_link()
       os_pid = Native.os_pid(n)
-      task = Task.async(fn -> Native.control_attach(n, {:unix, l.path}, @token, timeout: 30_000) end)
+
+      task =
+        Task.async(fn -> Native.control_attach(n, {:unix, l.path}, @token, timeout: 30_000, session_id: "test") end)
+
       # The listener never welcomes: the call is pending when the port dies.
       assert_receive {:listener, :hello, _, _conn}, 5_000
 

@@ -6,14 +6,19 @@ defmodule Condukt.Test.ControlListener do
   # close. (End-to-end tests use the real sidecar in the netns tier.)
   #
   # Every accepted connection is reported to the owner as
-  # {:listener, :hello, frame, conn}; the owner then calls `welcome/1`,
-  # `send_frames/2`, `close/1`, and receives {:listener, :line, map} for
-  # every line the peer writes and {:listener, :closed} when it goes.
+  # {:listener, :hello, frame, conn}; the owner then calls `welcome/3`
+  # (which plays the sidecar's part of the handshake: a challenge, the
+  # peer's proof checked, a welcome with the sidecar's proof; a wrong proof
+  # closes and reports {:listener, :refused}), `send_frames/2`, `close/1`,
+  # and receives {:listener, :line, map} for every line the peer writes and
+  # {:listener, :closed} when it goes.
 
   # Unix socket paths are limited to 107 bytes, which ExUnit's tmp_dir
   # paths can exceed: the socket lives in /tmp under a short name.
   # `path` (optional) picks the socket's path, for a test that dials it
   # before it exists.
+  alias Condukt.Sandbox.NetworkPolicy.ControlBridge.Handshake
+
   def start(path \\ nil) do
     path = path || "/tmp/ce-ctl-#{System.unique_integer([:positive])}-#{:rand.uniform(1_000_000)}.sock"
     ExUnit.Callbacks.on_exit(fn -> File.rm(path) end)
@@ -46,10 +51,41 @@ defmodule Condukt.Test.ControlListener do
     end
 
     {:ok, line} = :gen_tcp.recv(sock, 0, 5_000)
-    send(owner, {:listener, :hello, Condukt.JSON.decode!(line), self()})
-    :inet.setopts(sock, active: true)
-    serve(sock, owner)
+    hello = Condukt.JSON.decode!(line)
+    send(owner, {:listener, :hello, hello, self()})
+
+    receive do
+      {:welcome, session_id, token} ->
+        if handshake(sock, hello, session_id, Base.decode16!(token, case: :lower)) do
+          :inet.setopts(sock, active: true)
+          serve(sock, owner)
+        else
+          :gen_tcp.close(sock)
+          send(owner, {:listener, :refused})
+        end
+
+      :close ->
+        :gen_tcp.close(sock)
+    end
   end
+
+  defp handshake(sock, hello, session_id, token) do
+    {:ok, peer_nonce} = Handshake.unhex(hello["nonce"], 32)
+    nonce = Handshake.nonce()
+    send_line(sock, Handshake.challenge(nonce))
+    {:ok, line} = :gen_tcp.recv(sock, 0, 5_000)
+
+    with %{"type" => "auth", "proof" => hex} <- Condukt.JSON.decode!(line),
+         {:ok, proof} <- Handshake.unhex(hex, 32),
+         true <- Handshake.proof_ok?(token, :peer, session_id, peer_nonce, nonce, proof) do
+      send_line(sock, Handshake.welcome(session_id, Handshake.proof(token, :sidecar, session_id, peer_nonce, nonce)))
+      true
+    else
+      _ -> false
+    end
+  end
+
+  defp send_line(sock, frame), do: :ok = :gen_tcp.send(sock, Condukt.JSON.encode!(frame) <> "\n")
 
   defp serve(sock, owner) do
     receive do
@@ -69,8 +105,10 @@ defmodule Condukt.Test.ControlListener do
     end
   end
 
-  def welcome(conn, session_id \\ "test"),
-    do: send(conn, {:send, [%{type: "welcome", version: 1, session_id: session_id, dropped: 0}]})
+  # The token the stand-in holds (lowercase hex): a peer that proves
+  # another is refused.
+  def welcome(conn, session_id \\ "test", token \\ String.duplicate("0f", 16)),
+    do: send(conn, {:welcome, session_id, token})
 
   def send_frames(conn, frames), do: send(conn, {:send, frames})
   def close(conn), do: send(conn, :close)

@@ -34,6 +34,22 @@ defmodule Condukt.Dev.SystemTools do
     end
   end
 
+  @doc """
+  Applies a tier's `check` result to ExUnit before `ExUnit.start/1`: when
+  it is `{:skip, reason}`, prints why and excludes `tag`, or fails the run
+  under CONDUKT_REQUIRE_ALL_TIERS=1.
+  """
+  @spec configure_tier(atom(), :ok | {:skip, String.t()}) :: :ok
+  def configure_tier(_tag, :ok), do: :ok
+
+  def configure_tier(tag, {:skip, reason}) do
+    if System.get_env("CONDUKT_REQUIRE_ALL_TIERS") == "1",
+      do: Mix.raise("the #{inspect(tag)} tier is required (CONDUKT_REQUIRE_ALL_TIERS=1) but cannot run: #{reason}")
+
+    IO.puts(:stderr, "#{tag} tier skipped: #{reason}")
+    ExUnit.configure(exclude: Enum.uniq([tag | Keyword.get(ExUnit.configuration(), :exclude, [])]))
+  end
+
   defp executable(path) do
     case File.stat(path) do
       {:ok, %{type: :regular, mode: mode}} when Bitwise.band(mode, 0o111) != 0 -> path

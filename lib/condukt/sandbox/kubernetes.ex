@@ -34,11 +34,14 @@ defmodule Condukt.Sandbox.Kubernetes do
 
   ## Heartbeat and reaping
 
-  Each pod carries a `condukt.dev/heartbeat` annotation (RFC 3339, UTC). A
-  worker linked to the process that called `init/1` refreshes it every
-  `:heartbeat_interval`; when that process dies the heartbeat stops, and
+  Each pod carries a `condukt.tuist.dev/heartbeat-at` annotation (RFC 3339,
+  UTC). A worker tied to the process that called `init/1` refreshes it
+  every `:heartbeat_interval`; when that process ends, for whatever
+  reason (a crash, or a plain return), the worker stops with it, and
   `reap_stale/1`, run from elsewhere, deletes pods whose heartbeat is too
-  old. `:active_deadline_seconds` is the cluster-side ceiling either way.
+  old. `reap_stale/1` also reads `condukt.dev/heartbeat`, the name earlier
+  versions wrote, so their pods are reaped too.
+  `:active_deadline_seconds` is the cluster-side ceiling either way.
 
   ## Operations
 
@@ -153,7 +156,9 @@ defmodule Condukt.Sandbox.Kubernetes do
   def init(opts) do
     with {:ok, opts} <- validate(opts, Schema.init(), :new),
          {:ok, policy} <- network_policy(opts[:network_policy]),
-         {:ok, kube} <- connect(opts, :new) do
+         :ok <- workspace_options(opts, policy),
+         {:ok, kube, namespace} <- connect(opts, :new) do
+      opts = Keyword.put(opts, :namespace, namespace)
       {id, explicit?} = if opts[:id] == nil, do: {random_id(), false}, else: {to_string(opts[:id]), true}
       delete? = if opts[:delete_on_shutdown] == nil, do: not explicit?, else: opts[:delete_on_shutdown]
 
@@ -182,12 +187,53 @@ defmodule Condukt.Sandbox.Kubernetes do
     end
   end
 
+  # Capabilities and a uid that would let the workspace forge the
+  # sidecar's exemption are refused before anything is created.
+  defp workspace_options(opts, policy) do
+    case Manifest.check_workspace(opts, policy != nil) do
+      :ok -> :ok
+      {:error, detail} -> {:error, %Error{reason: :invalid_option, op: :new, detail: detail}}
+    end
+  end
+
   defp random_id, do: "s-" <> (:crypto.strong_rand_bytes(8) |> Base.encode16(case: :lower))
 
+  # The connection and the namespace to work in: `:namespace`, else the
+  # connection's (the kubeconfig context's `namespace`, or the in-cluster
+  # ServiceAccount's), else "default", as kubectl resolves it.
   defp connect(opts, op) do
     case Kube.connect(Keyword.take(opts, [:conn, :kubeconfig, :context, :in_cluster])) do
-      {:ok, kube} -> {:ok, kube}
-      {:error, e} -> {:error, %Error{reason: :backend, op: op, detail: e}}
+      {:ok, kube} ->
+        case namespace(opts[:namespace], kube) do
+          {:ok, ns} ->
+            {:ok, kube, ns}
+
+          {:error, e} ->
+            Kube.close(kube)
+            {:error, %Error{reason: :backend, op: op, detail: e}}
+        end
+
+      {:error, e} ->
+        {:error, %Error{reason: :backend, op: op, detail: e}}
+    end
+  end
+
+  defp namespace(ns, _kube) when is_binary(ns), do: {:ok, ns}
+  defp namespace(nil, %Kube{namespace: ns}) when ns in [nil, ""], do: {:ok, "default"}
+
+  defp namespace(nil, %Kube{namespace: ns} = kube) do
+    case Schema.dns_label(ns) do
+      :ok ->
+        {:ok, ns}
+
+      {:error, expected} ->
+        from = if kube.context, do: "of the kubeconfig context #{inspect(kube.context)}", else: "of the connection"
+
+        {:error,
+         %Kube.Error{
+           reason: :config,
+           message: "the namespace #{inspect(ns)} #{from} is not #{expected}; pass :namespace"
+         }}
     end
   end
 
@@ -380,7 +426,8 @@ defmodule Condukt.Sandbox.Kubernetes do
          token: token,
          policy_json: NetworkPolicy.to_sidecar_json(state.network_policy),
          upstream_ca: cfg.network_policy_upstream_ca,
-         allow_private: cfg.network_policy_allow_private
+         allow_private: cfg.network_policy_allow_private,
+         host_aliases: cfg[:host_aliases] || []
        }}
     end
   end
@@ -683,7 +730,7 @@ defmodule Condukt.Sandbox.Kubernetes do
   end
 
   @conn_schema [
-    namespace: [type: {:custom, &Schema.dns_label/1}, default: "default", doc: "the namespace."],
+    namespace: [type: {:custom, &Schema.dns_label_or_nil/1}, default: nil, doc: "the namespace."],
     conn: [type: :any, default: nil, doc: "as for `init/1`."],
     kubeconfig: [type: {:custom, &Schema.paths/1}, default: nil, doc: "as for `init/1`."],
     context: [type: {:custom, &Schema.string_or_nil/1}, default: nil, doc: "as for `init/1`."],
@@ -699,16 +746,17 @@ defmodule Condukt.Sandbox.Kubernetes do
 
       Condukt.Sandbox.Kubernetes.terminate(id, namespace: "agents")
 
-  Options: `:namespace` (default `"default"`) and the connection options
-  of `init/1` (`:conn`, `:kubeconfig`, `:context`, `:in_cluster`).
+  Options: `:namespace` (resolved as by `init/1`: the kubeconfig
+  context's namespace, else `"default"`) and the connection options of
+  `init/1` (`:conn`, `:kubeconfig`, `:context`, `:in_cluster`).
   """
   @spec terminate(String.t() | atom() | integer(), keyword()) :: :ok | {:error, Error.t()}
   def terminate(id, opts \\ []) do
     with :ok <- check_id(id),
          {:ok, opts} <- validate(opts, @conn_schema, :shutdown),
-         {:ok, kube} <- connect(opts, :shutdown) do
+         {:ok, kube, namespace} <- connect(opts, :shutdown) do
       try do
-        delete_objects(kube, opts[:namespace], to_string(id))
+        delete_objects(kube, namespace, to_string(id))
       after
         Kube.close(kube)
       end
@@ -727,9 +775,14 @@ defmodule Condukt.Sandbox.Kubernetes do
   `:stale_after` (pods without one count from their creation), with their
   Secrets and NetworkPolicies. Returns the names of the deleted pods.
 
+  The heartbeat is `condukt.tuist.dev/heartbeat-at`; pods made by earlier
+  versions carry `condukt.dev/heartbeat` instead, which is read too (the
+  newer of the two counts when a pod has both).
+
   Options:
 
-    * `:namespace` - namespace to scan, default `"default"`.
+    * `:namespace` - namespace to scan, resolved as by `init/1` (the
+      kubeconfig context's namespace, else `"default"`).
     * `:stale_after` - heartbeat age in milliseconds, default 15 minutes.
     * `:now` - `DateTime` used for tests, default `DateTime.utc_now()`.
     * the connection options of `init/1`: `:conn`, `:kubeconfig`,
@@ -745,9 +798,9 @@ defmodule Condukt.Sandbox.Kubernetes do
         ]
 
     with {:ok, opts} <- validate(opts, schema, :shutdown),
-         {:ok, kube} <- connect(opts, :shutdown) do
+         {:ok, kube, namespace} <- connect(opts, :shutdown) do
       try do
-        reap(kube, opts[:namespace], opts[:now] || DateTime.utc_now(), opts[:stale_after])
+        reap(kube, namespace, opts[:now] || DateTime.utc_now(), opts[:stale_after])
       after
         Kube.close(kube)
       end
@@ -780,14 +833,37 @@ defmodule Condukt.Sandbox.Kubernetes do
 
   defp stale?(pod, now, stale_after) do
     meta = pod["metadata"]
-    stamp = get_in(meta, ["annotations", Names.heartbeat_annotation()]) || meta["creationTimestamp"]
 
     meta["deletionTimestamp"] == nil and
-      case stamp && DateTime.from_iso8601(stamp) do
-        {:ok, at, _} -> DateTime.diff(now, at, :millisecond) > stale_after
-        _ -> false
+      case last_beat(meta) do
+        %DateTime{} = at -> DateTime.diff(now, at, :millisecond) > stale_after
+        nil -> false
       end
   end
+
+  # The newest heartbeat under either name (a pod made by an earlier
+  # version carries the legacy one, and keeps it once a newer version
+  # adopts it), else the creation time; nil when none can be read.
+  defp last_beat(meta) do
+    annotations = meta["annotations"] || %{}
+
+    [Names.heartbeat_annotation(), Names.legacy_heartbeat_annotation()]
+    |> Enum.map(&parse_time(annotations[&1]))
+    |> Enum.reject(&is_nil/1)
+    |> case do
+      [] -> parse_time(meta["creationTimestamp"])
+      beats -> Enum.max(beats, DateTime)
+    end
+  end
+
+  defp parse_time(text) when is_binary(text) do
+    case DateTime.from_iso8601(text) do
+      {:ok, at, _} -> at
+      _ -> nil
+    end
+  end
+
+  defp parse_time(_), do: nil
 
   # The pod (by name) and the Secrets and NetworkPolicies of its session
   # (by the sandbox label).

@@ -7,7 +7,9 @@ defmodule Condukt.Sandbox.Local do
 
   Local is a convenience for development, not an isolation boundary: paths
   are not confined to `:cwd` (`..` and absolute paths reach the whole
-  filesystem the BEAM can reach), and commands run as the BEAM's user.
+  filesystem the BEAM can reach), and commands run as the BEAM's user
+  (with an enforced network policy: as an unprivileged uid, see "Network
+  policy").
 
   ## Init options
 
@@ -41,7 +43,9 @@ defmodule Condukt.Sandbox.Local do
   `{:error, %Condukt.Sandbox.Error{reason: :timeout}}`, whose `:detail`
   holds the output so far. If the calling process dies, the command is
   killed as well. A process that deliberately leaves the group (`setsid`)
-  escapes this cleanup.
+  escapes this cleanup, except in a session with an enforced network
+  policy, where each command has a PID namespace of its own and nothing
+  outlives it.
 
   Output past `:max_output_bytes` is dropped and the kept part ends with a
   line `[condukt: output truncated: kept the first N bytes, dropped M more]`.
@@ -79,23 +83,36 @@ defmodule Condukt.Sandbox.Local do
   `Condukt.Sandbox.NetworkPolicy.new/1`, so a bad policy fails `init/1`
   here just as it would on Kubernetes.
 
-  Upstream Condukt's Local sandbox ignores the policy; this one enforces
-  it where it can. On Linux, when the BEAM holds CAP_NET_ADMIN and CAP_SYS_ADMIN (root)
-  and `ip`, `setpriv` and `iptables` are installed, `init/1` puts the
+  Upstream Condukt's Local ignores the policy; this Local enforces it where it
+  can. On Linux, when the BEAM runs as root (CAP_NET_ADMIN, CAP_SYS_ADMIN,
+  CAP_SETUID, CAP_SETGID, CAP_CHOWN) and `ip`, `setpriv` and `iptables`
+  are installed, owned by root and writable by nobody else, `init/1` puts the
   session in a network namespace of its own with the real egress sidecar
   (`Condukt.Sandbox.Local.Network`, docs/local-network.md): every `exec/3`
-  runs inside it without any capability, its TCP 80/443 goes through the
+  runs inside it as an unprivileged uid without any capability (below), its TCP 80/443 goes through the
   policy, everything else is rejected, and the clients trust the session
-  CA through the six variables of
-  `Condukt.Sandbox.NetworkPolicy.ca_env/1`. A
+  CA through the six usual CA variables. A
   `Condukt.Sandbox.NetworkPolicy.ControlBridge` attaches to the sidecar's
   control channel: decide rules run here, on the BEAM, and every request's
   events become `:telemetry` events (`Condukt.Sandbox.NetworkPolicy.Telemetry`).
   `shutdown/1` removes it all.
   File operations are not network operations and stay on the host.
 
+  An enforced session's commands never run as root, even when the BEAM
+  does: a command running as uid 0, even without any capability, owns
+  every root-owned file on the host (the programs the BEAM runs as root,
+  the session's audit log, its hosts file). They run as `nobody` (65534),
+  or as the uid in `network: [user: uid]`. For the commands to work in
+  `:cwd`, give the directory to that uid (`init/1` logs a warning when it
+  cannot write it). `user:` 0, the sidecar's uid (it can read the control
+  token) and the BEAM's uid are refused with
+  `:network_policy_unenforceable`. A real user's uid works, but that
+  user's own processes outside the namespace (a tmux server, a systemd
+  user manager) and dotfiles are then the session's too: prefer a uid of
+  its own. docs/local-network.md has the threat model.
+
   Where that is impossible, `init/1` logs one warning and the commands run
-  unenforced (so that an agent definition stays portable), unless `network_policy_required:
+  unenforced (as upstream Condukt's Local does), unless `network_policy_required:
   true`, which makes `init/1` fail with
   `%Condukt.Sandbox.Error{reason: :network_policy_unenforceable}` whose
   `:detail` is the `Condukt.Sandbox.Local.NetworkError` that says why.
@@ -170,7 +187,10 @@ defmodule Condukt.Sandbox.Local do
     with :ok <- Network.available?(net_opts),
          {:ok, pid, net} <- Network.start(net_opts),
          {:ok, bridge} <- start_bridge(state, net, pid, opts) do
-      {:ok, %{state | network: net, network_pid: pid, bridge: bridge}}
+      warn_unwritable(state.cwd, net.user)
+      # The outer shell of every exec runs as the BEAM: the bash the
+      # network checked to be root's alone, not whatever the PATH finds.
+      {:ok, %{state | network: net, network_pid: pid, bridge: bridge, bash: net.tools["bash"]}}
     else
       {:error, %NetworkError{reason: reason} = error}
       when reason in [:unsupported_os, :not_privileged, :missing_tool] and not required? ->
@@ -205,6 +225,25 @@ defmodule Condukt.Sandbox.Local do
       {:error, reason} ->
         Network.stop(net_pid)
         {:error, %NetworkError{reason: :sidecar_failed, detail: "the control bridge did not start: #{inspect(reason)}"}}
+    end
+  end
+
+  # Commands of an enforced session never run as root (by default as
+  # nobody): say so once when that leaves them a cwd they cannot write.
+  defp warn_unwritable(cwd, uid) do
+    case File.stat(cwd) do
+      {:ok, %File.Stat{uid: ^uid}} ->
+        :ok
+
+      {:ok, %File.Stat{uid: owner, mode: mode}} when Bitwise.band(mode, 0o002) == 0 ->
+        Logger.warning(
+          "condukt: Local sandbox: commands run as uid #{uid}, which cannot write the cwd #{cwd} " <>
+            "(owned by uid #{owner}). Give the directory to uid #{uid}, or pass network: [user: uid] " <>
+            "with an unprivileged uid that owns it (docs/local-network.md)."
+        )
+
+      _ ->
+        :ok
     end
   end
 
@@ -286,7 +325,7 @@ defmodule Condukt.Sandbox.Local do
       run_opts = %{
         bash: bash,
         cwd: dir,
-        env: port_env(network_env(state) ++ state.env ++ normalize_env(opts[:env])),
+        env: port_env(network_env(state, state.env ++ normalize_env(opts[:env]))),
         timeout: opts[:timeout] || state.timeout,
         max_output_bytes: opts[:max_output_bytes] || state.max_output_bytes,
         prefix: network_prefix(state)
@@ -309,8 +348,8 @@ defmodule Condukt.Sandbox.Local do
   defp network_prefix(%{network: nil}), do: []
   defp network_prefix(%{network: net}), do: Network.prefix(net)
 
-  defp network_env(%{network: nil}), do: []
-  defp network_env(%{network: net}), do: Network.env(net)
+  defp network_env(%{network: nil}, env), do: env
+  defp network_env(%{network: net}, env), do: Network.env(net, env)
 
   defp exec_dir(state, nil), do: {:ok, state.cwd}
 

@@ -20,10 +20,13 @@ defmodule Condukt.Sandbox.NetworkPolicy do
       label, `**` across labels. Matching is case-insensitive, ignores a
       trailing dot and the port, and compares IDN names in their ASCII form
       and IP literals by address; `docs/host-matching.md` has the exact
-      rules.
+      rules. An address range such as `"10.0.0.0/8"` is not a pattern
+      (`new/1` says so): name single addresses, or the hosts.
     * `decide: callable` defers to code (or to an agent). It matches every
       request that reaches it and is terminal: whatever the callable answers
-      is the decision. Four shapes are accepted — a 2-arity function,
+      is the decision, so it comes last (a rule after it could never match
+      and `new/1` refuses it; put narrower `allow:` and `deny:` rules
+      before it). Four shapes are accepted — a 2-arity function,
       `{module, function}`, a module (called as `module.decide(ctx, req, [])`)
       and `{module, opts}` (`module.decide(ctx, req, opts)`); see
       `Condukt.Sandbox.NetworkPolicy.Decider`. A keyword list is the
@@ -32,6 +35,34 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   #{Condukt.Options.docs(Condukt.Sandbox.NetworkPolicy.Schema.decide())}
 
   If no rule matches, `:default` fires (`:deny` unless set to `:allow`).
+
+  ## Caching
+
+  A decider is shown one request: its method, URL and headers. With
+  `cache: true` (the default) its answer is remembered for the session and
+  reused for a later request only inside the answer's scope, which the
+  decider may state as `{:allow, scope: scope}` or
+  `{:deny, reason, scope: scope}`:
+
+    * `:once` — this request only;
+    * `:request` — identical requests: the same method, scheme, host (any
+      case), port, path, query, HTTP version, SNI and header fields as the
+      decider saw them (the default of `:allow`);
+    * `:path` — the same method, scheme, host, port, path and query, any
+      headers;
+    * `:host` — every request to this host under this rule (the default of
+      `{:deny, reason}`).
+
+  So after a decider allowed `GET /public`, a `POST` with a body to
+  another path is asked again, while a host it refused is not asked about
+  again. The request body, the session's recent messages and the request's
+  id and timestamps are never part of the key. Failures (timeouts, crashes,
+  bad answers) are never cached. At most 4096 answers are kept per
+  session. `Condukt.Sandbox.NetworkPolicy.DecideRuntime` has the details,
+  including the sidecar's own cache, which only holds `:host` answers.
+  (Upstream Condukt caches every answer per host; an allow is narrower
+  here because a decider that sees the method, path and headers may have
+  allowed only what it saw.)
 
   ## Validation
 
@@ -276,12 +307,25 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   end
 
   defp validate_rules(rules) when is_list(rules) do
+    # A decide rule matches every request that reaches it and its answer
+    # is final: a rule after the first one could never match.
+    terminal = Enum.find_index(rules, &match?({:decide, _}, &1))
+
     rules
     |> Enum.with_index()
-    |> Condukt.Options.map_ok(fn {rule, index} -> validate_rule(rule, index) end)
+    |> Condukt.Options.map_ok(fn {rule, index} ->
+      with {:ok, validated} <- validate_rule(rule, index),
+           :ok <- check_reachable(rule, index, terminal),
+           do: {:ok, validated}
+    end)
   end
 
   defp validate_rules(rules), do: {:error, %Error{reason: :invalid_rules, key: :rules, value: rules}}
+
+  defp check_reachable({kind, _}, index, terminal) when is_integer(terminal) and index > terminal,
+    do: {:error, %Error{reason: :unreachable_rule, rule_index: index, key: kind, value: kind, detail: terminal}}
+
+  defp check_reachable(_rule, _index, _terminal), do: :ok
 
   defp validate_rule({kind, patterns}, index) when kind in [:allow, :deny] do
     cond do

@@ -100,6 +100,13 @@ defmodule Condukt.K8s.KubernetesE2ETest do
 
     assert out == "200"
 
+    # The JVM's trust store, from the trust Secret, and the variable naming it.
+    {:ok, %{output: out}} =
+      Sandbox.exec(sb, ~S(head -c 1 /etc/condukt/trust-store.p12 | od -An -tx1; echo "$JAVA_TOOL_OPTIONS"))
+
+    assert out ==
+             " 30\n-Djavax.net.ssl.trustStore=/etc/condukt/trust-store.p12 -Djavax.net.ssl.trustStoreType=PKCS12\n"
+
     # deny
     assert curl(sb, "https://denied.test/") =~ ~r/ 403\n\z/
 
@@ -129,6 +136,18 @@ defmodule Condukt.K8s.KubernetesE2ETest do
     assert {:error, %Sandbox.Error{reason: :enoent}} = Sandbox.read(sb, "/etc/condukt-egress/ca.key")
     assert {:ok, %{exit_code: code}} = Sandbox.exec(sb, "iptables -t nat -F")
     assert code != 0
+
+    # ... nor NET_RAW (the socket mark, AF_PACKET frames) nor SETUID (the
+    # sidecar's uid), whatever the runtime's defaults: the manifest drops them.
+    for {what, py} <- [
+          mark: "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, 36, 0x539)",
+          packet: "socket.socket(socket.AF_PACKET, socket.SOCK_RAW)",
+          setuid: "os.setuid(1337)"
+        ] do
+      assert {:ok, %{exit_code: code, output: out}} = Sandbox.exec(sb, "python3 -c 'import os, socket; #{py}' 2>&1")
+
+      assert code != 0 and out =~ "PermissionError", "#{what}: #{out}"
+    end
 
     # Reattach (a retried job): the bridge comes back, decisions still run here.
     :ok = Sandbox.shutdown(sb)

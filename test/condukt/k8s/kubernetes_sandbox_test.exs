@@ -71,7 +71,7 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     assert ann["condukt.dev/id"] == id
     assert ann["condukt.dev/delete-on-shutdown"] == "false"
     assert ann["note"] == "x"
-    assert {:ok, _, 0} = DateTime.from_iso8601(ann["condukt.dev/heartbeat"])
+    assert {:ok, _, 0} = DateTime.from_iso8601(ann["condukt.tuist.dev/heartbeat-at"])
     assert p["spec"]["automountServiceAccountToken"] == false
     assert p["spec"]["activeDeadlineSeconds"] == 28_800
     uid = p["metadata"]["uid"]
@@ -91,13 +91,14 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
   end
 
-  test "with a kubeconfig (the ServiceAccount's) and no id: single-use, shutdown deletes the pod", %{cluster: c} do
+  test "with a kubeconfig (the ServiceAccount's), no id and no namespace: the context's namespace, single-use, shutdown deletes the pod",
+       %{cluster: c} do
+    # The kubeconfig's context names the namespace (the only one the
+    # ServiceAccount may use): no :namespace option is needed.
     {:ok, sb} =
-      Sandbox.new(
-        {Kubernetes,
-         namespace: c.namespace, kubeconfig: c.kubeconfig, node_selector: %{"type" => "kwok"}, heartbeat_interval: false}
-      )
+      Sandbox.new({Kubernetes, kubeconfig: c.kubeconfig, node_selector: %{"type" => "kwok"}, heartbeat_interval: false})
 
+    assert sb.state.namespace == c.namespace
     id = sb.state.id
     assert pod(c, id)["metadata"]["annotations"]["condukt.dev/delete-on-shutdown"] == "true"
     :ok = Sandbox.shutdown(sb)
@@ -183,7 +184,7 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     {:ok, sb} = Sandbox.new({Kubernetes, base ++ [heartbeat_interval: 1_000]}, id: fresh)
     {:ok, manual} = Sandbox.new({Kubernetes, base ++ [heartbeat_interval: false]}, id: old)
 
-    beat = fn id -> pod(c, id)["metadata"]["annotations"]["condukt.dev/heartbeat"] end
+    beat = fn id -> pod(c, id)["metadata"]["annotations"]["condukt.tuist.dev/heartbeat-at"] end
     first = beat.(fresh)
     assert :ok == Cluster.wait_until(fn -> beat.(fresh) != first end, 10_000)
 
@@ -211,25 +212,69 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
 
   # (the killed owner's port server logs its own end)
   @tag :capture_log
-  test "the heartbeat worker dies with the process that started the sandbox", %{cluster: c, base: base, conn: conn} do
-    id = id()
-    parent = self()
+  test "the heartbeat worker dies with the process that started the sandbox, killed or ending normally",
+       %{cluster: c, base: base, conn: conn} do
+    for ending <- [:kill, :normal] do
+      id = id()
+      parent = self()
 
-    owner =
-      spawn(fn ->
-        {:ok, sb} = Sandbox.new({Kubernetes, base ++ [heartbeat_interval: 500]}, id: id)
-        send(parent, {:up, sb.state.heartbeat})
-        Process.sleep(:infinity)
-      end)
+      owner =
+        spawn(fn ->
+          {:ok, sb} = Sandbox.new({Kubernetes, base ++ [heartbeat_interval: 500]}, id: id)
+          send(parent, {:up, sb.state.heartbeat})
 
-    assert_receive {:up, hb}, 40_000
-    assert Process.alive?(hb)
-    Process.exit(owner, :kill)
-    assert :ok == Cluster.wait_until(fn -> not Process.alive?(hb) end, 5_000)
-    stamp = pod(c, id)["metadata"]["annotations"]["condukt.dev/heartbeat"]
-    Process.sleep(2_100)
-    assert pod(c, id)["metadata"]["annotations"]["condukt.dev/heartbeat"] == stamp
-    :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
+          # :normal: the owner returns without shutting the sandbox down
+          # (a finished job that forgot to); its worker must not go on
+          # beating, and failing, forever.
+          receive do
+            :return -> :ok
+          end
+        end)
+
+      assert_receive {:up, hb}, 40_000
+      assert Process.alive?(hb)
+      if ending == :kill, do: Process.exit(owner, :kill), else: send(owner, :return)
+      assert :ok == Cluster.wait_until(fn -> not Process.alive?(hb) end, 5_000), "owner ended by #{ending}"
+      stamp = pod(c, id)["metadata"]["annotations"]["condukt.tuist.dev/heartbeat-at"]
+      Process.sleep(2_100)
+      assert pod(c, id)["metadata"]["annotations"]["condukt.tuist.dev/heartbeat-at"] == stamp
+      :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
+    end
+  end
+
+  test "reap_stale/1 reads the heartbeat annotation of earlier versions too; the newer of the two counts",
+       %{cluster: c, base: base, conn: conn} do
+    legacy = id()
+    both = id()
+    hour_ago = DateTime.utc_now() |> DateTime.add(-3600, :second) |> Kubernetes.Names.timestamp()
+
+    for id <- [legacy, both] do
+      {:ok, sb} = Sandbox.new({Kubernetes, base ++ [heartbeat_interval: false]}, id: id)
+      :ok = Sandbox.shutdown(sb)
+    end
+
+    patch = fn id, annotations ->
+      Cluster.request!(
+        c,
+        :admin,
+        "PATCH",
+        "/api/v1/namespaces/#{c.namespace}/pods/#{Kubernetes.pod_name(id)}",
+        %{metadata: %{annotations: annotations}},
+        content_type: "application/merge-patch+json"
+      )
+    end
+
+    # As an earlier version left it: only the old name, an hour old.
+    patch.(legacy, %{"condukt.tuist.dev/heartbeat-at" => :null, "condukt.dev/heartbeat" => hour_ago})
+    # Adopted by this version since: a fresh beat under the new name.
+    patch.(both, %{"condukt.dev/heartbeat" => hour_ago})
+
+    {:ok, reaped} = Kubernetes.reap_stale(namespace: c.namespace, conn: conn, stale_after: 60_000)
+    assert Kubernetes.pod_name(legacy) in reaped
+    refute Kubernetes.pod_name(both) in reaped
+    wait_gone(c, legacy)
+    assert pod(c, both)
+    :ok = Kubernetes.terminate(both, namespace: c.namespace, conn: conn)
   end
 
   @tag :capture_log

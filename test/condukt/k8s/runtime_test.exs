@@ -9,6 +9,7 @@ defmodule Condukt.K8s.RuntimeTest do
   use Condukt.Test.K8s.Case, async: false, pods: true
 
   alias Condukt.Sandbox.NetworkPolicy
+  alias Condukt.Sandbox.NetworkPolicy.K8s.Manifests
   alias Condukt.Test.K8s.Case, as: K8sCase
   alias Condukt.Dev.Netns.{Cmd, Testbed}
 
@@ -66,7 +67,8 @@ defmodule Condukt.K8s.RuntimeTest do
       "ca.key" => session.ca_key,
       "token" => session.token,
       "policy.json" => NetworkPolicy.to_sidecar_json(NetworkPolicy.new!(@policy)),
-      "upstream-ca.pem" => tier.upstream_ca_pem
+      "upstream-ca.pem" => tier.upstream_ca_pem,
+      "hosts" => Manifests.hosts_file(tier.host_aliases)
     }
 
     trust = %{"ca.pem" => session.ca_pem, "ca-certificates.crt" => session.bundle}
@@ -116,12 +118,16 @@ defmodule Condukt.K8s.RuntimeTest do
         name,
         "--control",
         "127.0.0.1:15002",
+        "--hosts",
+        "/etc/condukt-egress/hosts",
         "--listen",
         "127.0.0.1:15001",
         "--listen",
         "[::1]:15001",
         "--upstream-extra-ca",
-        "/etc/condukt-egress/upstream-ca.pem"
+        "/etc/condukt-egress/upstream-ca.pem",
+        "--user",
+        "1337"
       ] ++ Enum.flat_map(tier.allow_private, &["--allow-private", &1])
 
     %{
@@ -184,7 +190,7 @@ defmodule Condukt.K8s.RuntimeTest do
               runAsNonRoot: false,
               allowPrivilegeEscalation: false,
               readOnlyRootFilesystem: true,
-              capabilities: %{drop: ["ALL"], add: ["NET_ADMIN"]}
+              capabilities: %{drop: ["ALL"], add: ["NET_ADMIN", "SETUID", "SETGID"]}
             },
             volumeMounts: [%{name: "condukt-egress", mountPath: "/etc/condukt-egress", readOnly: true}]
           }
@@ -286,12 +292,13 @@ defmodule Condukt.K8s.RuntimeTest do
     assert %{"running" => _} = statuses["condukt-egress"]["state"]
     assert %{"terminated" => %{"exitCode" => 0}} = statuses["condukt-netfilter"]["state"]
 
-    # The sidecar runs as root with only CAP_NET_ADMIN, no_new_privs
+    # The sidecar starts as root with NET_ADMIN, SETUID and SETGID and
+    # becomes 1337 with CAP_NET_ADMIN alone, no_new_privs
     # (docs/kubernetes.md: the one combination runc makes work).
     status = File.read!("/proc/#{info.pids["condukt-egress"]}/status")
-    assert status =~ ~r/^Uid:\s+0\s+0\s+0\s+0$/m
+    assert status =~ ~r/^Uid:\s+1337\s+1337\s+1337\s+1337$/m
     assert status =~ ~r/^Gid:\s+1337\s+1337\s+1337\s+1337$/m
-    assert status =~ ~r/^CapBnd:\s+0000000000001000$/m
+    assert status =~ ~r/^CapPrm:\s+0000000000001000$/m
     assert status =~ ~r/^CapEff:\s+0000000000001000$/m
     assert status =~ ~r/^NoNewPrivs:\s+1$/m
 
@@ -313,12 +320,12 @@ defmodule Condukt.K8s.RuntimeTest do
            inspect(Cluster.request(tier.cluster, :admin, "GET", pod_path(tier, pod) <> "/log?container=condukt-egress"))
   end
 
-  test "port-forward to 15002 reaches the sidecar's control port (hello → welcome)", %{
-    tier: tier,
-    pod: pod,
-    session: session
-  } do
-    hello = ~s({"type":"hello","version":1,"token":"#{session.token}"}\n)
+  # The control channel's first exchange (docs/control-channel.md): the
+  # sidecar answers a hello for its session with a challenge carrying its
+  # own nonce; no token crosses the tunnel.
+  test "port-forward to 15002 reaches the sidecar's control port (hello → challenge)", %{tier: tier, pod: pod} do
+    nonce = :crypto.strong_rand_bytes(32) |> Base.encode16(case: :lower)
+    hello = ~s({"type":"hello","version":2,"session_id":"#{pod}","nonce":"#{nonce}"}\n)
 
     {out, status} =
       Cmd.run(
@@ -340,7 +347,8 @@ defmodule Condukt.K8s.RuntimeTest do
 
     assert status == 0, out
     res = :jiffy.decode(out |> String.split("\n", trim: true) |> List.last(), [:return_maps])
-    assert res["data"] =~ ~s("type":"welcome"), out
+    assert res["data"] =~ ~s("type":"challenge"), out
+    assert res["data"] =~ ~r/"nonce":"[0-9a-f]{64}"/, out
   end
 
   test "exec sees the workspace's view: its mounts, its env, none of the sidecar's files", %{

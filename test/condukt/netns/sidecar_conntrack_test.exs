@@ -81,7 +81,7 @@ defmodule Condukt.Netns.SidecarConntrackTest do
 
     for {dst, sport} <- sports do
       iptables = Tier.tool!(if String.contains?(dst, ":"), do: "ip6tables", else: "iptables")
-      assert py(tb, :pod, ["stale", iptables, "#{sport}", dst, "443", @mark]) == "stale"
+      assert py(tb, :pod, ["stale", iptables, "#{sport}", dst, "443", @mark, "#{Sidecar.uid()}"]) == "stale"
     end
 
     # The fault, with the sidecar that was running when the entries were

@@ -7,7 +7,7 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
   use Condukt.Test.Netns.Case, async: false
 
   alias Condukt.Dev.Netns.Tier
-  alias Condukt.Test.Netns.{ControlPeer, Sidecar}
+  alias Condukt.Test.Netns.{ControlPeer, DnsServer, Sidecar}
 
   defp policy, do: [rules: [allow: ~w(allowed.test)], default: :deny]
 
@@ -23,16 +23,26 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
     py = Tier.tool!("python3")
     origin = Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "h2_origin.py"), "#{@h2_only}", crt, key])
     :ok = Testbed.wait_listening(tb, :inet, tcp: ["0.0.0.0:#{@h2_only}"], pids: [origin])
+    # allowed.test comes from a DNS server the tests control, not from the
+    # sidecar's hosts file: a test moves it to another address.
+    dns = DnsServer.start(tb, %{"allowed.test" => [tb.inet.v4, tb.inet.v6]})
+    hosts = Regex.replace(~r/ allowed\.test(?= |$)/m, Testbed.hosts_file(tb), "")
     # A short connect timeout: it is also how long streams wait while every
     # upstream connection drains ("every slot draining" below).
-    sc = Sidecar.start(tb, policy(), ports: [443, @h2_only], extra_args: ["--connect-timeout-ms", "#{@connect_ms}"])
+    sc =
+      Sidecar.start(tb, policy(),
+        ports: [443, @h2_only],
+        hosts: hosts,
+        extra_args: ["--connect-timeout-ms", "#{@connect_ms}"]
+      )
+
     on_exit(fn -> Sidecar.stop(sc) end)
-    %{tb: tb, sc: sc}
+    %{tb: tb, sc: sc, dns: dns}
   end
 
   setup %{sc: sc} do
     {:ok, peer} = ControlPeer.start_link(sc, self(), fn _ -> :allow end)
-    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 1}}, 5_000
+    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 2}}, 5_000
     on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
     :ok
   end
@@ -292,13 +302,14 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
     end
 
     test "HTTP/1.1 workspace: the retried lookup finds a private address: request_failed; the next request is allowed",
-         %{tb: tb, sc: sc} do
+         %{tb: tb, sc: sc, dns: dns} do
       q1 = tag()
       q2 = tag()
       flag = Path.join(System.tmp_dir!(), "goaway-next-#{System.unique_integer([:positive])}")
 
       # The origin answers /goaway-wait with a GOAWAY refusing it 2 s after
-      # it came: meanwhile allowed.test resolves to a link-local address,
+      # it came: meanwhile the sidecar's resolver (the DNS server here, not
+      # the pod's hosts file, docs/dns.md) says allowed.test is a link-local address,
       # so the request's new connection is refused. The second request
       # waits for the flag (the address is back).
       script = """
@@ -315,9 +326,6 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
       print(json.dumps(res))
       """
 
-      hosts = Path.join(["/etc/netns", tb.pod_ns, "hosts"])
-      orig = File.read!(hosts)
-
       try do
         task =
           Task.async(fn ->
@@ -326,9 +334,9 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
 
         assert_receive {:egress_event, %{"event" => "request_opened", "query" => ^q1}}, 15_000
         assert_receive {:egress_event, %{"event" => "request_allowed", "query" => ^q1}}, 15_000
-        File.write!(hosts, "169.254.169.254 allowed.test\n" <> String.replace(orig, " allowed.test", ""))
+        DnsServer.set_zone(dns, %{"allowed.test" => ["169.254.169.254"]})
         first = events_for(q1)
-        File.write!(hosts, orig)
+        DnsServer.set_zone(dns, %{"allowed.test" => [tb.inet.v4, tb.inet.v6]})
         File.write!(flag, "")
         {out, status} = Task.await(task, 60_000)
         assert status == 0, out
@@ -348,7 +356,7 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
         second = events_for(q2)
         assert Enum.map(second, & &1["event"]) == ~w(request_opened request_allowed request_closed), inspect(second)
       after
-        File.write!(hosts, orig)
+        DnsServer.set_zone(dns, %{"allowed.test" => [tb.inet.v4, tb.inet.v6]})
         File.rm(flag)
       end
     end

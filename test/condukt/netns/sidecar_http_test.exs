@@ -46,7 +46,7 @@ defmodule Condukt.Netns.SidecarHttpTest do
     unless ctx[:drain], do: on_exit(fn -> Sidecar.stop(sc) end)
 
     {:ok, peer} = ControlPeer.start_link(sc, self(), fn _ -> {:deny, "the decider says no"} end)
-    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 1}}, 10_000
+    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 2}}, 10_000
     on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
     %{sc: sc, peer: peer}
   end

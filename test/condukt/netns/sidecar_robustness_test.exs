@@ -53,7 +53,7 @@ defmodule Condukt.Netns.SidecarRobustnessTest do
     unless ctx[:drain], do: on_exit(fn -> Sidecar.stop(sc) end)
     decide = Map.get(ctx, :decide, fn _ -> {:deny, "the decider says no"} end)
     {:ok, peer} = ControlPeer.start_link(sc, self(), decide)
-    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 1}}, 10_000
+    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 2}}, 10_000
     on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
     %{sc: sc, peer: peer}
   end

@@ -40,7 +40,7 @@ defmodule Condukt.Netns.SidecarTest do
     end
 
     {:ok, peer} = ControlPeer.start_link(sc, self(), decide)
-    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 1}}, 5_000
+    assert_receive {:egress_frame, %{"type" => "welcome", "version" => 2}}, 5_000
     on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
     :ok
   end

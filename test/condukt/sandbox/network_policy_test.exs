@@ -129,6 +129,50 @@ defmodule Condukt.Sandbox.NetworkPolicyTest do
       end
     end
 
+    test "a CIDR range, saying that CIDRs are not host patterns and what to write instead" do
+      for cidr <- ["10.0.0.0/8", "169.254.169.254/32", "fd00::/8", "[2001:db8::]/32"] do
+        error = error!(rules: [deny: [cidr], allow: ["api.github.com"]])
+        assert %Error{reason: :invalid_pattern, rule_index: 0, key: :deny, value: ^cidr, detail: :cidr} = error
+        message = Exception.message(error)
+        assert message =~ "network policy rule 0 (:deny): invalid host pattern #{inspect(cidr)} (cidr)"
+        assert message =~ "CIDR ranges are not host patterns"
+        assert message =~ ~s[list the addresses one by one ("10.0.0.1") or name the hosts]
+      end
+
+      # A path that merely contains a slash is still a path.
+      assert %Error{detail: :path} = error!(rules: [deny: ["example.com/8"]])
+      # Single addresses are what to write.
+      assert {:ok, _} = NetworkPolicy.new(rules: [deny: ["10.0.0.1", "fd00::1"]])
+    end
+
+    test "a rule after a decide rule, which can never match: its index and the decide rule's" do
+      decide = fn _ctx, _req -> :allow end
+
+      for {after_rule, kind} <- [
+            {{:allow, ["c.example"]}, :allow},
+            {{:deny, ["**"]}, :deny},
+            {{:decide, decide}, :decide}
+          ] do
+        error = error!(rules: [{:deny, ["b.example"]}, {:decide, decide}, after_rule, {:allow, ["d.example"]}])
+
+        assert %Error{reason: :unreachable_rule, rule_index: 2, key: ^kind, detail: 1} = error
+
+        assert Exception.message(error) ==
+                 "network policy rule 2 (#{inspect(kind)}): unreachable: rule 1 (:decide) before it answers " <>
+                   "every request that reaches it, so this rule is never consulted; move it before rule 1, or remove it"
+      end
+
+      # The configured form is just as terminal.
+      assert %Error{reason: :unreachable_rule, rule_index: 1, detail: 0} =
+               error!(rules: [decide: [call: decide, timeout: 100], allow: ["a.example"]])
+
+      # A rule's own error is reported first.
+      assert %Error{reason: :invalid_pattern, rule_index: 1} = error!(rules: [decide: decide, allow: ["a..b"]])
+
+      # Last, it is fine.
+      assert {:ok, _} = NetworkPolicy.new(rules: [deny: ["b.example"], allow: ["a.example"], decide: decide])
+    end
+
     test "a function decider of the wrong arity" do
       error = error!(rules: [decide: fn _req -> :allow end])
       assert %Error{reason: :invalid_callable, rule_index: 0, key: :call} = error

@@ -6,11 +6,16 @@ defmodule Condukt.Test.Netns.ControlPeer do
   # answers decision requests with `decide.(request)`, which returns
   # :allow, {:deny, reason}, :ignore (never answer: the sidecar times out)
   # or {:allow | {:deny, reason}, cache?}. Frames that are neither are sent
-  # to the owner as {:egress_frame, map}. Options: `:token` (another token),
-  # `:path` (the Unix socket to dial; default the sidecar's `unix:` control
-  # address, or its port-forward relay when the control channel is TCP).
+  # to the owner as {:egress_frame, map} (the welcome among them, once its
+  # proof checked out). Options: `:token` (another token), `:session_id`
+  # (another session), `:path` (the Unix socket to dial; default the
+  # sidecar's `unix:` control address, or its port-forward relay when the
+  # control channel is TCP). A handshake that fails (a wrong token, a
+  # listener that cannot prove the token) ends the peer: the owner gets
+  # {:egress_frame, %{"type" => "closed", "why" => why}}.
   use GenServer
 
+  alias Condukt.Sandbox.NetworkPolicy.ControlBridge.Handshake
   alias Condukt.Test.Netns.Sidecar
 
   def start_link(%Sidecar{} = sc, owner, decide, opts \\ []) do
@@ -41,16 +46,55 @@ defmodule Condukt.Test.Netns.ControlPeer do
     case :gen_tcp.connect(
            {:local, String.to_charlist(path)},
            0,
-           [:binary, packet: :line, active: true, buffer: 1_048_576 * 2],
+           [:binary, packet: :line, active: false, buffer: 1_048_576 * 2],
            5_000
          ) do
       {:ok, sock} ->
-        token = Keyword.get(opts, :token, sc.token)
-        :ok = :gen_tcp.send(sock, Condukt.JSON.encode!(%{type: "hello", version: 1, token: token}) <> "\n")
-        {:ok, %{sock: sock, owner: owner, decide: decide}}
+        token = Base.decode16!(Keyword.get(opts, :token, sc.token), case: :lower)
+        session_id = Keyword.get(opts, :session_id, Sidecar.session_id(sc))
+        {:ok, %{sock: sock, owner: owner, decide: decide}, {:continue, {:handshake, token, session_id}}}
 
       {:error, reason} ->
         {:stop, reason}
+    end
+  end
+
+  @impl true
+  def handle_continue({:handshake, token, session_id}, state) do
+    case handshake(state.sock, token, session_id) do
+      {:ok, welcome} ->
+        :inet.setopts(state.sock, active: true)
+        send(state.owner, {:egress_frame, welcome})
+        {:noreply, state}
+
+      {:error, why} ->
+        :gen_tcp.close(state.sock)
+        send(state.owner, {:egress_frame, %{"type" => "closed", "why" => why}})
+        {:stop, :normal, state}
+    end
+  end
+
+  # The peer's side of the handshake (Handshake), with the socket passive.
+  defp handshake(sock, token, session_id) do
+    np = Handshake.nonce()
+    :ok = :gen_tcp.send(sock, Condukt.JSON.encode!(Handshake.hello(session_id, np)) <> "\n")
+
+    with {:ok, line} <- :gen_tcp.recv(sock, 0, 5_000),
+         %{"type" => "challenge", "nonce" => hex} <- Condukt.JSON.decode!(line),
+         {:ok, ns} <- Handshake.unhex(hex, 32),
+         :ok <-
+           :gen_tcp.send(
+             sock,
+             Condukt.JSON.encode!(Handshake.auth(Handshake.proof(token, :peer, session_id, np, ns))) <> "\n"
+           ),
+         {:ok, line} <- :gen_tcp.recv(sock, 0, 5_000),
+         %{"type" => "welcome", "proof" => phex, "session_id" => ^session_id} = welcome <- Condukt.JSON.decode!(line),
+         {:ok, proof} <- Handshake.unhex(phex, 32),
+         true <- Handshake.proof_ok?(token, :sidecar, session_id, np, ns, proof) do
+      {:ok, welcome}
+    else
+      {:error, reason} -> {:error, reason}
+      other -> {:error, {:unexpected, other}}
     end
   end
 

@@ -23,6 +23,9 @@ defmodule Condukt.Test.Netns.Sidecar do
 
   @type t :: %__MODULE__{}
 
+  @doc "The session id the proxy was started with (its control peer must name it)."
+  def session_id(%__MODULE__{tb: tb}), do: "e2e-#{tb.id}"
+
   @doc "The uid the proxy runs as (a workspace process may use it too)."
   def uid, do: @uid
 
@@ -43,7 +46,19 @@ defmodule Condukt.Test.Netns.Sidecar do
   testbed's veth /24 and /64, where its "internet" lives), `:netfilter`
   (default true), `:ports` (the TCP ports redirected to the proxy; default
   netfilter-setup's 80 and 443), `:caps` (default true: the proxy gets
-  CAP_NET_ADMIN; false runs it with no capability at all).
+  CAP_NET_ADMIN; false runs it with no capability at all), `:drop_from_root`
+  (default false; true starts it as a Kubernetes pod does: root with
+  NET_ADMIN, SETUID and SETGID, group 1337, and `--user 1337`), `:token`
+  (the control token as lowercase hex; default a fresh one), `:dns_upstream`
+  (the resolvers the proxy asks; default the inet namespace's two
+  addresses; nil: none given, the proxy reads the pod's resolv.conf at
+  start; no DNS server listens there unless a test starts one,
+  `Condukt.Test.Netns.DnsServer`), `:hosts` (the text of the proxy's own
+  hosts file; default the testbed's, `Testbed.hosts_file/1`).
+
+  The proxy's names come from its own copy of the testbed's hosts file
+  (`--hosts`, in the sidecar's directory), never from the pod's
+  /etc/hosts (docs/dns.md).
   """
   @spec start(Testbed.t(), NetworkPolicy.t() | keyword(), keyword()) :: t()
   def start(tb, policy, opts \\ []) do
@@ -61,9 +76,16 @@ defmodule Condukt.Test.Netns.Sidecar do
     ca_cert = Path.join(dir, "ca.pem")
     ca_key = Path.join(dir, "ca.key")
     Cmd.run!([bin, "ca", "new", "--cert", ca_cert, "--key", ca_key], env: san_env())
-    token = :crypto.strong_rand_bytes(32) |> Base.encode16(case: :lower)
+    token = opts[:token] || :crypto.strong_rand_bytes(32) |> Base.encode16(case: :lower)
     token_path = Path.join(dir, "token")
     File.write!(token_path, token <> "\n")
+
+    # The sidecar's own static names: a copy the workspace cannot write
+    # (docs/dns.md); the pod's /etc/netns/<pod>/hosts is the workspace's.
+    hosts_path = Path.join(dir, "hosts")
+    File.write!(hosts_path, Keyword.get_lazy(opts, :hosts, fn -> Testbed.hosts_file(tb) end))
+    File.chmod!(hosts_path, 0o644)
+    dns_upstream = Keyword.get(opts, :dns_upstream, [tb.inet.v4, tb.inet.v6])
 
     bundle = Path.join(dir, "trust-bundle.pem")
     mozilla = Path.join(dir, "mozilla.pem")
@@ -75,6 +97,13 @@ defmodule Condukt.Test.Netns.Sidecar do
     for f <- [ca_key, token_path, policy_path], do: File.chmod!(f, 0o600)
     for f <- [dir, ca_key, token_path, policy_path], do: File.chown!(f, @uid)
     File.chmod!(dir, 0o711)
+
+    # As the pod's Secret volume: group 1337, 0440 (root without
+    # CAP_DAC_OVERRIDE reads them through its group).
+    if opts[:drop_from_root] do
+      for f <- [ca_key, token_path, policy_path], do: File.chgrp!(f, @uid) && File.chmod!(f, 0o440)
+    end
+
     File.chmod!(ca_cert, 0o644)
     File.chmod!(bundle, 0o644)
 
@@ -83,7 +112,7 @@ defmodule Condukt.Test.Netns.Sidecar do
         Testbed.command(
           tb,
           :pod,
-          [bin, "netfilter-setup", "--proxy-port", "#{@port}", "--mark", @mark] ++
+          [bin, "netfilter-setup", "--proxy-port", "#{@port}", "--mark", @mark, "--sidecar-uid", "#{@uid}"] ++
             if(ports = opts[:ports], do: ["--ports", Enum.join(ports, ",")], else: []),
           env: san_env()
         )
@@ -106,17 +135,30 @@ defmodule Condukt.Test.Netns.Sidecar do
     args =
       ["proxy", "--policy", policy_path, "--ca-cert", ca_cert, "--ca-key", ca_key, "--session-id", "e2e-#{tb.id}"] ++
         ["--token-file", token_path, "--control", control, "--upstream-extra-ca", tb.ca_cert] ++
-        ["--trust-bundle", mozilla, "--mark", @mark] ++
-        Enum.flat_map(private, &["--allow-private", &1]) ++ Keyword.get(opts, :extra_args, [])
+        ["--trust-bundle", mozilla, "--mark", @mark, "--hosts", hosts_path] ++
+        if(dns_upstream, do: ["--dns-upstream", Enum.join(dns_upstream, ",")], else: []) ++
+        Enum.flat_map(private, &["--allow-private", &1]) ++
+        Keyword.get(opts, :extra_args, []) ++
+        if(opts[:drop_from_root], do: ["--user", "#{@uid}"], else: [])
 
     env =
       ["/usr/bin/env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"] ++ Enum.map(san_env(), fn {k, v} -> "#{k}=#{v}" end)
 
+    identity =
+      cond do
+        opts[:drop_from_root] ->
+          ["--regid=#{@uid}", "--clear-groups", "--bounding-set=-all,+net_admin,+setuid,+setgid"] ++
+            ["--inh-caps=-all", "--no-new-privs"]
+
+        Keyword.get(opts, :caps, true) ->
+          ["--reuid=#{@uid}", "--regid=#{@uid}", "--clear-groups", "--inh-caps=+net_admin", "--ambient-caps=+net_admin"]
+
+        true ->
+          ["--reuid=#{@uid}", "--regid=#{@uid}", "--clear-groups"]
+      end
+
     argv =
-      [Tier.tool!("ip"), "netns", "exec", tb.pod_ns, Tier.tool!("setpriv")] ++
-        ["--reuid=#{@uid}", "--regid=#{@uid}", "--clear-groups"] ++
-        if(Keyword.get(opts, :caps, true), do: ["--inh-caps=+net_admin", "--ambient-caps=+net_admin"], else: []) ++
-        ["--"] ++ env ++ [bin | args]
+      [Tier.tool!("ip"), "netns", "exec", tb.pod_ns, Tier.tool!("setpriv")] ++ identity ++ ["--"] ++ env ++ [bin | args]
 
     stdout = Path.join(dir, "events.ndjson")
     stderr = Path.join(dir, "proxy.stderr")
@@ -186,7 +228,8 @@ defmodule Condukt.Test.Netns.Sidecar do
   For a sidecar started with `control: "tcp"`: starts, inside the pod, the
   testbed's stand-in for `kubectl port-forward` (servers/port_forward.py),
   which joins every connection to a Unix socket outside the pod to the
-  control port 127.0.0.1:15002 inside it. Returns the sidecar with
+  control port 15002 inside it, dialled as Kubernetes does: 127.0.0.1, and
+  [::1] when that refuses. Returns the sidecar with
   `control_relay` set, which `ControlPeer` then dials. The relay is killed
   with everything else in the pod by `Testbed.stop/1`, or by `Cmd.kill/1`
   through the on_exit registered here.
@@ -198,7 +241,7 @@ defmodule Condukt.Test.Netns.Sidecar do
     log = Path.join(sc.dir, "port_forward.log")
 
     pid =
-      Testbed.spawn_in(sc.tb, :pod, [py, Path.join(sc.tb.bin_dir, "port_forward.py"), path, "127.0.0.1", port], log: log)
+      Testbed.spawn_in(sc.tb, :pod, [py, Path.join(sc.tb.bin_dir, "port_forward.py"), path, "localhost", port], log: log)
 
     ExUnit.Callbacks.on_exit({__MODULE__, path}, fn -> Cmd.kill([pid]) end)
 

@@ -136,6 +136,10 @@ defmodule Condukt.Dev.Netns.Nginx do
         location / { }
         location = /big.bin { alias #{c.big_file.path}; }
         location = /204 { return 204; }
+        # The package registries (Registries): npm's packument is
+        # <name>/index.json, PyPI's simple pages are index.html.
+        location /npm/ { default_type application/json; try_files $uri $uri/index.json =404; }
+        location /pypi/ { index index.html; types { text/html html; } }
         location = /redirect { return 302 https://other.test/; }
         location = /set-cookie {
           default_type text/plain;

@@ -18,7 +18,7 @@ defmodule Condukt.Dev.Netns.Testbed do
   # directly inside the two namespaces and no address or route is added
   # outside them.
 
-  alias Condukt.Dev.Netns.{Client, Cmd, Nginx, Pki, Tier}
+  alias Condukt.Dev.Netns.{Client, Cmd, Nginx, Pki, Registries, Tier}
 
   @enforce_keys [:id, :pod_ns, :inet_ns, :dir]
   defstruct [
@@ -35,6 +35,7 @@ defmodule Condukt.Dev.Netns.Testbed do
     :ca_cert,
     :big_file,
     :git,
+    :registries,
     :ports,
     :logs,
     :urls,
@@ -49,6 +50,8 @@ defmodule Condukt.Dev.Netns.Testbed do
   @names ~w(allowed.test denied.test decide.test other.test ws.test git.test)
   # Served too, on purpose with a bad certificate.
   @bad_tls_names ~w(mismatch.test untrusted.test)
+  # The package registries (Registries), with the main certificate.
+  @registry_names ~w(registry.test)
   @ports %{http: 80, https: 443, backend: 8081, git: 8082, ws: 8083, bypass_tcp: 8080, bypass_udp: 443}
   @metadata "169.254.169.254"
   @decoy "192.0.2.80"
@@ -283,7 +286,7 @@ defmodule Condukt.Dev.Netns.Testbed do
   ## Building
 
   defp hosts_map(tb) do
-    both = Map.new(@names ++ @bad_tls_names, &{&1, [tb.inet.v4, tb.inet.v6]})
+    both = Map.new(@names ++ @bad_tls_names ++ @registry_names, &{&1, [tb.inet.v4, tb.inet.v6]})
 
     Map.merge(both, %{
       "v4.test" => [tb.inet.v4],
@@ -370,7 +373,12 @@ defmodule Condukt.Dev.Netns.Testbed do
     tb
   end
 
-  defp hosts_file(tb) do
+  @doc """
+  The pod's hosts file as the testbed writes it to /etc/netns/<pod>/hosts
+  (the sidecar gets its own copy, `proxy --hosts`, docs/dns.md).
+  """
+  @spec hosts_file(t()) :: String.t()
+  def hosts_file(tb) do
     by_addr =
       tb.hosts
       |> Enum.flat_map(fn {name, addrs} -> Enum.map(addrs, &{&1, name}) end)
@@ -387,7 +395,7 @@ defmodule Condukt.Dev.Netns.Testbed do
   end
 
   defp make_pki!(tb) do
-    dns = @names ++ ~w(v4.test v6.test metadata.test)
+    dns = @names ++ @registry_names ++ ~w(v4.test v6.test metadata.test)
     ips = [tb.inet.v4, tb.inet.v6, @metadata, @decoy]
     pki = Pki.generate!(Path.join(tb.dir, "pki"), dns, ips, label: tb.id)
     %{tb | pki: pki, ca_cert: pki.ca_cert}
@@ -395,7 +403,7 @@ defmodule Condukt.Dev.Netns.Testbed do
 
   defp make_content!(tb, big_size) do
     www = Path.join(tb.dir, "www")
-    sites = @names ++ @bad_tls_names ++ ~w(v4.test v6.test)
+    sites = @names ++ @bad_tls_names ++ @registry_names ++ ~w(v4.test v6.test)
 
     for site <- sites do
       File.mkdir_p!(Path.join(www, site))
@@ -405,7 +413,8 @@ defmodule Condukt.Dev.Netns.Testbed do
     File.mkdir_p!(Path.join(www, "default"))
     File.write!(Path.join([www, "default", "index.txt"]), "hello from the default server\n")
 
-    %{tb | big_file: big_file!(big_size), urls: urls(tb)}
+    registries = Registries.build!(Path.join(www, Registries.host()))
+    %{tb | big_file: big_file!(big_size), urls: urls(tb), registries: registries}
   end
 
   defp urls(tb) do
@@ -520,8 +529,8 @@ defmodule Condukt.Dev.Netns.Testbed do
       Nginx.config(%{
         prefix: prefix,
         www: Path.join(tb.dir, "www"),
-        sites: @names ++ @bad_tls_names ++ ~w(v4.test v6.test),
-        names: @names ++ ~w(v4.test v6.test metadata.test),
+        sites: @names ++ @bad_tls_names ++ @registry_names ++ ~w(v4.test v6.test),
+        names: @names ++ @registry_names ++ ~w(v4.test v6.test metadata.test),
         pki: tb.pki,
         big_file: tb.big_file,
         ports: tb.ports,

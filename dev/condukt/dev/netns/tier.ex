@@ -22,7 +22,10 @@ defmodule Condukt.Dev.Netns.Tier do
   # caller's PATH: a user's pyenv or nvm shims must not stand in for
   # Debian's tools. Python is always Debian's, because its modules
   # (requests, websockets) come from Debian packages.
-  @programs ~w(ip iptables ip6tables nginx openssl curl git node setpriv setsid timeout ss sh kill)
+  # The package managers and the JVM are those of Debian's packages too
+  # (scripts/setup-debian.sh).
+  @programs ~w(ip iptables ip6tables nginx openssl curl git node setpriv setsid timeout ss sh kill) ++
+              ~w(npm cargo go java mvn)
   @python "/usr/bin/python3"
 
   @doc "`:ok` or `{:skip, reason}`, computed once per VM."

@@ -7,6 +7,55 @@ defmodule Condukt.Sandbox.Kubernetes.Manifest do
 
   @keepalive "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
 
+  # What a root workspace keeps of the runtime's default capability set:
+  # enough to own, edit and chmod every file of its volume, signal its own
+  # processes and bind ports below 1024 (docs/kubernetes.md, "Workspace
+  # container"). NET_RAW (SO_MARK, raw frames), SETUID/SETGID (the
+  # sidecar's uid), SETPCAP, SETFCAP, MKNOD, SYS_CHROOT and AUDIT_WRITE go.
+  @workspace_caps ~w(CHOWN DAC_OVERRIDE FOWNER FSETID KILL NET_BIND_SERVICE)
+
+  # Refused through `:capabilities` when a network policy is enforced:
+  # each lets the workspace forge the sidecar's exemption (the socket mark
+  # or its uid) or get around the rules altogether.
+  @policy_refused_caps ~w(ALL NET_RAW NET_ADMIN SETUID SETGID SYS_ADMIN BPF SYS_MODULE)
+
+  @doc "The capabilities the workspace container keeps unless `:capabilities` adds more."
+  @spec workspace_capabilities() :: [String.t()]
+  def workspace_capabilities, do: @workspace_caps
+
+  @doc """
+  Checks the workspace options that a network policy forbids: the
+  capabilities in `@policy_refused_caps` and `:run_as_user` equal to the
+  sidecar's uid. Returns `:ok` or `{:error, {:invalid, key, value, expected}}`.
+  """
+  @spec check_workspace(map() | keyword(), boolean()) :: :ok | {:error, {:invalid, atom(), term(), String.t()}}
+  def check_workspace(opts, policy?) do
+    caps = Enum.map(opts[:capabilities] || [], &normalize_cap/1)
+    uid = Manifests.sidecar_uid()
+
+    cond do
+      not policy? ->
+        :ok
+
+      (bad = Enum.filter(caps, &(&1 in @policy_refused_caps))) != [] ->
+        {:error,
+         {:invalid, :capabilities, opts[:capabilities],
+          "a list without #{Enum.join(bad, ", ")}: with a network policy the workspace may not have " <>
+            Enum.join(@policy_refused_caps, ", ") <>
+            " (they let it forge the sidecar's exemption or get around the rules)"}}
+
+      opts[:run_as_user] == uid ->
+        {:error,
+         {:invalid, :run_as_user, uid,
+          "another uid than the sidecar's (#{uid}): its marked sockets are the ones exempt from the rules"}}
+
+      true ->
+        :ok
+    end
+  end
+
+  defp normalize_cap(name), do: name |> to_string() |> String.upcase() |> String.replace_prefix("CAP_", "")
+
   @doc """
   `cfg` is the validated init options as a map plus `:id` (a string),
   `:pod`, `:delete_on_shutdown` (a boolean), `:now` and, with a policy,
@@ -27,6 +76,7 @@ defmodule Condukt.Sandbox.Kubernetes.Manifest do
           [%{"name" => "workspace", "mountPath" => cfg.cwd}] ++ if(policy?, do: Manifests.workspace_mounts(), else: [])
       }
       |> put_if("resources", cfg[:resources] && deep_stringify(cfg.resources))
+      |> Map.put("securityContext", workspace_security_context(cfg))
 
     spec =
       %{
@@ -57,18 +107,36 @@ defmodule Condukt.Sandbox.Kubernetes.Manifest do
     }
   end
 
-  # The caller's variables, then (with a policy) the six CA variables,
-  # which win over a caller's variable of the same name.
-  defp env(env, policy?) do
-    ca = if policy?, do: Manifests.ca_env(), else: []
-    ca_names = MapSet.new(ca, & &1["name"])
+  # Every default capability the workspace does not need is dropped, and
+  # nothing can be regained through a setuid or file-capability binary.
+  defp workspace_security_context(cfg) do
+    caps = Enum.uniq(@workspace_caps ++ Enum.map(cfg[:capabilities] || [], &normalize_cap/1))
 
+    %{
+      "allowPrivilegeEscalation" => false,
+      "capabilities" => %{"drop" => ["ALL"], "add" => caps},
+      "seccompProfile" => %{"type" => "RuntimeDefault"}
+    }
+    |> put_if("runAsUser", cfg[:run_as_user])
+  end
+
+  # The caller's variables, then (with a policy) the CA variables, which
+  # win over a caller's variable of the same name; a caller's
+  # JAVA_TOOL_OPTIONS is kept, in front of the trust store's options.
+  defp env(env, policy?) do
     caller =
       env
       |> Enum.map(fn {k, v} -> {to_string(k), to_string(v)} end)
       |> Enum.reverse()
       |> Enum.uniq_by(&elem(&1, 0))
       |> Enum.reverse()
+
+    java = Enum.find_value(caller, fn {k, v} -> if k == "JAVA_TOOL_OPTIONS", do: v end)
+    ca = if policy?, do: Manifests.ca_env() ++ Manifests.trust_env(java), else: []
+    ca_names = MapSet.new(ca, & &1["name"])
+
+    caller =
+      caller
       |> Enum.reject(fn {k, _} -> MapSet.member?(ca_names, k) end)
       |> Enum.map(fn {k, v} -> %{"name" => k, "value" => v} end)
 

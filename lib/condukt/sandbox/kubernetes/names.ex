@@ -6,13 +6,16 @@ defmodule Condukt.Sandbox.Kubernetes.Names do
   @managed_by "app.kubernetes.io/managed-by"
   @sandbox "condukt.dev/sandbox"
   @id "condukt.dev/id"
-  @heartbeat "condukt.dev/heartbeat"
+  @heartbeat "condukt.tuist.dev/heartbeat-at"
+  # The name earlier versions wrote: still read by reap_stale/1.
+  @legacy_heartbeat "condukt.dev/heartbeat"
   @delete_on_shutdown "condukt.dev/delete-on-shutdown"
 
   def managed_by_label, do: @managed_by
   def sandbox_label, do: @sandbox
   def id_annotation, do: @id
   def heartbeat_annotation, do: @heartbeat
+  def legacy_heartbeat_annotation, do: @legacy_heartbeat
   def delete_on_shutdown_annotation, do: @delete_on_shutdown
 
   @doc "The first 10 hex digits of SHA-256(id)."

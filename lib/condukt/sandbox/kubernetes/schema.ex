@@ -17,7 +17,13 @@ defmodule Condukt.Sandbox.Kubernetes.Schema do
           "stable identifier the pod name is derived from (1 to 253 bytes once a string). Defaults to the " <>
             "session id when started through a session; without one a random id is generated and the pod is single-use."
       ],
-      namespace: [type: {:custom, &__MODULE__.dns_label/1}, default: "default", doc: "Kubernetes namespace."],
+      namespace: [
+        type: {:custom, &__MODULE__.dns_label_or_nil/1},
+        default: nil,
+        doc:
+          "Kubernetes namespace. When not given: the `namespace` of the kubeconfig context in use, or the " <>
+            "in-cluster ServiceAccount's namespace, else `\"default\"` (as `kubectl` resolves it)."
+      ],
       image: [
         type: {:custom, &__MODULE__.non_empty/1},
         default: "debian:bookworm-slim",
@@ -46,6 +52,22 @@ defmodule Condukt.Sandbox.Kubernetes.Schema do
         default: nil,
         doc:
           "the container's resource requests/limits, e.g. `%{requests: %{cpu: \"500m\"}, limits: %{memory: \"4Gi\"}}`."
+      ],
+      capabilities: [
+        type: {:custom, &__MODULE__.capabilities/1},
+        default: [],
+        doc:
+          "Linux capabilities added to the ones the workspace container keeps (`CHOWN`, `DAC_OVERRIDE`, " <>
+            "`FOWNER`, `FSETID`, `KILL`, `NET_BIND_SERVICE`; every other is dropped), e.g. `[\"SYS_PTRACE\"]`. " <>
+            "With a network policy `NET_RAW`, `NET_ADMIN`, `SETUID`, `SETGID`, `SYS_ADMIN`, `BPF`, " <>
+            "`SYS_MODULE` and `ALL` are refused."
+      ],
+      run_as_user: [
+        type: {:custom, &__MODULE__.uid_or_nil/1},
+        default: nil,
+        doc:
+          "the workspace container's uid (`runAsUser`); default: the image's. With a network policy the " <>
+            "sidecar's uid (1337) is refused."
       ],
       service_account: [
         type: {:custom, &__MODULE__.string_or_nil/1},
@@ -188,6 +210,10 @@ defmodule Condukt.Sandbox.Kubernetes.Schema do
   def dns_label(_), do: {:error, "a DNS-1123 label (lowercase letters, digits and '-', at most 63)"}
 
   @doc false
+  def dns_label_or_nil(nil), do: :ok
+  def dns_label_or_nil(v), do: dns_label(v)
+
+  @doc false
   def non_empty(v) when is_binary(v) and v != "", do: :ok
   def non_empty(_), do: {:error, "a non-empty string"}
 
@@ -232,6 +258,20 @@ defmodule Condukt.Sandbox.Kubernetes.Schema do
   @doc false
   def string_or_nil(v) when is_nil(v) or (is_binary(v) and v != ""), do: :ok
   def string_or_nil(_), do: {:error, "a non-empty string or nil"}
+
+  @doc false
+  def capabilities(v) when is_list(v) do
+    if Enum.all?(v, &((is_binary(&1) or is_atom(&1)) and to_string(&1) =~ ~r/\A(CAP_)?[A-Za-z_]{2,32}\z/)),
+      do: :ok,
+      else: capabilities(:bad)
+  end
+
+  def capabilities(_), do: {:error, "a list of capability names such as \"SYS_PTRACE\""}
+
+  @doc false
+  def uid_or_nil(nil), do: :ok
+  def uid_or_nil(v) when is_integer(v) and v >= 0 and v < 4_294_967_295, do: :ok
+  def uid_or_nil(_), do: {:error, "a uid (a non-negative integer) or nil"}
 
   @doc false
   def boolean_or_nil(v) when is_nil(v) or is_boolean(v), do: :ok

@@ -15,10 +15,12 @@ defmodule Condukt.Sandbox.Local.Exec do
   #     timeout) or end-of-file (the port closed: the process that owned it
   #     died, or the whole BEAM did).
   #
-  # With a network policy, a prefix (`ip netns exec NS setpriv … --`, see
-  # Condukt.Sandbox.Local.Network.prefix/1) goes in front of the inner
-  # bash. Each program in it execs the next, so the job's process group
-  # is still the command's own.
+  # With a network policy, a prefix (`ip netns exec NS unshare … setpriv
+  # … --`, see Condukt.Sandbox.Local.Network.prefix/1) goes in front of the
+  # inner bash. Each program in it execs the next except unshare, which
+  # forks the command into a new PID namespace and waits; the fork stays
+  # in the job's process group, so the group kill still reaches it (and
+  # everything left in the namespace dies with the command anyway).
   #
   # The command's exit status is the wrapper's. The command itself reads
   # /dev/null, never the port. A process that leaves the group on purpose
@@ -30,9 +32,9 @@ defmodule Condukt.Sandbox.Local.Exec do
   # helper monitors the caller to kill the command if the caller dies.
 
   @wrapper ~S"""
-  command=$1; bash=$2; shift 2
+  command=$1; bash=$2; restore=$3; shift 3
   set -m
-  "$@" "$bash" -c "$command" </dev/null 2>&1 &
+  "$@" "$bash" -c "$restore" "$bash" "$command" </dev/null 2>&1 &
   cmd=$!
   set +m
   exec 2>/dev/null
@@ -43,6 +45,27 @@ defmodule Condukt.Sandbox.Local.Exec do
   kill -KILL -- "-$cmd"
   kill "$watchdog"
   exit "$status"
+  """
+
+  # The caller's environment variables that must not reach the programs
+  # that run before the command has dropped its privileges: the wrapper's
+  # bash (and, with a network policy, ip, unshare and setpriv), which run
+  # as the BEAM, as root when the BEAM is. bash sources BASH_ENV (ENV in
+  # POSIX mode) and imports functions (BASH_FUNC_name%%, which would
+  # override the wrapper's `kill`); glibc's loader and libraries load code
+  # and data named by LD_*, GCONV_PATH and the rest of the list glibc
+  # itself ignores for setuid programs. A session can write the files these
+  # name (its cwd is its own), so each travels renamed, @renamed NAME, and
+  # @restore, the first thing the command's own shell runs (after the
+  # drop), gives it back its name. Functions cannot be exported by name
+  # from bash and are dropped.
+  @renamed "CONDUKT_RENAMED_"
+  @unsafe ~w(BASH_ENV ENV GCONV_PATH GETCONF_DIR GLIBC_TUNABLES HOSTALIASES LOCALDOMAIN LOCPATH
+             NIS_PATH NLSPATH RESOLV_HOST_CONF RES_OPTIONS TMPDIR TZDIR)
+  @unsafe_prefixes ["LD_", "MALLOC_"]
+  @restore ~S"""
+  for v in ${!CONDUKT_RENAMED_@}; do export "${v#CONDUKT_RENAMED_}=${!v}"; unset "$v"; done
+  exec "$0" -c "$1"
   """
 
   # After the kill line, how long to wait for the wrapper's exit status. It
@@ -89,9 +112,9 @@ defmodule Condukt.Sandbox.Local.Exec do
       :use_stdio,
       :stderr_to_stdout,
       :hide,
-      args: ["-c", @wrapper, "condukt-exec", command, opts.bash | Map.get(opts, :prefix, [])],
+      args: ["-c", @wrapper, "condukt-exec", command, opts.bash, @restore | Map.get(opts, :prefix, [])],
       cd: opts.cwd,
-      env: opts.env
+      env: Enum.flat_map(opts.env, &carry/1)
     ]
 
     case open(opts.bash, port_opts) do
@@ -102,6 +125,20 @@ defmodule Condukt.Sandbox.Local.Exec do
 
       {:error, reason} ->
         {:error, {:spawn_failed, reason}}
+    end
+  end
+
+  # An unsafe variable set by the caller travels renamed (and its own name
+  # is unset for the wrapper); unsetting one is always safe.
+  defp carry({_name, false} = unset), do: [unset]
+
+  defp carry({name, value} = pair) do
+    s = List.to_string(name)
+
+    cond do
+      String.starts_with?(s, "BASH_FUNC_") -> [{name, false}]
+      s in @unsafe or String.starts_with?(s, @unsafe_prefixes) -> [{name, false}, {~c"#{@renamed}#{s}", value}]
+      true -> [pair]
     end
   end
 

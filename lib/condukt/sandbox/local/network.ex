@@ -1,6 +1,11 @@
 defmodule Condukt.Sandbox.Local.Network do
   # Debian's tools, never a user's shims.
   @path "/usr/sbin:/usr/bin:/sbin:/bin"
+  # Every program the BEAM runs with its privileges for a session. Each is
+  # looked up once, checked to be root's alone (TrustedPath), and run by
+  # that path from then on. iptables-restore and ip6tables-restore are run
+  # by netfilter-setup from beside iptables and ip6tables.
+  @tools ~w(ip setpriv unshare mount mkdir iptables iptables-restore ip6tables ip6tables-restore sh env bash)
 
   @schema [
     policy: [type: {:custom, &__MODULE__.check_policy/1}, required: true, doc: "the `%NetworkPolicy{}` to enforce."],
@@ -36,13 +41,21 @@ defmodule Condukt.Sandbox.Local.Network do
       doc: "an extra CA file the sidecar trusts for upstreams (`--upstream-extra-ca`, for test internets)."
     ],
     sidecar_uid: [type: :pos_integer, default: 1337, doc: "the uid the sidecar runs as."],
-    user: [type: :non_neg_integer, doc: "the uid (and gid) the session's commands run as (default: the BEAM's)."],
+    user: [
+      type: {:custom, &__MODULE__.check_user/1},
+      default: 65_534,
+      doc:
+        "the uid (and gid) the session's commands run as, without supplementary groups. Never 0, the " <>
+          "sidecar's uid or the BEAM's own: those could replace what the BEAM runs or read the sidecar's secrets."
+    ],
     proxy_args: [type: {:list, :string}, default: [], doc: "more `condukt-egress proxy` flags."],
     binary: [type: :string, doc: "the `condukt-egress` binary (default: priv/)."],
     tool_path: [
       type: :string,
       default: @path,
-      doc: "where `ip`, `setpriv` and `iptables` are looked up (a PATH-style list)."
+      doc:
+        "where the programs the BEAM runs with its privileges (#{Enum.map_join(@tools, ", ", &"`#{&1}`")}) " <>
+          "are looked up, once per session (a PATH-style list); each must be root's alone (see below)."
     ]
   ]
 
@@ -70,13 +83,23 @@ defmodule Condukt.Sandbox.Local.Network do
   proxy` there as its own uid with only CAP_NET_ADMIN (for the socket
   mark). Its secrets (CA key, token, policy) are readable by that uid only.
 
-  Commands run through `wrap/2`: inside the namespace, with every
-  capability dropped (no CAP_NET_ADMIN to flush the rules, no
-  CAP_SYS_ADMIN to leave the namespace, no CAP_SETUID or DAC override to
-  read the sidecar's secrets) and `no_new_privs` set, optionally as
-  another uid (`:user`). `env/1` gives them the six CA variables
-  (`Condukt.Sandbox.NetworkPolicy.ca_env/1`), pointed at the trust bundle
-  (Mozilla roots + session CA).
+  Commands run through `wrap/2`: inside the namespace, each in a PID
+  namespace of its own (no other process is visible or reachable, and none
+  outlives the command) with an empty `/run` (no host service's socket),
+  as an unprivileged uid (`:user`, by default
+  65534, never root, the sidecar's uid or the BEAM's), with every
+  capability dropped (no CAP_NET_ADMIN to flush the
+  rules, no CAP_SYS_ADMIN to leave the namespace, no CAP_SETUID or DAC
+  override to read the sidecar's secrets) and `no_new_privs` set. `env/1`
+  gives them the CA variables, pointed at the trust bundle (Mozilla roots
+  + session CA).
+
+  Nothing the BEAM later runs or trusts is theirs to change: the programs
+  it runs as root (`:tool_path`) and the sidecar binary and Mozilla roots
+  it copies are checked once per session to be owned by root and writable
+  by nobody else, along every directory and link of their path; the
+  session's hosts and resolv.conf are root's, and the sidecar's events
+  (the audit log) go to a directory only root can enter.
 
   The process owns the sidecar (a port on a small shell wrapper that
   terminates the proxy when the port closes, so a BEAM that dies takes the
@@ -93,8 +116,9 @@ defmodule Condukt.Sandbox.Local.Network do
 
   require Logger
 
-  alias Condukt.Sandbox.Local.NetworkError
+  alias Condukt.Sandbox.Local.{NetworkError, TrustedPath}
   alias Condukt.Sandbox.NetworkPolicy
+  alias Condukt.Sandbox.NetworkPolicy.TrustStore
 
   @proxy_port 15_001
   @mark "0x539"
@@ -103,8 +127,42 @@ defmodule Condukt.Sandbox.Local.Network do
   # The proxy drains for 10 s on SIGTERM (docs/proxy.md); then it is killed.
   @stop_wait 15_000
   @ready_wait 15_000
-  # CAP_NET_ADMIN (12) and CAP_SYS_ADMIN (21), as bits of CapEff.
-  @caps [{12, "CAP_NET_ADMIN"}, {21, "CAP_SYS_ADMIN"}]
+  # What the BEAM needs, as bits of CapEff: CAP_NET_ADMIN (12) and
+  # CAP_SYS_ADMIN (21) for the namespace, CAP_SETUID (7) and CAP_SETGID (6)
+  # to run the sidecar and the commands as their uids, CAP_CHOWN (0) to
+  # give the sidecar its secrets.
+  @caps [{12, "CAP_NET_ADMIN"}, {21, "CAP_SYS_ADMIN"}, {7, "CAP_SETUID"}, {6, "CAP_SETGID"}, {0, "CAP_CHOWN"}]
+  # Root's alone (0755 / 0700): the owner files the sweep trusts, and the
+  # sidecar's events and stderr, out of reach of the session and of the
+  # sidecar's uid (which owns @state_dir).
+  @root_dir "/run/condukt"
+  @owners_dir "/run/condukt/owners"
+  @audit_dir "/run/condukt/audit"
+  # How long one `condukt-egress ready` probe may take, and the pause
+  # between probes while the sidecar starts.
+  @probe_ms 1_000
+  @probe_pause 20
+
+  # Runs as root in the command's own mount namespace (unshare's, private)
+  # before the privileges are dropped: an empty /run hides the host
+  # services' Unix sockets (the system D-Bus, systemd-resolved's, nscd's,
+  # databases'), which no network namespace covers, and which could make
+  # requests from the host's network for the session. Only the session's
+  # own directory (the trust bundle, the CA certificate) comes back, bound
+  # from the hidden /run through the working directory. Programs are run
+  # by absolute path: the caller's environment may name a PATH the session
+  # can write. Any failure stops the command (exit 125) rather than run it
+  # with /run visible.
+  @hide_run ~S"""
+  mount=$1; mkdir=$2; session=$3; shift 3
+  here=$PWD
+  cd "$session" || exit 125
+  "$mount" -t tmpfs -o mode=0755,nosuid,nodev,noexec tmpfs /run || exit 125
+  "$mkdir" -p "$session" || exit 125
+  "$mount" --no-canonicalize --bind . "$session" || exit 125
+  cd "$here" || exit 125
+  exec "$@"
+  """
 
   @doc false
   def __schema__, do: @schema
@@ -119,6 +177,7 @@ defmodule Condukt.Sandbox.Local.Network do
     :subnet,
     :ca_cert,
     :bundle,
+    :trust_store,
     :control,
     :token,
     :user,
@@ -139,9 +198,10 @@ defmodule Condukt.Sandbox.Local.Network do
           subnet: {String.t(), String.t()} | nil,
           ca_cert: Path.t() | nil,
           bundle: Path.t() | nil,
+          trust_store: Path.t() | nil,
           control: String.t() | nil,
           token: String.t() | nil,
-          user: non_neg_integer() | nil,
+          user: pos_integer() | nil,
           proxy_pid: pos_integer() | nil,
           events_log: Path.t() | nil,
           stderr_log: Path.t() | nil,
@@ -152,9 +212,10 @@ defmodule Condukt.Sandbox.Local.Network do
   ## Public API
 
   @doc """
-  Whether this machine and this BEAM can enforce a policy: Linux, the two
-  capabilities, and the tools (`ip`, `setpriv`, `iptables`) in
-  `opts[:tool_path]` (default: Debian's sbin and bin directories).
+  Whether this machine and this BEAM can enforce a policy: Linux, the
+  capabilities, and the tools (`ip`, `setpriv`, `iptables`, …) in
+  `opts[:tool_path]` (default: Debian's sbin and bin directories), each
+  owned by root and writable by nobody else.
   """
   @spec available?(keyword()) :: :ok | {:error, NetworkError.t()}
   def available?(opts \\ []) do
@@ -162,14 +223,20 @@ defmodule Condukt.Sandbox.Local.Network do
   end
 
   defp check(path) do
-    with :ok <- check_os(), :ok <- check_caps() do
-      Enum.reduce_while(~w(ip setpriv iptables), {:ok, %{}}, fn tool, {:ok, acc} ->
-        case find_tool(tool, path) do
-          nil -> {:halt, {:error, %NetworkError{reason: :missing_tool, detail: tool}}}
-          exe -> {:cont, {:ok, Map.put(acc, tool, exe)}}
-        end
-      end)
-    end
+    with :ok <- check_os(), :ok <- check_caps(), do: resolve_tools(path)
+  end
+
+  # Looks every tool up once and checks it is root's alone.
+  defp resolve_tools(path) do
+    Enum.reduce_while(@tools, {:ok, %{}}, fn tool, {:ok, acc} ->
+      with exe when is_binary(exe) <- find_tool(tool, path),
+           {:ok, exe} <- TrustedPath.check(exe) do
+        {:cont, {:ok, Map.put(acc, tool, exe)}}
+      else
+        nil -> {:halt, {:error, %NetworkError{reason: :missing_tool, detail: tool}}}
+        {:error, why} -> {:halt, {:error, %NetworkError{reason: :untrusted_path, detail: "`#{tool}`: #{why}"}}}
+      end
+    end)
   end
 
   @doc """
@@ -201,29 +268,51 @@ defmodule Condukt.Sandbox.Local.Network do
   end
 
   @doc """
-  The argv that runs `argv` inside the session's namespace without any
-  capability (and as `:user` when given). Environment is not touched: pass
-  `env/1` along.
+  The argv that runs `argv` inside the session's network namespace, in a
+  PID namespace of its own (with its own `/proc`), as the session's uid
+  (`:user`), without any capability or supplementary group. Environment
+  is not touched: pass `env/1` along.
+
+  The PID namespace keeps commands from seeing, signalling or tracing any
+  process outside it (another session's with the same uid included), and
+  when `argv` exits, everything it left in the namespace is killed. An IPC
+  namespace keeps them from the host's System V and POSIX IPC objects, and
+  a mount namespace gives them an empty `/run` (no host service's socket) with only
+  the session's directory in it.
   """
   @spec wrap(t(), [String.t()]) :: [String.t()]
-  def wrap(%__MODULE__{} = net, [_ | _] = argv) do
-    user =
-      case net.user do
-        nil -> []
-        uid -> ["--reuid=#{uid}", "--regid=#{uid}", "--clear-groups"]
-      end
-
-    [net.tools["ip"], "netns", "exec", net.name, net.tools["setpriv"], "--no-new-privs", "--bounding-set=-all"] ++
-      ["--inh-caps=-all"] ++ user ++ ["--"] ++ argv
+  def wrap(%__MODULE__{user: uid} = net, [_ | _] = argv) when is_integer(uid) do
+    [net.tools["ip"], "netns", "exec", net.name] ++
+      [net.tools["unshare"], "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc"] ++
+      [net.tools["sh"], "-c", @hide_run, "condukt-hide-run", net.tools["mount"], net.tools["mkdir"], net.dir] ++
+      [net.tools["setpriv"], "--reuid=#{uid}", "--regid=#{uid}"] ++
+      ["--clear-groups", "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--"] ++ argv
   end
 
   @doc "The prefix `wrap/2` puts in front of a command."
   @spec prefix(t()) :: [String.t()]
   def prefix(%__MODULE__{} = net), do: net |> wrap(["x"]) |> Enum.drop(-1)
 
-  @doc "The environment variables that make the session's clients trust the sidecar's CA."
+  @doc """
+  The environment variables that make the session's clients trust the
+  sidecar's CA: the six of `Condukt.Sandbox.NetworkPolicy.ca_env/1` and
+  those of `Condukt.Sandbox.NetworkPolicy.TrustStore.env/3` (the JVM's
+  PKCS#12 store, Deno, cargo, AWS), pointed at the session's files.
+  """
   @spec env(t()) :: [{String.t(), String.t()}]
-  def env(%__MODULE__{bundle: bundle}), do: NetworkPolicy.ca_env(bundle)
+  def env(%__MODULE__{} = net), do: env(net, [])
+
+  @doc """
+  `env/1` followed by the caller's `env` (whose variables win), with one
+  exception: a caller's `JAVA_TOOL_OPTIONS` is merged, its options first
+  and the trust store's last (`TrustStore.java_tool_options/2`).
+  """
+  @spec env(t(), [{String.t(), String.t() | nil}]) :: [{String.t(), String.t() | nil}]
+  def env(%__MODULE__{bundle: bundle, trust_store: store}, caller) do
+    java = caller |> Enum.filter(&(elem(&1, 0) == "JAVA_TOOL_OPTIONS")) |> List.last({nil, nil}) |> elem(1)
+    trust = TrustStore.env(bundle, store, java)
+    NetworkPolicy.ca_env(bundle) ++ trust ++ caller ++ Enum.filter(trust, &(elem(&1, 0) == "JAVA_TOOL_OPTIONS"))
+  end
 
   @doc "The sidecar's events written so far (its stdout, the audit trail of last resort), decoded."
   @spec events(t()) :: [map()]
@@ -240,7 +329,9 @@ defmodule Condukt.Sandbox.Local.Network do
   """
   @spec sweep() :: [String.t()]
   def sweep do
-    for name <- ls(@state_dir), Regex.match?(@name_re, name), not owner_alive?(name) do
+    names = Enum.uniq(ls(@state_dir) ++ ls(@owners_dir))
+
+    for name <- names, Regex.match?(@name_re, name), not owner_alive?(name) do
       net = read_owner(name)
       teardown(net)
       name
@@ -308,12 +399,17 @@ defmodule Condukt.Sandbox.Local.Network do
   ## Building
 
   defp build!(net, opts) do
-    bin = opts[:binary] || Condukt.egress_binary()
+    # Both are copied and then run or trusted with the BEAM's privileges.
+    bin = trusted!(opts[:binary] || Condukt.egress_binary(), "the sidecar binary")
+    mozilla_src = trusted!(NetworkPolicy.CA.mozilla_path(), "the Mozilla roots")
     uid = opts[:sidecar_uid]
+    root_dirs!()
     File.mkdir_p!(@state_dir)
-    # The state directory and each session's belong to the sidecar's uid:
-    # a session command running as root without capabilities (no DAC
-    # override) can neither read the secrets nor rename the directories.
+    # The state directory and each session's belong to the sidecar's uid
+    # (its control socket is made there), mode 0711: a session command,
+    # never that uid nor root, can neither list them, read the secrets nor
+    # rename anything in them. What the BEAM itself trusts later (owner
+    # files, the audit log) is in root's @root_dir instead.
     File.chown!(@state_dir, uid)
     File.chmod!(@state_dir, 0o711)
     File.mkdir_p!(net.dir)
@@ -322,7 +418,7 @@ defmodule Condukt.Sandbox.Local.Network do
     File.cp!(bin, copy)
     File.chmod!(copy, 0o755)
     mozilla = Path.join(net.dir, "mozilla.pem")
-    File.cp!(NetworkPolicy.CA.mozilla_path(), mozilla)
+    File.cp!(mozilla_src, mozilla)
 
     policy = Path.join(net.dir, "policy.json")
     File.write!(policy, NetworkPolicy.to_sidecar_json(opts[:policy]))
@@ -334,9 +430,11 @@ defmodule Condukt.Sandbox.Local.Network do
     File.write!(token_file, token <> "\n")
     bundle = Path.join(net.dir, "trust-bundle.pem")
     File.write!(bundle, NetworkPolicy.CA.trust_bundle(File.read!(ca_cert)))
+    store = Path.join(net.dir, TrustStore.file_name())
+    File.write!(store, TrustStore.pkcs12(File.read!(ca_cert)))
 
     for f <- [ca_key, token_file, policy], do: File.chmod!(f, 0o600)
-    for f <- [mozilla, ca_cert, bundle], do: File.chmod!(f, 0o644)
+    for f <- [mozilla, ca_cert, bundle, store], do: File.chmod!(f, 0o644)
     for f <- [net.dir, ca_key, token_file, policy], do: File.chown!(f, uid)
     File.chmod!(net.dir, 0o711)
 
@@ -344,6 +442,7 @@ defmodule Condukt.Sandbox.Local.Network do
       net
       | ca_cert: ca_cert,
         bundle: bundle,
+        trust_store: store,
         token: token,
         control: "unix:" <> Path.join(net.dir, "control.sock")
     }
@@ -355,7 +454,7 @@ defmodule Condukt.Sandbox.Local.Network do
     |> tap(fn net ->
       run!(
         [net.tools["ip"], "netns", "exec", net.name, copy, "netfilter-setup", "--proxy-port", "#{@proxy_port}"] ++
-          ["--mark", @mark]
+          ["--mark", @mark, "--iptables", net.tools["iptables"], "--ip6tables", net.tools["ip6tables"]]
       )
     end)
   end
@@ -366,10 +465,21 @@ defmodule Condukt.Sandbox.Local.Network do
     veth = "ck" <> String.replace_prefix(net.name, "condukt-", "")
     net = %{net | veth: veth, subnet: subnet}
 
+    # `ip netns exec` mounts these over /etc for the session and the
+    # sidecar: root's files in root's directories, which the session (never
+    # root) cannot change.
     etc = Path.join("/etc/netns", net.name)
     File.mkdir_p!(etc)
+    trusted!("/etc/netns", "/etc/netns")
+    File.chmod!(etc, 0o755)
     File.write!(Path.join(etc, "hosts"), hosts_file(opts[:hosts]))
     File.write!(Path.join(etc, "resolv.conf"), resolv_file(opts[:dns] || host_nameservers(), gw))
+    for f <- ~w(hosts resolv.conf), do: File.chmod!(Path.join(etc, f), 0o644)
+    # The sidecar's own copy of the names (docs/dns.md): even if the
+    # session could rewrite /etc/netns/<name>/hosts, the sidecar never
+    # reads it.
+    File.write!(Path.join(net.dir, "hosts"), hosts_file(opts[:hosts]))
+    File.chmod!(Path.join(net.dir, "hosts"), 0o644)
 
     run!([ip, "netns", "add", net.name])
     # Recorded now, so that a failure below still removes the namespace.
@@ -453,6 +563,18 @@ defmodule Condukt.Sandbox.Local.Network do
     |> Enum.reduce(base, fn {name, addr}, acc -> acc <> "#{addr} #{name}\n" end)
   end
 
+  # The resolvers the sidecar asks, given on its command line so that the
+  # session's resolv.conf (which it may rewrite) never counts (docs/dns.md).
+  # Scoped IPv6 addresses are left out (the proxy takes none); at most four.
+  defp dns_upstream_args(opts, net) do
+    {gw, _} = net.subnet
+
+    case (opts[:dns] || host_nameservers()) |> Enum.reject(&String.contains?(&1, "%")) |> Enum.take(4) do
+      [] -> ["--dns-upstream", gw]
+      servers -> ["--dns-upstream", Enum.join(servers, ",")]
+    end
+  end
+
   defp resolv_file([], gw), do: "nameserver #{gw}\noptions timeout:1 attempts:1\n"
   defp resolv_file(servers, _gw), do: Enum.map_join(servers, "", &"nameserver #{&1}\n")
 
@@ -474,10 +596,13 @@ defmodule Condukt.Sandbox.Local.Network do
   defp start_proxy!(net, opts) do
     uid = opts[:sidecar_uid]
     bin = Path.join(net.dir, "condukt-egress")
-    events = Path.join(net.dir, "events.ndjson")
-    stderr = Path.join(net.dir, "proxy.stderr")
-    File.write!(events, "")
-    File.write!(stderr, "")
+    # The audit log and the sidecar's stderr are root's, in a directory
+    # only root enters: the wrapper (root) opens them and the proxy
+    # inherits the descriptors.
+    {events, stderr} = audit_files(net.name)
+    File.write!(events, "", [:exclusive])
+    File.write!(stderr, "", [:exclusive])
+    for f <- [events, stderr], do: File.chmod!(f, 0o600)
 
     args =
       ["proxy", "--policy", Path.join(net.dir, "policy.json"), "--ca-cert", net.ca_cert] ++
@@ -485,12 +610,14 @@ defmodule Condukt.Sandbox.Local.Network do
         ["--token-file", Path.join(net.dir, "token"), "--control", net.control] ++
         ["--trust-bundle", Path.join(net.dir, "mozilla.pem"), "--mark", @mark] ++
         if(ca = opts[:upstream_ca], do: ["--upstream-extra-ca", ca], else: []) ++
+        ["--hosts", Path.join(net.dir, "hosts")] ++
+        dns_upstream_args(opts, net) ++
         Enum.flat_map(opts[:allow_private], &["--allow-private", &1]) ++ opts[:proxy_args]
 
     argv =
       [net.tools["ip"], "netns", "exec", net.name, net.tools["setpriv"], "--reuid=#{uid}", "--regid=#{uid}"] ++
         ["--clear-groups", "--inh-caps=+net_admin", "--ambient-caps=+net_admin", "--"] ++
-        ["/usr/bin/env", "-i", "PATH=#{@path}" | sanitizer_env()] ++ [bin | args]
+        [net.tools["env"], "-i", "PATH=#{@path}" | sanitizer_env()] ++ [bin | args]
 
     # The wrapper starts the proxy, prints its pid, and terminates it when
     # its standard input (the port) closes: when this process closes the
@@ -512,7 +639,7 @@ defmodule Condukt.Sandbox.Local.Network do
     """
 
     port =
-      Port.open({:spawn_executable, "/bin/sh"}, [
+      Port.open({:spawn_executable, net.tools["sh"]}, [
         :binary,
         :exit_status,
         args: ["-c", script, "sh", events, stderr | argv]
@@ -531,24 +658,38 @@ defmodule Condukt.Sandbox.Local.Network do
 
     net = %{net | proxy_pid: pid, events_log: events, stderr_log: stderr}
     write_owner!(net)
-    wait_ready!(port, net, System.monotonic_time(:millisecond) + @ready_wait)
+    probe = probe_argv(net, uid, bin)
+    wait_ready!(port, net, probe, System.monotonic_time(:millisecond) + @ready_wait)
     {port, net}
   end
 
-  defp wait_ready!(port, net, deadline) do
-    cond do
-      File.read!(net.stderr_log) =~ "proxy ready" ->
+  # `condukt-egress ready` in the namespace, as the sidecar's uid without
+  # any capability: it connects to both proxy listeners and the control
+  # socket, and exits 0 once all three accept.
+  defp probe_argv(net, uid, bin) do
+    [net.tools["ip"], "netns", "exec", net.name, net.tools["setpriv"], "--reuid=#{uid}", "--regid=#{uid}"] ++
+      ["--clear-groups", "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--"] ++
+      [bin, "ready", "--control", net.control, "--timeout-ms", "#{@probe_ms}"]
+  end
+
+  defp wait_ready!(port, net, [exe | args] = probe, deadline) do
+    case System.cmd(exe, args, stderr_to_stdout: true, env: [{"PATH", @path}]) do
+      {_, 0} ->
         :ok
 
-      System.monotonic_time(:millisecond) > deadline ->
-        raise %NetworkError{reason: :sidecar_failed, detail: "not ready after 15 s: " <> File.read!(net.stderr_log)}
+      {out, _} ->
+        if System.monotonic_time(:millisecond) > deadline do
+          raise %NetworkError{
+            reason: :sidecar_failed,
+            detail: "not ready after 15 s (#{String.trim(out)}): " <> File.read!(net.stderr_log)
+          }
+        end
 
-      true ->
         receive do
           {^port, {:exit_status, _}} ->
             raise %NetworkError{reason: :sidecar_failed, detail: File.read!(net.stderr_log)}
         after
-          20 -> wait_ready!(port, net, deadline)
+          @probe_pause -> wait_ready!(port, net, probe, deadline)
         end
     end
   end
@@ -569,26 +710,31 @@ defmodule Condukt.Sandbox.Local.Network do
   # Undoes whatever of `build!` happened; safe on a half-built network and
   # when run twice.
   defp teardown(%__MODULE__{} = net) do
+    # The tools checked at start (an owner file keeps them); a network
+    # swept without one checks Debian's again.
+    tools = if net.tools in [nil, %{}], do: fallback_tools(), else: net.tools
+    sh = tools["sh"]
+
     if pid = net.proxy_pid do
-      if alive?(pid), do: System.cmd("kill", ["-TERM", "#{pid}"], stderr_to_stdout: true)
+      if alive?(pid), do: signal(sh, "TERM", ["#{pid}"])
 
       unless wait_dead(pid, System.monotonic_time(:millisecond) + @stop_wait) do
-        System.cmd("kill", ["-KILL", "#{pid}"], stderr_to_stdout: true)
+        signal(sh, "KILL", ["#{pid}"])
       end
     end
 
-    ip = net.tools["ip"] || find_tool("ip", @path)
+    ip = tools["ip"]
 
     if ip && net.name in namespaces(ip) do
       {pids, _} = System.cmd(ip, ["netns", "pids", net.name], stderr_to_stdout: true)
       pids = String.split(pids, ~r/\s+/, trim: true)
-      if pids != [], do: System.cmd("kill", ["-KILL" | pids], stderr_to_stdout: true)
+      if pids != [], do: signal(sh, "KILL", pids)
       System.cmd(ip, ["netns", "del", net.name], stderr_to_stdout: true)
     end
 
     # The host end of the veth pair goes with the namespace's end; a
     # namespace uplink's too. The host rules do not.
-    ipt = net.tools["iptables"] || find_tool("iptables", @path)
+    ipt = tools["iptables"]
 
     for [flag_t, table, chain | spec] <- net.host_rules, ipt do
       System.cmd(ipt, ["-w", flag_t, table, "-D", chain | spec], stderr_to_stdout: true)
@@ -596,9 +742,23 @@ defmodule Condukt.Sandbox.Local.Network do
 
     File.rm_rf(Path.join("/etc/netns", net.name))
     File.rm_rf(net.dir)
+    {events, stderr} = audit_files(net.name)
+    File.rm(events)
+    File.rm(stderr)
     File.rm(owner_file(net.name))
     :ok
   end
+
+  defp fallback_tools do
+    case resolve_tools(@path) do
+      {:ok, tools} -> tools
+      {:error, _} -> %{}
+    end
+  end
+
+  # kill(1) as the shell's builtin, so that no program is looked up.
+  defp signal(nil, _sig, _pids), do: :ok
+  defp signal(sh, sig, pids), do: System.cmd(sh, ["-c", ~s(kill -s #{sig} "$@"), "kill" | pids], stderr_to_stdout: true)
 
   defp wait_dead(pid, deadline) do
     cond do
@@ -617,31 +777,62 @@ defmodule Condukt.Sandbox.Local.Network do
 
   ## Owner files: which BEAM made which namespace, for sweep/0.
 
-  defp owner_file(name), do: Path.join([@state_dir, "owners", name])
+  defp owner_file(name), do: Path.join(@owners_dir, name)
+
+  defp audit_files(name),
+    do: {Path.join(@audit_dir, name <> ".events.ndjson"), Path.join(@audit_dir, name <> ".stderr")}
 
   defp write_owner!(net) do
-    File.mkdir_p!(Path.dirname(owner_file(net.name)))
-    File.chmod!(Path.dirname(owner_file(net.name)), 0o700)
     data = :erlang.term_to_binary({System.pid(), boot_id(), net})
     File.write!(owner_file(net.name), data)
+    File.chmod!(owner_file(net.name), 0o600)
+  end
+
+  # /run/condukt (0755) and its owners and audit directories (0700), all
+  # root's: what the sweep trusts and the audit log live there, away from
+  # the session and from the sidecar's uid.
+  defp root_dirs! do
+    for {dir, mode} <- [{@root_dir, 0o755}, {@owners_dir, 0o700}, {@audit_dir, 0o700}] do
+      File.mkdir_p!(dir)
+      File.chown!(dir, 0)
+      File.chgrp!(dir, 0)
+      File.chmod!(dir, mode)
+    end
+
+    trusted!(@audit_dir, @audit_dir)
+    trusted!(@owners_dir, @owners_dir)
+  end
+
+  defp trusted!(path, what) do
+    case TrustedPath.check(path) do
+      {:ok, path} -> path
+      {:error, why} -> raise %NetworkError{reason: :untrusted_path, detail: "#{what}: #{why}"}
+    end
   end
 
   defp read_owner(name) do
-    case File.read(owner_file(name)) do
-      {:ok, data} ->
-        {_, _, net} = :erlang.binary_to_term(data, [:safe])
-        net
-
-      {:error, _} ->
-        %__MODULE__{name: name, dir: Path.join(@state_dir, name)}
+    with {:ok, data} <- File.read(owner_file(name)),
+         {_, _, %__MODULE__{name: ^name} = net} <- decode_owner(data) do
+      net
+    else
+      _ -> %__MODULE__{name: name, dir: Path.join(@state_dir, name)}
     end
   end
 
   defp owner_alive?(name) do
-    case File.read(owner_file(name)) do
+    # Owner files used to live in @state_dir/owners: a namespace of an
+    # older Condukt on this machine is only looked at, never trusted for
+    # teardown (read_owner/1 reads root's directory only).
+    found =
+      with {:error, _} <- File.read(owner_file(name)),
+           do: File.read(Path.join([@state_dir, "owners", name]))
+
+    case found do
       {:ok, data} ->
-        {os_pid, boot, _} = :erlang.binary_to_term(data, [:safe])
-        boot == boot_id() and beam_alive?(os_pid)
+        case decode_owner(data) do
+          {os_pid, boot, _net} -> boot == boot_id() and beam_alive?(os_pid)
+          nil -> false
+        end
 
       {:error, _} ->
         # Created moments ago by a BEAM that has not written its owner file
@@ -651,6 +842,16 @@ defmodule Condukt.Sandbox.Local.Network do
           {:error, _} -> false
         end
     end
+  end
+
+  defp decode_owner(data) do
+    case :erlang.binary_to_term(data, [:safe]) do
+      # System.pid/0 is a string; any pid-like term is only interpolated.
+      {os_pid, boot, net} when (is_binary(os_pid) or is_integer(os_pid)) and is_binary(boot) -> {os_pid, boot, net}
+      _ -> nil
+    end
+  rescue
+    ArgumentError -> nil
   end
 
   defp beam_alive?(os_pid) do
@@ -719,10 +920,64 @@ defmodule Condukt.Sandbox.Local.Network do
 
   defp validate(opts) do
     case Condukt.Options.validate(opts, @schema) do
-      {:ok, opts} -> {:ok, opts}
+      {:ok, opts} -> check_user_uid(opts)
       {:error, error} -> {:error, %NetworkError{reason: :invalid_option, detail: Condukt.Options.format_error(error)}}
     end
   end
+
+  # The uids a session must never have besides root (check_user/1): the
+  # sidecar's, which can read the control token and the CA key and so
+  # answer decisions, and the BEAM's, which owns what the BEAM runs.
+  defp check_user_uid(opts) do
+    user = opts[:user]
+
+    cond do
+      user == opts[:sidecar_uid] ->
+        {:error,
+         %NetworkError{
+           reason: :invalid_option,
+           detail:
+             ":user #{user} is the sidecar's uid: a session running as it could read the control token " <>
+               "and the CA key and answer its own decisions; pick another uid"
+         }}
+
+      user == beam_uid() ->
+        {:error,
+         %NetworkError{
+           reason: :invalid_option,
+           detail:
+             ":user #{user} is the BEAM's own uid: a session running as it could change what the BEAM " <>
+               "runs and its audit log; pick another uid"
+         }}
+
+      true ->
+        {:ok, opts}
+    end
+  end
+
+  @doc """
+  The BEAM's effective uid (from `/proc/self/status`; `nil` where that
+  cannot be read).
+  """
+  @spec beam_uid() :: non_neg_integer() | nil
+  def beam_uid do
+    with {:ok, status} <- File.read("/proc/self/status"),
+         [_, _real, effective] <- Regex.run(~r/^Uid:\s+(\d+)\s+(\d+)/m, status) do
+      String.to_integer(effective)
+    else
+      _ -> nil
+    end
+  end
+
+  @doc false
+  def check_user(0),
+    do:
+      {:error,
+       "a uid other than 0: uid 0 owns the host's root files, so a session running as it could replace " <>
+         "the programs the BEAM runs as root, its audit log and the session's hosts file"}
+
+  def check_user(uid) when is_integer(uid) and uid > 0 and uid < 4_294_967_295, do: :ok
+  def check_user(_), do: {:error, "a uid (a positive integer)"}
 
   @doc false
   def check_policy(%NetworkPolicy{}), do: :ok

@@ -5,8 +5,9 @@ defmodule Condukt.Sandbox.Local.NetworkError do
   | reason | meaning |
   |--------|---------|
   | `:unsupported_os` | not Linux: there are no network namespaces to put the session in |
-  | `:not_privileged` | the BEAM lacks CAP_NET_ADMIN or CAP_SYS_ADMIN (`:detail` names which) |
+  | `:not_privileged` | the BEAM lacks a capability the enforcement needs (`:detail` names which) |
   | `:missing_tool` | a program the enforcement needs is not installed (`:detail` is its name) |
+  | `:untrusted_path` | a program or file the BEAM would run or trust with its privileges could be replaced by someone other than root (`:detail` says which and why) |
   | `:invalid_option` | a network option has a bad value (`:detail` says which and why) |
   | `:command_failed` | setting the namespace up failed (`:detail` is the command and its output) |
   | `:sidecar_failed` | the sidecar did not start (`:detail` is its stderr) |
@@ -16,6 +17,7 @@ defmodule Condukt.Sandbox.Local.NetworkError do
           :unsupported_os
           | :not_privileged
           | :missing_tool
+          | :untrusted_path
           | :invalid_option
           | :command_failed
           | :sidecar_failed
@@ -35,6 +37,11 @@ defmodule Condukt.Sandbox.Local.NetworkError do
 
   def message(%__MODULE__{reason: :missing_tool, detail: tool}),
     do: "network policy enforcement needs `#{tool}`, which is not installed (Debian: iproute2, util-linux, iptables)"
+
+  def message(%__MODULE__{reason: :untrusted_path, detail: detail}),
+    do:
+      "network policy enforcement refuses to run or trust a file that someone other than root " <>
+        "could replace (a session could then act with the BEAM's privileges): #{detail}"
 
   def message(%__MODULE__{reason: :invalid_option, detail: detail}), do: "invalid network option: #{detail}"
 

@@ -17,7 +17,10 @@ defmodule Condukt.Sandbox.Local.Schema do
         default: %{},
         doc:
           "environment variables added to every command, as a map or a list of `{name, value}` " <>
-            "string pairs; a `nil` value unsets a variable inherited from the BEAM."
+            "string pairs; a `nil` value unsets a variable inherited from the BEAM. They reach the " <>
+            "command's own shell only, never the programs that start it as the BEAM (so `BASH_ENV` or " <>
+            "`LD_PRELOAD` naming a file the command can write is safe); exported bash functions " <>
+            "(`BASH_FUNC_*`) are not passed."
       ],
       timeout: [type: :pos_integer, default: 120_000, doc: "the default `exec/3` timeout, in milliseconds."],
       max_output_bytes: [
@@ -44,7 +47,8 @@ defmodule Condukt.Sandbox.Local.Schema do
         default: [],
         doc:
           "options of the enforcement plane (`Condukt.Sandbox.Local.Network`): `:uplink`, `:hosts`, `:dns`, " <>
-            "`:allow_private`, `:upstream_ca`, `:user`, `:sidecar_uid`, `:proxy_args`, `:binary`."
+            "`:allow_private`, `:upstream_ca`, `:user` (the commands' uid; default 65534, which " <>
+            "should own `:cwd`), `:sidecar_uid`, `:proxy_args`, `:binary`."
       ],
       messages: [
         type: :any,

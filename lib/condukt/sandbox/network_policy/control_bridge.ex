@@ -13,9 +13,12 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
 
   The bridge
 
-    * **attaches** to the sidecar's control address with the session token
-      through its own `Condukt.Native` (the port program speaks the
-      channel's NDJSON; the bridge sees terms);
+    * **attaches** to the sidecar's control address through its own
+      `Condukt.Native` (the port program speaks the channel's NDJSON; the
+      bridge sees terms): the port and the sidecar each prove that they
+      hold the session token without sending it, and the sidecar must name
+      this session; whatever listens there and cannot is refused, with a
+      `:control_refused` telemetry event;
     * turns every `event` frame into a `:telemetry` event
       (`Condukt.Sandbox.NetworkPolicy.Telemetry`);
     * answers every `decision_request` by running the policy's decide rule
@@ -310,12 +313,12 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
 
     with {:ok, state} <- ensure_native(state),
          {:ok, {chan, welcome}} <- attach(state) do
-      check_welcome(state, welcome)
       attempt = state.failures + 1
       Telemetry.control_connected(state.session_id, attempt, welcome_dropped(welcome))
       {:noreply, arm_ping(%{state | chan: chan, failures: 0, unacked: 0, held: expire_held(state.held)})}
     else
       {:error, reason, state} ->
+        refused(state, reason)
         failures = state.failures + 1
         state = %{state | failures: failures}
 
@@ -346,6 +349,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
 
     result =
       Native.control_attach(state.native, opts[:address], opts[:token],
+        session_id: state.session_id,
         timeout: opts[:attach_timeout],
         window: opts[:window],
         owner: self()
@@ -413,17 +417,14 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
     {:stop, :normal, state}
   end
 
-  defp check_welcome(state, welcome) do
-    case welcome do
-      %{"session_id" => sid} when sid not in ["", nil] and sid != state.session_id ->
-        Logger.warning(
-          "network policy (session #{inspect(state.session_id)}): the sidecar says it gates session #{inspect(sid)}"
-        )
-
-      _ ->
-        :ok
-    end
+  # The port refuses (:perm) a listener that cannot prove the session token
+  # or gates another session: a process squatting the sidecar's address.
+  defp refused(state, %Condukt.Native.Error{code: :perm, message: message}) do
+    Logger.warning("network policy (session #{inspect(state.session_id)}): refused the control listener: #{message}")
+    Telemetry.control_refused(state.session_id, :bridge, message, 1)
   end
+
+  defp refused(_state, _reason), do: :ok
 
   defp welcome_dropped(%{"dropped" => n}) when is_integer(n), do: n
   defp welcome_dropped(_), do: 0

@@ -1,4 +1,9 @@
 defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
+  # Answers kept per session; past this the cache starts over (each entry
+  # is a short key and the answer, so this bounds the memory a workspace
+  # making ever new requests can make the BEAM hold).
+  @cache_max 4096
+
   @moduledoc """
   Runs `:decide` rules: one session's deciders, their timeouts and their
   cache.
@@ -21,29 +26,57 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
   from the `:messages` provider inside the task), the request and the
   rule's `:context_metadata` — and the `Condukt.Sandbox.NetworkPolicy.Request`.
 
-  It must answer `:allow` or `{:deny, reason}` with `reason` an atom or a
-  UTF-8 string (`nil` means no reason). Otherwise the request is denied:
+  It must answer `:allow`, `{:allow, scope: scope}`, `{:deny, reason}` or
+  `{:deny, reason, scope: scope}`, with `reason` an atom or a UTF-8 string
+  (`nil` means no reason) and `scope` one of the four below. Otherwise the
+  request is denied:
 
   | what happened | reason |
   |---------------|--------|
   | no answer within the rule's `:timeout` (the task is killed) | `:decider_timeout` |
   | it raised, threw or exited (also: the `:messages` provider did) | `:decider_error` |
-  | it answered anything else | `:decider_bad_return` |
+  | it answered anything else (an unknown scope or option too) | `:decider_bad_return` |
 
   and `[:condukt, :sandbox, :network_policy, :decider_failure]` is emitted
   (`Condukt.Sandbox.NetworkPolicy.Telemetry`), once per denied request.
 
   ## Caching
 
-  When the rule's `:cache` is true (the default), a definitive answer
-  (`:allow` or `{:deny, reason}` from the decider) is remembered for the
-  session and host (keyed by rule index and lower-cased host): later
-  requests to that host are answered at once without calling the decider,
-  and requests that arrive while a decision for the same host is running
-  wait for that one instead of starting another. Failures are never cached:
-  the next request calls the decider again. Every decision says whether it
-  may be cached (the `cache` member of the control channel's `decision`
-  frame), so the sidecar's own cache follows the same rule.
+  A decider sees one request: its method, URL and headers. Its answer is
+  reused for a later request only when the rule's `:cache` is true (the
+  default) and the later request lies in the answer's *scope*:
+
+  | scope | the answer also decides |
+  |-------|-------------------------|
+  | `:once` | nothing else: only this request |
+  | `:request` | requests identical to this one as the decider saw it: same method, scheme, host (any case), port, path, query, HTTP version, SNI and header fields (names and values, in order; redacted values as redacted) |
+  | `:path` | requests with the same method, scheme, host (any case), port, path and query, whatever their headers |
+  | `:host` | every request to this host name under this rule: any method, path, port, scheme or header |
+
+  An `:allow` without a scope is `:request`: allowing `GET /public` never
+  lets a `POST` to another path out without asking. A `{:deny, reason}`
+  without a scope is `:host`: a deny only ever refuses more, and once a
+  decider has refused a host the next attempt does not call it again. A
+  decider that refuses by method or path and would allow other requests to
+  the same host says `{:deny, reason, scope: :request}` (or `:path`).
+
+  What is not part of any key: the request's body (deciders are asked
+  before it is read),
+  its id and timestamps, and the session's recent messages (an answer
+  stands for the session, whatever was said since).
+
+  Requests identical to one being decided (the `:request` key) wait for
+  that decision instead of starting another; when its scope is `:once`, the
+  waiting ones are asked again, one decision each. Failures are never
+  cached: the next request calls the decider again. The cache holds at
+  most #{@cache_max} answers per session; past that it starts over, which only
+  costs repeated decider calls.
+
+  The sidecar keeps a cache of its own, per rule and host, and only for
+  answers whose scope is `:host`: the `cache` member of the control
+  channel's `decision` frame is true exactly then. Any other answer is
+  asked again over the control channel, and this runtime answers from its
+  own cache at once.
   """
 
   require Logger
@@ -51,26 +84,35 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
   alias Condukt.Sandbox.NetworkPolicy
   alias Condukt.Sandbox.NetworkPolicy.{Context, Request, Telemetry}
 
-  @typedoc "A decider's definitive answer."
+  @typedoc "A decider's definitive answer, as it goes to the sidecar."
   @type answer :: :allow | {:deny, atom() | String.t()}
+
+  @typedoc "Which later requests a decider's answer also decides (see \"Caching\")."
+  @type scope :: :once | :request | :path | :host
 
   @typedoc "Why a decider produced no definitive answer."
   @type failure :: :decider_timeout | :decider_error | :decider_bad_return
 
-  @typedoc "A decision ready to go back to the sidecar: its id, the answer, and may it be cached."
+  @typedoc """
+  A decision ready to go back to the sidecar: its id, the answer, and may
+  the sidecar cache it for the rule and host (true only for a `:host`
+  scope under a caching rule).
+  """
   @type reply :: {:decision, id :: String.t(), answer() | {:deny, failure()}, cache :: boolean()}
 
   @typedoc "Where the recent messages of the session come from."
   @type messages :: nil | [term()] | (() -> [term()]) | {module(), atom(), [term()]}
+
+  @typep key :: {non_neg_integer(), :host, String.t()} | {non_neg_integer(), :path | :request, binary()}
 
   @type t :: %__MODULE__{
           session_id: String.t() | nil,
           rules: %{non_neg_integer() => keyword()},
           messages: messages(),
           supervisor: Supervisor.supervisor(),
-          cache: %{{non_neg_integer(), String.t()} => answer()},
+          cache: %{key() => {answer(), scope()}},
           runs: %{reference() => map()},
-          by_key: %{{non_neg_integer(), String.t()} => reference()},
+          by_key: %{key() => reference()},
           by_id: %{String.t() => reference()}
         }
 
@@ -124,19 +166,23 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
         {[], rt}
 
       %{^rule_index => rule} ->
-        key = {rule_index, String.downcase(request.host || "")}
+        key = key(rule_index, :request, request)
 
         cond do
-          rule[:cache] and is_map_key(rt.cache, key) ->
-            {[{:decision, id, rt.cache[key], true}], rt}
+          not rule[:cache] ->
+            {[], start(rt, [{id, request}], rule_index, rule, key)}
 
-          rule[:cache] and is_map_key(rt.by_key, key) ->
+          hit = cached(rt, rule_index, request) ->
+            {answer, scope} = hit
+            {[{:decision, id, answer, scope == :host}], rt}
+
+          is_map_key(rt.by_key, key) ->
             ref = rt.by_key[key]
-            rt = update_in(rt.runs[ref].ids, &[id | &1])
+            rt = update_in(rt.runs[ref].waiting, &[{id, request} | &1])
             {[], %{rt | by_id: Map.put(rt.by_id, id, ref)}}
 
           true ->
-            {[], start(rt, id, rule_index, rule, key, request)}
+            {[], start(rt, [{id, request}], rule_index, rule, key)}
         end
 
       _ ->
@@ -149,6 +195,31 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
         {[{:decision, id, {:deny, :decider_error}, false}], rt}
     end
   end
+
+  # The widest scope first. It is also the newest answer that covers the
+  # request: once a wider answer is cached, every request it covers is a
+  # hit, so no narrower answer for them is asked for afterwards.
+  defp cached(rt, rule_index, request) do
+    Enum.find_value([:host, :path, :request], fn scope -> rt.cache[key(rule_index, scope, request)] end)
+  end
+
+  # A scope's key holds exactly what the scope promises to compare (see the
+  # moduledoc); the longer ones are hashed so that an entry stays small.
+  defp key(rule_index, :host, request), do: {rule_index, :host, host(request)}
+
+  defp key(rule_index, :path, request) do
+    shown = {request.method, request.scheme, host(request), request.port, request.path, request.query}
+    {rule_index, :path, digest(shown)}
+  end
+
+  defp key(rule_index, :request, request) do
+    shown = %{request | id: nil, host: host(request), opened_at: nil, responded_at: nil, closed_at: nil}
+    {rule_index, :request, digest(shown)}
+  end
+
+  defp host(request), do: String.downcase(request.host || "")
+
+  defp digest(term), do: :crypto.hash(:sha256, :erlang.term_to_binary(term, [:deterministic]))
 
   @doc """
   Handles a message the owner received. Returns `{:ok, replies, rt}` for a
@@ -242,7 +313,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
 
   ## Running ------------------------------------------------------------------
 
-  defp start(rt, id, rule_index, rule, key, request) do
+  # Starts the decider on the first waiting request; the others (identical
+  # requests, oldest last) wait for its answer.
+  defp start(rt, waiting, rule_index, rule, key) do
+    {_id, request} = List.last(waiting)
     session_id = rt.session_id
     messages = rt.messages
     call = rule[:call]
@@ -272,18 +346,20 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
     run = %{
       task: task,
       timer: timer,
-      ids: [id],
+      waiting: waiting,
       key: key,
       cache: rule[:cache],
       rule_index: rule_index,
       request: request
     }
 
+    by_id = Enum.reduce(waiting, rt.by_id, fn {id, _}, acc -> Map.put(acc, id, task.ref) end)
+
     %{
       rt
       | runs: Map.put(rt.runs, task.ref, run),
         by_key: if(rule[:cache], do: Map.put(rt.by_key, key, task.ref), else: rt.by_key),
-        by_id: Map.put(rt.by_id, id, task.ref)
+        by_id: by_id
     }
   end
 
@@ -306,46 +382,87 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
   defp recent_list(other, _count),
     do: raise(ArgumentError, "the :messages provider must return a list, got: #{inspect(other)}")
 
-  defp classify({:returned, :allow}, _rt, _run), do: {:ok, :allow}
-  defp classify({:returned, {:deny, nil}}, _rt, _run), do: {:ok, {:deny, ""}}
-  defp classify({:returned, {:deny, reason}}, _rt, _run) when is_atom(reason), do: {:ok, {:deny, reason}}
+  defp classify({:returned, :allow}, _rt, _run), do: {:ok, :allow, :request}
+  defp classify({:returned, {:allow, opts}}, rt, run), do: with_scope(:allow, opts, rt, run)
+  defp classify({:returned, {:deny, reason}}, rt, run), do: deny(reason, :host, rt, run)
 
-  defp classify({:returned, {:deny, reason} = answer}, rt, run) when is_binary(reason) do
-    if String.valid?(reason) do
-      {:ok, answer}
-    else
-      log_failure(rt, run, "denied with a reason that is not UTF-8: #{inspect(reason)}")
-      {:error, :decider_bad_return}
-    end
+  defp classify({:returned, {:deny, reason, opts}}, rt, run) do
+    with {:ok, :deny, scope} <- with_scope(:deny, opts, rt, run), do: deny(reason, scope, rt, run)
   end
 
-  defp classify({:returned, other}, rt, run) do
-    log_failure(rt, run, "returned #{inspect(other)}; expected :allow or {:deny, reason}")
-    {:error, :decider_bad_return}
-  end
+  defp classify({:returned, other}, rt, run), do: bad_return(other, rt, run)
 
   defp classify({:raised, kind, reason, stack}, rt, run) do
     log_failure(rt, run, "failed:\n" <> Exception.format(kind, reason, stack))
     {:error, :decider_error}
   end
 
+  @scopes [:once, :request, :path, :host]
+
+  defp with_scope(answer, [scope: scope], _rt, _run) when scope in @scopes, do: {:ok, answer, scope}
+
+  defp with_scope(answer, opts, rt, run) do
+    log_failure(
+      rt,
+      run,
+      "answered #{inspect(answer)} with #{inspect(opts)}; the options may only be [scope: s], s one of #{inspect(@scopes)}"
+    )
+
+    {:error, :decider_bad_return}
+  end
+
+  defp deny(nil, scope, _rt, _run), do: {:ok, {:deny, ""}, scope}
+  defp deny(reason, scope, _rt, _run) when is_atom(reason), do: {:ok, {:deny, reason}, scope}
+
+  defp deny(reason, scope, rt, run) when is_binary(reason) do
+    if String.valid?(reason) do
+      {:ok, {:deny, reason}, scope}
+    else
+      log_failure(rt, run, "denied with a reason that is not UTF-8: #{inspect(reason)}")
+      {:error, :decider_bad_return}
+    end
+  end
+
+  defp deny(reason, _scope, rt, run), do: bad_return({:deny, reason}, rt, run)
+
+  defp bad_return(other, rt, run) do
+    log_failure(rt, run, "returned #{inspect(other)}; expected :allow or {:deny, reason}, optionally with [scope: s]")
+    {:error, :decider_bad_return}
+  end
+
   defp finish(rt, ref, outcome) do
     {run, runs} = Map.pop(rt.runs, ref)
-    by_id = Map.drop(rt.by_id, run.ids)
+    ids = Enum.map(run.waiting, &elem(&1, 0))
+    by_id = Map.drop(rt.by_id, ids)
     by_key = if rt.by_key[run.key] == ref, do: Map.delete(rt.by_key, run.key), else: rt.by_key
     rt = %{rt | runs: runs, by_id: by_id, by_key: by_key}
     # Oldest question first.
-    ids = Enum.reverse(run.ids)
+    [{first, _} | others] = waiting = Enum.reverse(run.waiting)
 
     case outcome do
-      {:ok, answer} ->
-        cache = if run.cache, do: Map.put(rt.cache, run.key, answer), else: rt.cache
-        {:ok, Enum.map(ids, &{:decision, &1, answer, run.cache}), %{rt | cache: cache}}
+      {:ok, answer, :once} ->
+        # The answer is for the first request only; the others ask anew.
+        replies = [{:decision, first, answer, false}]
+        if others == [], do: {:ok, replies, rt}, else: {:ok, replies, restart(rt, others, run)}
+
+      {:ok, answer, scope} ->
+        rt = if run.cache, do: remember(rt, key(run.rule_index, scope, run.request), {answer, scope}), else: rt
+        {:ok, Enum.map(waiting, fn {id, _} -> {:decision, id, answer, run.cache and scope == :host} end), rt}
 
       {:error, failure} ->
-        Enum.each(ids, fn _ -> fail(rt, failure, run.request, run.rule_index) end)
-        {:ok, Enum.map(ids, &{:decision, &1, {:deny, failure}, false}), rt}
+        Enum.each(waiting, fn {_, request} -> fail(rt, failure, request, run.rule_index) end)
+        {:ok, Enum.map(waiting, fn {id, _} -> {:decision, id, {:deny, failure}, false} end), rt}
     end
+  end
+
+  defp restart(rt, [{_id, request} | _] = waiting, run) do
+    rule = rt.rules[run.rule_index]
+    start(rt, Enum.reverse(waiting), run.rule_index, rule, key(run.rule_index, :request, request))
+  end
+
+  defp remember(rt, key, value) do
+    cache = if map_size(rt.cache) >= @cache_max, do: %{}, else: rt.cache
+    %{rt | cache: Map.put(cache, key, value)}
   end
 
   defp fail(rt, failure, request, rule_index) do

@@ -7,15 +7,28 @@ defmodule Condukt.Sandbox.NetworkPolicy.Decider do
   function and `{module, function}` (called as `module.function(ctx, req)`)
   are the other two accepted shapes.
 
-  The answer becomes the request's decision. Anything other than `:allow`
-  or `{:deny, reason}`, a crash, or no answer within the rule's `:timeout`
-  denies the request and emits
+  The answer becomes the request's decision: `:allow` or `{:deny, reason}`,
+  optionally with the scope of the answer, `{:allow, scope: scope}` or
+  `{:deny, reason, scope: scope}`, which says which later requests the
+  cached answer also decides (`:once`, `:request`, `:path` or `:host`; see
+  "Caching" in `Condukt.Sandbox.NetworkPolicy`). Without a scope an allow
+  covers identical requests only and a deny covers the host.
+
+  Anything else, a crash, or no answer within the rule's `:timeout` denies
+  the request and emits
   `[:condukt, :sandbox, :network_policy, :decider_failure]`.
   """
 
   alias Condukt.Sandbox.NetworkPolicy.{Context, Request}
 
-  @type decision :: :allow | {:deny, reason :: atom() | String.t()}
+  @typedoc "Which later requests a cached answer also decides."
+  @type scope :: :once | :request | :path | :host
+
+  @type decision ::
+          :allow
+          | {:allow, [scope: scope()]}
+          | {:deny, reason :: atom() | String.t()}
+          | {:deny, reason :: atom() | String.t(), [scope: scope()]}
 
   @callback decide(Context.t(), Request.t(), opts :: keyword()) :: decision()
 end

@@ -25,6 +25,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
   | `:too_many_rules`        | more rules than the sidecar loads (4096) |
   | `:too_many_patterns`     | more patterns in one rule than the sidecar loads (4096) |
   | `:document_too_large`    | the sidecar document would exceed 4 MiB |
+  | `:unreachable_rule`      | a rule after a decide rule, which answers every request that reaches it: the rule would never be consulted (`:detail` is the decide rule's index) |
   """
 
   @type reason ::
@@ -44,6 +45,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
           | :too_many_rules
           | :too_many_patterns
           | :document_too_large
+          | :unreachable_rule
 
   @type t :: %__MODULE__{
           reason: reason(),
@@ -112,11 +114,23 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
   defp what(%{reason: :document_too_large, value: n, detail: max}),
     do: "the sidecar document would be #{n} bytes, over the #{max}-byte limit"
 
+  defp what(%{reason: :unreachable_rule, detail: decide}),
+    do:
+      "unreachable: rule #{decide} (:decide) before it answers every request that reaches it, " <>
+        "so this rule is never consulted; move it before rule #{decide}, or remove it"
+
   defp hint(nil), do: ""
   defp hint(suggestion), do: " (did you mean #{inspect(suggestion)}?)"
 
   defp pattern_advice(:empty), do: "a pattern cannot be empty"
   defp pattern_advice(:scheme), do: "write the host only, without a scheme and \"://\""
+
+  defp pattern_advice(:cidr),
+    do:
+      "CIDR ranges are not host patterns; a rule names host names and single IP addresses, " <>
+        "so list the addresses one by one (\"10.0.0.1\") or name the hosts " <>
+        "(private ranges are refused by the sidecar anyway, unless allowed with :network_policy_allow_private)"
+
   defp pattern_advice(:path), do: "write the host only, without a path, query or fragment"
   defp pattern_advice(:port), do: "policies match hosts on every port; drop the \":port\""
   defp pattern_advice(:star_run), do: "use * (one label) or ** (several labels), never ***"

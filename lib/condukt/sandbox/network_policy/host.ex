@@ -34,6 +34,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.Host do
   @type pattern_error ::
           :empty
           | :scheme
+          | :cidr
           | :path
           | :port
           | :star_run
@@ -237,7 +238,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.Host do
         {:error, :scheme}
 
       String.contains?(pattern, ["/", "?", "#"]) ->
-        {:error, :path}
+        if cidr?(pattern), do: {:error, :cidr}, else: {:error, :path}
 
       String.starts_with?(pattern, "[") ->
         with true <- String.ends_with?(pattern, "]") and byte_size(pattern) >= 2,
@@ -263,6 +264,21 @@ defmodule Condukt.Sandbox.NetworkPolicy.Host do
         normalize_name(pattern, :pattern)
     end
   end
+
+  # ADDR/N, an address range (docs/host-matching.md §2 step 3): an IPv4
+  # address, or an IPv6 one bare or in brackets, then 1 to 3 digits.
+  defp cidr?(pattern) do
+    case :binary.split(pattern, "/") do
+      [addr, len] -> len =~ ~r/\A[0-9]{1,3}\z/ and ip_literal?(addr)
+      _ -> false
+    end
+  end
+
+  defp ip_literal?("[" <> rest) do
+    String.ends_with?(rest, "]") and parse_ipv6(binary_part(rest, 0, byte_size(rest) - 1)) != :error
+  end
+
+  defp ip_literal?(addr), do: parse_ipv4(addr) != nil or parse_ipv6(addr) != :error
 
   ## Matching -----------------------------------------------------------------
 

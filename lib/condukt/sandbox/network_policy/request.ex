@@ -10,13 +10,17 @@ defmodule Condukt.Sandbox.NetworkPolicy.Request do
   `authorization`, `proxy-authorization`, `cookie`, `set-cookie` and any
   configured header are replaced by `"[redacted]"` before they leave the
   sidecar.
+
+  The sidecar's DNS resolver reports the names it refuses (and those it
+  defers to a decider) as requests too: `scheme: :dns`, `host` the name
+  asked, `port` 53, the HTTP fields `nil` (docs/dns.md).
   """
 
   @type headers :: [{String.t(), String.t()}]
 
   @type t :: %__MODULE__{
           id: String.t() | nil,
-          scheme: :http | :https | nil,
+          scheme: :http | :https | :dns | nil,
           method: String.t() | nil,
           host: String.t() | nil,
           port: :inet.port_number() | nil,
@@ -102,6 +106,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.Request do
 
   defp scheme("https"), do: :https
   defp scheme("http"), do: :http
+  defp scheme("dns"), do: :dns
   defp scheme(_), do: nil
 
   defp port_number(p) when is_integer(p) and p >= 0 and p <= 65_535, do: p

@@ -25,7 +25,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.Schema do
       cache: [
         type: :boolean,
         default: true,
-        doc: "memoise definitive answers per session and host."
+        doc:
+          "memoise definitive answers for the session, each within the scope the decider gives it: " <>
+            "by default an `:allow` covers identical requests only and a deny covers the host " <>
+            "(see \"Caching\" below)."
       ],
       context_messages: [
         type: :non_neg_integer,

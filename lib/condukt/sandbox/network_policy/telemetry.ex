@@ -20,6 +20,12 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   | `[:condukt, :sandbox, :network_policy, :request_closed]` | an allowed request finished cleanly |
   | `[:condukt, :sandbox, :network_policy, :request_failed]` | an allowed request never completed cleanly (the workspace rejected the session CA, the upstream was unreachable, the stream broke) |
 
+  The sidecar's DNS resolver reports through the same events: a name it
+  refused is a `:request_denied` whose `request.scheme` is `:dns` (`host` the
+  name asked, `port` 53) and whose reason starts with `"dns: "`; a name it
+  left to a decider is a `:request_allowed` with reason
+  `"dns: deferred to the decider"` (docs/dns.md).
+
   Measurements: `%{bytes_in: non_neg_integer(), bytes_out: non_neg_integer()}`
   (bytes received from / sent to the upstream for this request so far).
 
@@ -61,6 +67,16 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   | `[:condukt, :sandbox, :network_policy, :control_connected]` | `%{dropped: non_neg_integer()}` (the welcome's cumulative count of events the sidecar lost) | `%{session_id: String.t(), attempt: pos_integer()}` |
   | `[:condukt, :sandbox, :network_policy, :control_disconnected]` | `%{}` | `%{session_id: String.t(), reason: term()}` |
   | `[:condukt, :sandbox, :network_policy, :control_gave_up]` | `%{attempts: non_neg_integer()}` | `%{session_id: String.t(), reason: term()}` (the bridge stops `:normal`) |
+  | `[:condukt, :sandbox, :network_policy, :control_refused]` | `%{count: pos_integer()}` | `%{session_id: String.t(), side: :sidecar \\| :bridge, reason: String.t(), at: DateTime.t() \\| nil, seq: pos_integer() \\| nil}` |
+
+  `:control_refused` reports a process that tried to take part in the
+  control channel without the session token. `side: :sidecar`: the sidecar
+  refused connections to its control port (a wrong proof, a malformed or
+  late handshake, another session id, or evicted as the oldest of too many
+  waiting); it reports at most one such event a second, `count` being the
+  refusals since the previous one. `side: :bridge`: what listened at the
+  sidecar's address could not prove the token or gates another session
+  (a process squatting the port), and the bridge refused it.
   """
 
   alias Condukt.Sandbox.NetworkPolicy.Request
@@ -91,7 +107,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   @spec events() :: [[atom()]]
   def events do
     lifecycle_events() ++
-      Enum.map([:decider_failure, :control_connected, :control_disconnected, :control_gave_up], &(@prefix ++ [&1]))
+      Enum.map(
+        [:decider_failure, :control_connected, :control_disconnected, :control_gave_up, :control_refused],
+        &(@prefix ++ [&1])
+      )
   end
 
   @doc """
@@ -100,6 +119,16 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   version does not know (nothing is emitted then).
   """
   @spec emit_frame(map(), String.t() | nil) :: :ok | {:error, :unknown_event}
+  def emit_frame(%{"event" => "control_refused"} = frame, session_id) do
+    :telemetry.execute(@prefix ++ [:control_refused], %{count: max(count(frame["count"]), 1)}, %{
+      session_id: session_id,
+      side: :sidecar,
+      reason: if(is_binary(frame["reason"]), do: frame["reason"], else: "refused"),
+      at: Request.timestamp(frame["at"]),
+      seq: frame["seq"]
+    })
+  end
+
   def emit_frame(%{"event" => name} = frame, session_id) do
     case @lifecycle_atoms do
       %{^name => event} ->
@@ -150,6 +179,18 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   @spec control_disconnected(String.t(), term()) :: :ok
   def control_disconnected(session_id, reason) do
     :telemetry.execute(@prefix ++ [:control_disconnected], %{}, %{session_id: session_id, reason: reason})
+  end
+
+  @doc false
+  @spec control_refused(String.t(), :sidecar | :bridge, String.t(), pos_integer()) :: :ok
+  def control_refused(session_id, side, reason, count) do
+    :telemetry.execute(@prefix ++ [:control_refused], %{count: count}, %{
+      session_id: session_id,
+      side: side,
+      reason: reason,
+      at: DateTime.utc_now(),
+      seq: nil
+    })
   end
 
   @doc false

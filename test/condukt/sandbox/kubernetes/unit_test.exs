@@ -5,7 +5,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
 
   alias Condukt.Sandbox.Error
   alias Condukt.Sandbox.Kubernetes
-  alias Condukt.Sandbox.Kubernetes.{Glob, Manifest, Names, Schema}
+  alias Condukt.Sandbox.Kubernetes.{Glob, Heartbeat, Manifest, Names, Schema}
   alias Condukt.Sandbox.NetworkPolicy.K8s.Manifests
 
   describe "names" do
@@ -113,7 +113,8 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
 
     test "defaults are the seed's" do
       {:ok, opts} = Condukt.Options.validate([], Schema.init())
-      assert opts[:namespace] == "default"
+      # Resolved at connection time ("namespace resolution" below).
+      assert opts[:namespace] == nil
       assert opts[:image] == "debian:bookworm-slim"
       assert opts[:cwd] == "/workspace"
       assert opts[:active_deadline_seconds] == 8 * 3600
@@ -149,7 +150,8 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       labels: %{"app.kubernetes.io/managed-by" => "condukt", "condukt.dev/sandbox" => "0123456789"},
       session_id: "job-42",
       image: "registry.example/condukt-egress:1",
-      ca_cert_pem: "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n",
+      ca_cert_pem:
+        :public_key.pem_encode([{:Certificate, :public_key.pkix_test_root_cert(~c"CA", [])[:cert], :not_encrypted}]),
       ca_key_pem: "KEY",
       token: String.duplicate("ab", 32),
       policy_json: ~s({"version":1}),
@@ -172,6 +174,43 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       |> Map.merge(Map.new(Keyword.drop(extra, Keyword.keys(Schema.init()))))
     end
 
+    test "capabilities and run_as_user reach the workspace's securityContext" do
+      c = hd(Manifest.pod(cfg(capabilities: ["SYS_PTRACE", "cap_chown"], run_as_user: 1000))["spec"]["containers"])
+
+      assert c["securityContext"]["capabilities"]["add"] ==
+               ~w(CHOWN DAC_OVERRIDE FOWNER FSETID KILL NET_BIND_SERVICE SYS_PTRACE)
+
+      assert c["securityContext"]["runAsUser"] == 1000
+    end
+
+    test "with a policy, capabilities that forge the exemption and the sidecar's uid are refused" do
+      for cap <- ~w(NET_RAW net_admin CAP_SETUID SETGID SYS_ADMIN BPF SYS_MODULE ALL) do
+        assert {:error, {:invalid, :capabilities, [^cap], expected}} =
+                 Manifest.check_workspace([capabilities: [cap]], true)
+
+        assert expected =~ "with a network policy the workspace may not have"
+      end
+
+      assert {:error, {:invalid, :run_as_user, 1337, _}} = Manifest.check_workspace([run_as_user: 1337], true)
+      assert :ok = Manifest.check_workspace([capabilities: ["SYS_PTRACE"], run_as_user: 1000], true)
+      # Without a policy there is no exemption to forge.
+      assert :ok = Manifest.check_workspace([capabilities: ["NET_RAW"], run_as_user: 1337], false)
+
+      # Through init: refused before any connection is attempted, naming the option.
+      assert {:error, %Condukt.Sandbox.Error{reason: :invalid_option} = e} =
+               Condukt.Sandbox.Kubernetes.init(
+                 network_policy: [rules: [allow: ["a.test"]]],
+                 capabilities: ["NET_RAW"],
+                 conn: [server: "https://127.0.0.1:1"]
+               )
+
+      assert Exception.message(e) =~ ":capabilities"
+      assert Exception.message(e) =~ "NET_RAW"
+
+      assert {:error, %Condukt.Sandbox.Error{reason: :invalid_option, detail: {:invalid, :capabilities, _, _}}} =
+               Condukt.Sandbox.Kubernetes.init(capabilities: ["NOT A CAP"])
+    end
+
     test "the plain pod: keepalive workspace, emptyDir at cwd, no token, no secret" do
       pod = Manifest.pod(cfg(env: %{"A" => "1"}, labels: %{"tenant" => "acme"}, annotations: %{"x" => "y"}))
       spec = pod["spec"]
@@ -188,9 +227,21 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert c["workingDir"] == "/workspace"
       assert c["env"] == [%{"name" => "A", "value" => "1"}]
       assert c["volumeMounts"] == [%{"name" => "workspace", "mountPath" => "/workspace"}]
+      # Least privilege for the workspace too: the caps a root workspace
+      # needs to edit its files, nothing to regain more.
+      assert c["securityContext"] == %{
+               "allowPrivilegeEscalation" => false,
+               "capabilities" => %{
+                 "drop" => ["ALL"],
+                 "add" => ~w(CHOWN DAC_OVERRIDE FOWNER FSETID KILL NET_BIND_SERVICE)
+               },
+               "seccompProfile" => %{"type" => "RuntimeDefault"}
+             }
+
       assert pod["metadata"]["labels"]["tenant"] == "acme"
       assert pod["metadata"]["annotations"]["condukt.dev/id"] == "job-42"
-      assert pod["metadata"]["annotations"]["condukt.dev/heartbeat"] == "2026-01-02T03:04:05Z"
+      assert pod["metadata"]["annotations"]["condukt.tuist.dev/heartbeat-at"] == "2026-01-02T03:04:05Z"
+      refute Map.has_key?(pod["metadata"]["annotations"], "condukt.dev/heartbeat")
       assert pod["metadata"]["annotations"]["condukt.dev/delete-on-shutdown"] == "false"
       assert pod["metadata"]["annotations"]["x"] == "y"
       # JSON-ready
@@ -201,7 +252,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       pod =
         Manifest.pod(
           cfg(
-            env: %{"SSL_CERT_FILE" => "/mine", "B" => "2"},
+            env: %{"SSL_CERT_FILE" => "/mine", "B" => "2", "JAVA_TOOL_OPTIONS" => "-Xmx1g"},
             host_aliases: [%{ip: "10.0.0.5", hostnames: ["git.internal"]}],
             service_account: "runner",
             policy_params: @params
@@ -224,13 +275,22 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert sidecar["name"] == "condukt-egress"
       assert sidecar["restartPolicy"] == "Always"
       sc = sidecar["securityContext"]
-      # uid 0 with NET_ADMIN only (docs/kubernetes.md: no ambient capabilities for non-root)
+      # Started as uid 0 with NET_ADMIN, SETUID and SETGID; the proxy then
+      # becomes 1337 with NET_ADMIN alone (--user).
       assert sc["runAsUser"] == 0 and sc["runAsGroup"] == 1337 and sc["runAsNonRoot"] == false
-      assert sc["capabilities"] == %{"drop" => ["ALL"], "add" => ["NET_ADMIN"]}
+      assert sc["capabilities"] == %{"drop" => ["ALL"], "add" => ["NET_ADMIN", "SETUID", "SETGID"]}
+      assert Enum.chunk_every(sidecar["command"], 2, 1) |> Enum.member?(["--user", "1337"])
+      assert Enum.chunk_every(sidecar["command"], 2, 1) |> Enum.member?(["--mark", "0x539"])
+
+      nf_cmd = Enum.chunk_every(netfilter["command"], 2, 1)
+      assert ["--sidecar-uid", "1337"] in nf_cmd and ["--mark", "0x539"] in nf_cmd
+      assert ["--dns-port", "15053"] in nf_cmd
+      refute "--dns" in netfilter["command"]
       assert sc["allowPrivilegeEscalation"] == false and sc["readOnlyRootFilesystem"] == true
 
       assert sidecar["volumeMounts"] == [
-               %{"name" => "condukt-egress", "mountPath" => "/etc/condukt-egress", "readOnly" => true}
+               %{"name" => "condukt-egress", "mountPath" => "/etc/condukt-egress", "readOnly" => true},
+               %{"name" => "condukt-egress-state", "mountPath" => "/run/condukt-egress"}
              ]
 
       cmd = sidecar["command"]
@@ -238,6 +298,8 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--session-id", "job-42"])
       assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--control", "127.0.0.1:15002"])
       assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--allow-private", "10.1.0.0/16"])
+      assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--hosts", "/etc/condukt-egress/hosts"])
+      assert Enum.chunk_every(cmd, 2, 1) |> Enum.member?(["--dns-state", "/run/condukt-egress/resolvers"])
       refute "--upstream-extra-ca" in cmd
 
       # The kubelet starts the workspace only once the proxy accepts on
@@ -253,9 +315,21 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert Enum.chunk_every(probe_args, 2) == proxy_listen
 
       [c] = spec["containers"]
+      assert c["securityContext"]["allowPrivilegeEscalation"] == false
+      refute Enum.any?(c["securityContext"]["capabilities"]["add"], &(&1 in ~w(NET_RAW NET_ADMIN SETUID SETGID)))
       ca_vars = ~w(NODE_EXTRA_CA_CERTS REQUESTS_CA_BUNDLE SSL_CERT_FILE PIP_CERT CURL_CA_BUNDLE GIT_SSL_CAINFO)
 
       for v <- ca_vars,
+          do: assert(%{"name" => v, "value" => "/etc/condukt/ca.pem"} in c["env"], "#{v} missing")
+
+      # the JVM trusts the PKCS#12 store (the caller's options kept, first);
+      # other stacks get the session CA
+      assert [java] = Enum.filter(c["env"], &(&1["name"] == "JAVA_TOOL_OPTIONS"))
+
+      assert java["value"] ==
+               "-Xmx1g -Djavax.net.ssl.trustStore=/etc/condukt/trust-store.p12 -Djavax.net.ssl.trustStoreType=PKCS12"
+
+      for v <- ~w(DENO_CERT CARGO_HTTP_CAINFO AWS_CA_BUNDLE),
           do: assert(%{"name" => v, "value" => "/etc/condukt/ca.pem"} in c["env"], "#{v} missing")
 
       # the caller's SSL_CERT_FILE does not shadow the session CA
@@ -265,6 +339,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       mounts = c["volumeMounts"]
       assert %{"name" => "workspace", "mountPath" => "/workspace"} in mounts
       refute Enum.any?(mounts, &(&1["name"] == "condukt-egress")), "the workspace must not see the sidecar's Secret"
+      refute Enum.any?(mounts, &(&1["name"] == "condukt-egress-state")), "nor its state"
 
       for path <- ["/etc/ssl/certs/ca-certificates.crt", "/etc/ssl/cert.pem"] do
         assert %{
@@ -276,6 +351,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       end
 
       vols = Map.new(spec["volumes"], &{&1["name"], &1})
+      assert vols["condukt-egress-state"]["emptyDir"] == %{"medium" => "Memory", "sizeLimit" => "1Mi"}
 
       assert vols["condukt-egress"]["secret"] == %{
                "secretName" => "condukt-job-42-0123456789-egress",
@@ -301,12 +377,23 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
                "ca.key" => "KEY",
                "token" => @params.token,
                "policy.json" => @params.policy_json,
-               "upstream-ca.pem" => "UP"
+               "upstream-ca.pem" => "UP",
+               "hosts" => "127.0.0.1 localhost\n::1 localhost\n"
              }
+
+      aliases = [%{ip: "10.0.0.5", hostnames: ["git.internal", "g"]}]
+      with_aliases = Manifests.egress_secret(Map.put(@params, :host_aliases, aliases))
+
+      assert Base.decode64!(with_aliases["data"]["hosts"]) ==
+               "127.0.0.1 localhost\n::1 localhost\n10.0.0.5 git.internal g\n"
 
       trust = Manifests.trust_secret(@params)
       tdata = Map.new(trust["data"], fn {k, v} -> {k, Base.decode64!(v)} end)
-      assert Map.keys(tdata) |> Enum.sort() == ["ca-certificates.crt", "ca.pem"]
+      assert Map.keys(tdata) |> Enum.sort() == ["ca-certificates.crt", "ca.pem", "trust-store.p12"]
+      # the JVM's store: a PKCS#12 PFX (version 3) holding the session CA's DER
+      assert <<0x30, _::binary>> = tdata["trust-store.p12"]
+      [{:Certificate, ca_der, _}] = :public_key.pem_decode(@params.ca_cert_pem)
+      assert :binary.match(tdata["trust-store.p12"], ca_der) != :nomatch
       refute Map.has_key?(tdata, "ca.key")
       assert String.ends_with?(tdata["ca-certificates.crt"], @params.ca_cert_pem)
       assert tdata["ca-certificates.crt"] =~ "BEGIN CERTIFICATE"
@@ -382,6 +469,147 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert {:ok, {"", _, 1}} = Glob.compile("mix.exs", false)
       assert {:error, _} = Glob.compile("{a", false)
       assert {:error, _} = Glob.compile("[a", false)
+    end
+  end
+
+  describe "heartbeat worker" do
+    # The owner starts the worker (as init/1 does), reports it, waits
+    # for :go, then ends with `how`.
+    defp owner_with_worker(how) do
+      test = self()
+
+      owner =
+        spawn(fn ->
+          beat = fn ->
+            send(test, {:beat, self()})
+            {:error, :unreachable}
+          end
+
+          send(test, {:worker, Heartbeat.start(self(), beat, 20, "condukt-p")})
+
+          receive do
+            :go -> :ok
+          end
+
+          case how do
+            :return -> :ok
+            {:exit, reason} -> exit(reason)
+          end
+        end)
+
+      assert_receive {:worker, worker}, 1_000
+      assert_receive {:beat, ^worker}, 1_000
+      {owner, worker}
+    end
+
+    @tag :capture_log
+    test "stops with its owner, whatever the owner's exit reason" do
+      for how <- [:return, {:exit, :normal}, {:exit, :shutdown}, {:exit, {:shutdown, :done}}, {:exit, :boom}, :kill] do
+        {owner, worker} = owner_with_worker(how)
+        ref = Process.monitor(worker)
+        if how == :kill, do: Process.exit(owner, :kill), else: send(owner, :go)
+
+        assert_receive {:DOWN, ^ref, :process, ^worker, _},
+                       1_000,
+                       "the worker outlived an owner that ended by #{inspect(how)}"
+
+        # No beat (and no failure logged) after it is gone.
+        flush_beats(worker)
+        Process.sleep(60)
+        refute_received {:beat, ^worker}
+      end
+    end
+
+    test "an owner that returns right after starting it: the worker stops at once, before any beat" do
+      test = self()
+
+      owner =
+        spawn(fn ->
+          worker = Heartbeat.start(self(), fn -> send(test, :beat) && :ok end, 10_000, "condukt-p")
+
+          send(test, {:worker, worker})
+        end)
+
+      assert_receive {:worker, worker}, 1_000
+      ref = Process.monitor(worker)
+      assert_receive {:DOWN, ^ref, :process, ^worker, _}, 1_000
+      refute Process.alive?(owner)
+      refute_received :beat
+    end
+
+    test "stop/1 ends it and leaves the owner alone" do
+      worker = Heartbeat.start(self(), fn -> :ok end, 10, "condukt-p")
+      assert :ok = Heartbeat.stop(worker)
+      refute Process.alive?(worker)
+      assert :ok = Heartbeat.stop(nil)
+    end
+
+    defp flush_beats(worker) do
+      receive do
+        {:beat, ^worker} -> flush_beats(worker)
+      after
+        0 -> :ok
+      end
+    end
+  end
+
+  describe "namespace resolution" do
+    # A kubeconfig whose server refuses connections: every operation
+    # fails at its first request, and the error names the namespace it
+    # was made in.
+    defp kubeconfig(context_namespace) do
+      dir = Path.join(System.tmp_dir!(), "condukt-ns-#{System.unique_integer([:positive])}")
+      File.mkdir_p!(dir)
+      on_exit(fn -> File.rm_rf(dir) end)
+      ns = if context_namespace, do: ", namespace: #{context_namespace}", else: ""
+      path = Path.join(dir, "config")
+
+      File.write!(path, """
+      apiVersion: v1
+      kind: Config
+      clusters:
+      - name: c
+        cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}
+      users:
+      - name: u
+        user: {token: abc}
+      contexts:
+      - name: x
+        context: {cluster: c, user: u#{ns}}
+      current-context: x
+      """)
+
+      path
+    end
+
+    defp namespace_tried({:error, %Error{reason: :backend, detail: %Condukt.Kube.Error{namespace: ns}}}), do: ns
+
+    test "the kubeconfig context's namespace, unless :namespace is given; \"default\" when it has none" do
+      agents = kubeconfig("agents")
+
+      assert namespace_tried(Kubernetes.reap_stale(kubeconfig: agents)) == "agents"
+      assert namespace_tried(Kubernetes.terminate("job-1", kubeconfig: agents)) == "agents"
+      assert namespace_tried(Kubernetes.init(kubeconfig: agents, id: "job-1")) == "agents"
+
+      assert namespace_tried(Kubernetes.reap_stale(kubeconfig: agents, namespace: "other")) == "other"
+      assert namespace_tried(Kubernetes.terminate("job-1", kubeconfig: agents, namespace: "other")) == "other"
+      assert namespace_tried(Kubernetes.init(kubeconfig: agents, id: "job-1", namespace: "other")) == "other"
+
+      plain = kubeconfig(nil)
+      assert namespace_tried(Kubernetes.reap_stale(kubeconfig: plain)) == "default"
+      assert namespace_tried(Kubernetes.init(kubeconfig: plain, id: "job-1")) == "default"
+    end
+
+    test "a context namespace that is not a DNS-1123 label is refused, naming the context" do
+      path = kubeconfig("Not_A_Label")
+
+      assert {:error, %Error{reason: :backend, detail: %Condukt.Kube.Error{reason: :config}} = e} =
+               Kubernetes.init(kubeconfig: path, id: "job-1")
+
+      assert Exception.message(e) =~ ~s(the namespace "Not_A_Label" of the kubeconfig context "x")
+      assert Exception.message(e) =~ "pass :namespace"
+      # An explicit one is used instead.
+      assert namespace_tried(Kubernetes.terminate("job-1", kubeconfig: path, namespace: "agents")) == "agents"
     end
   end
 end

@@ -66,6 +66,22 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
     assert Enum.any?(events, &(&1["event"] == "request_denied" and &1["host"] == "denied.test"))
   end
 
+  test "a rewritten hosts file of the namespace does not move where the sidecar connects", %{tb: tb} do
+    {_pid, net} = start_network(tb)
+    # What a session that can write the namespace's /etc/hosts would do
+    # (written here by the test, so that it holds whatever uid sessions
+    # run as): allowed.test now names the testbed's decoy address.
+    File.write!(Path.join(["/etc/netns", net.name, "hosts"]), "#{tb.inet.decoy} allowed.test\n")
+    assert {out, 0} = session_cmd(net, ["getent", "hosts", "allowed.test"])
+    assert out =~ tb.inet.decoy
+
+    # curl dials the decoy; the REDIRECT brings it to the sidecar, which
+    # connects where its own copy of the names says (docs/dns.md).
+    assert {out, 0} = curl(net, "http://allowed.test/")
+    assert out =~ "hello from allowed.test" and out =~ ~r/\n200$/, out
+    refute out =~ "decoy"
+  end
+
   test "session commands hold no capability and cannot read the sidecar's secrets", %{tb: tb} do
     {_pid, net} = start_network(tb)
 
@@ -93,6 +109,113 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
     assert out =~ ~r/\n200$/
   end
 
+  test "programs and files the BEAM runs or trusts must be root's alone", %{tb: tb} do
+    # A tool directory under /run (root's), with links to the real tools,
+    # except `ip`, which is a copy the session's uid could rewrite.
+    dir = "/run/condukt-tools-#{System.unique_integer([:positive])}"
+    on_exit(fn -> File.rm_rf!(dir) end)
+    File.mkdir_p!(dir)
+    File.chmod!(dir, 0o755)
+
+    debian = fn tool ->
+      Enum.find(Enum.map(~w(/usr/sbin /usr/bin /sbin /bin), &Path.join(&1, tool)), &File.regular?/1)
+    end
+
+    for tool <- ~w(setpriv unshare mount mkdir iptables iptables-restore ip6tables ip6tables-restore sh env bash) do
+      File.ln_s!(debian.(tool), Path.join(dir, tool))
+    end
+
+    File.cp!(debian.("ip"), Path.join(dir, "ip"))
+    File.chmod!(Path.join(dir, "ip"), 0o755)
+
+    # Root's and safe: enforcement is available.
+    assert :ok = Network.available?(tool_path: dir)
+
+    File.chown!(Path.join(dir, "ip"), 65_534)
+    assert {:error, %NetworkError{reason: :untrusted_path} = e} = Network.available?(tool_path: dir)
+    assert Exception.message(e) =~ "`ip`: #{dir}/ip belongs to uid 65534"
+
+    # A directory others may write, on the way to a tool (links followed).
+    File.chown!(Path.join(dir, "ip"), 0)
+    File.chmod!(dir, 0o777)
+    assert {:error, %NetworkError{reason: :untrusted_path} = e} = Network.available?(tool_path: dir)
+    assert Exception.message(e) =~ "writable by everyone"
+    File.chmod!(dir, 0o755)
+
+    # A link to a tool in a directory anybody may write (not sticky).
+    File.rm!(Path.join(dir, "ip"))
+    open = Path.join(tb.dir, "open")
+    File.mkdir_p!(open)
+    File.chmod!(open, 0o777)
+    writable = Path.join(open, "ip")
+    File.cp!(debian.("ip"), writable)
+    File.ln_s!(writable, Path.join(dir, "ip"))
+    assert {:error, %NetworkError{reason: :untrusted_path} = e} = Network.available?(tool_path: dir)
+    assert Exception.message(e) =~ "#{open} is writable by everyone"
+
+    # The sidecar binary is copied and run as root: the same rule.
+    bin = Path.join(open, "condukt-egress")
+    File.cp!(Condukt.Test.Netns.Sidecar.bin(), bin)
+
+    assert {:error, %NetworkError{reason: :untrusted_path} = e} =
+             Network.start(policy: NetworkPolicy.new!(rules: []), uplink: {:netns, tb.inet_ns}, binary: bin)
+
+    assert Exception.message(e) =~ "the sidecar binary"
+  end
+
+  test "the session's uid is never root, the sidecar's or the BEAM's", %{tb: tb} do
+    {_pid, net} = start_network(tb)
+    assert {"65534\n", 0} = session_cmd(net, ["id", "-u"])
+    assert {"65534\n", 0} = session_cmd(net, ["id", "-G"])
+
+    for {opts, said} <- [
+          {[user: 0], "uid 0 owns the host's root files"},
+          {[user: 1337], ":user 1337 is the sidecar's uid"},
+          {[user: 5000, sidecar_uid: 5000], ":user 5000 is the sidecar's uid"},
+          {[user: -1], "a uid"}
+        ] do
+      assert {:error, %NetworkError{reason: :invalid_option} = e} =
+               Network.start([policy: NetworkPolicy.new!(rules: [])] ++ opts)
+
+      assert Exception.message(e) =~ said
+    end
+  end
+
+  test "sessions with the same uid cannot see, signal or trace each other's processes", %{tb: tb} do
+    {_, a} = start_network(tb)
+    {_, b} = start_network(tb)
+    assert a.user == b.user
+
+    # Session b runs a command holding a secret in its environment.
+    env = [{"PATH", "/usr/sbin:/usr/bin:/sbin:/bin"}, {"CONDUKT_SECRET", "s3cret-of-b"}]
+    # Its sleep dies with b's namespace at the latest (stop/1 kills it).
+    victim = Task.async(fn -> Cmd.run(Network.wrap(b, ["sleep", "30"]), env: env, timeout: 40_000) end)
+
+    :ok =
+      Cmd.poll(
+        fn -> match?({_, 0}, Cmd.run(["pgrep", "-u", "#{b.user}", "-f", "^sleep 30$"], timeout: 2_000)) end,
+        10_000
+      )
+
+    {pgrep, 0} = Cmd.run(["pgrep", "-u", "#{b.user}", "-f", "^sleep 30$"])
+    host_pid = pgrep |> String.split() |> hd()
+
+    # Session a looks for it, reads environments, signals by the host pid.
+    script = """
+    for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < "$f"; done 2>/dev/null | grep CONDUKT_SECRET
+    ls /proc | grep -c '^[0-9]' ; kill -KILL #{host_pid} && echo killed
+    """
+
+    {out, _} = session_cmd(a, ["sh", "-c", script])
+    refute out =~ "s3cret-of-b"
+    refute out =~ "killed"
+    # It sees its own few processes only (sh, tr/ls, grep).
+    [count | _] = out |> String.split("\n", trim: true) |> Enum.filter(&(&1 =~ ~r/^\d+$/))
+    assert String.to_integer(count) < 10
+    assert File.exists?("/proc/#{host_pid}")
+    Task.shutdown(victim, :brutal_kill)
+  end
+
   test "stop/1 and the owner's exit remove everything", %{tb: tb} do
     {pid, net} = start_network(tb)
     assert net.name in Testbed.list_namespaces()
@@ -100,6 +223,7 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
     refute net.name in Testbed.list_namespaces()
     refute File.exists?(net.dir)
     refute File.exists?(Path.join("/etc/netns", net.name))
+    refute File.exists?(net.events_log)
     refute File.exists?("/proc/#{net.proxy_pid}")
     # Idempotent.
     :ok = Network.stop(pid)
@@ -128,11 +252,11 @@ defmodule Condukt.Sandbox.Local.NetworkTest do
     ip = Condukt.Dev.Netns.Tier.tool!("ip")
     {_, 0} = Cmd.run([ip, "netns", "add", name])
     on_exit(fn -> Cmd.run([ip, "netns", "del", name]) end)
-    File.mkdir_p!(Path.join(@state_dir, "owners"))
+    File.mkdir_p!("/run/condukt/owners")
     net = %Network{name: name, dir: Path.join(@state_dir, name)}
     File.mkdir_p!(net.dir)
     dead_pid = 2_000_000_000
-    File.write!(Path.join([@state_dir, "owners", name]), :erlang.term_to_binary({dead_pid, "boot", net}))
+    File.write!(Path.join("/run/condukt/owners", name), :erlang.term_to_binary({dead_pid, "boot", net}))
 
     assert name in Network.sweep()
     refute name in Testbed.list_namespaces()

@@ -168,7 +168,9 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntimeTest do
 
     test "bad return", %{session: s} do
       capture_log(fn ->
-        for bad <- [:deny, :maybe, {:deny, 42}, {:allow, "x"}, {:deny, <<0xFF>>}, nil] do
+        bad_scopes = [{:allow, scope: :everything}, {:allow, [scope: :host, also: 1]}, {:deny, "x", scope: nil}]
+
+        for bad <- [:deny, :maybe, {:deny, 42}, {:allow, "x"}, {:deny, <<0xFF>>}, nil, {:deny, "x", "y"}] ++ bad_scopes do
           assert run(fn _, _ -> bad end, "bad.test", s) == {:error, :decider_bad_return}, inspect(bad)
           assert_received {:failure, %{count: 1}, %{reason: :decider_bad_return}}
         end
@@ -199,20 +201,105 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntimeTest do
       DecideRuntime.new(policy: [rules: [decide: Keyword.put(rule_opts, :call, call)]], session_id: session)
     end
 
-    test "definitive answers are cached per host; the decision says so", %{session: s} do
+    test "a deny covers the host by default; the decision says so", %{session: s} do
       rt = counting_runtime(s, [])
       {[], rt} = DecideRuntime.request(rt, "1", 0, req("evil.test"))
       {[{:decision, "1", {:deny, "no"}, true}], rt} = drain(rt, 1)
       assert_received {:called, "evil.test"}
 
-      # Same host (any case): answered at once, no call.
-      assert {[{:decision, "2", {:deny, "no"}, true}], rt} = DecideRuntime.request(rt, "2", 0, req("EVIL.test"))
+      # Same host (any case), another method and path: answered at once.
+      other = %{req("EVIL.test") | method: "POST", path: "/upload"}
+      assert {[{:decision, "2", {:deny, "no"}, true}], rt} = DecideRuntime.request(rt, "2", 0, other)
       refute_received {:called, _}
 
       # Another host asks again.
       {[], rt} = DecideRuntime.request(rt, "3", 0, req("good.test"))
-      {[{:decision, "3", :allow, true}], _rt} = drain(rt, 1)
+      {[{:decision, "3", :allow, false}], _rt} = drain(rt, 1)
       assert_received {:called, "good.test"}
+    end
+
+    test "an allow covers identical requests only: a POST elsewhere is asked again", %{session: s} do
+      rt = counting_runtime(s, [])
+      get = %{req("api.test") | path: "/public", headers: [{"accept", "*/*"}]}
+      {[], rt} = DecideRuntime.request(rt, "1", 0, get)
+      # Not host-wide: the sidecar must not cache it.
+      {[{:decision, "1", :allow, false}], rt} = drain(rt, 1)
+      assert_received {:called, "api.test"}
+
+      # The same request again (another id, other timestamps): from the cache.
+      again = %{get | id: "r2", opened_at: DateTime.utc_now()}
+      assert {[{:decision, "2", :allow, false}], rt} = DecideRuntime.request(rt, "2", 0, again)
+      refute_received {:called, _}
+
+      # Anything the decider was shown differs: it is asked again.
+      changed = [
+        %{get | method: "POST", path: "/upload", headers: [{"content-length", "9"}]},
+        %{get | method: "POST"},
+        %{get | path: "/private"},
+        %{get | query: "q=secret"},
+        %{get | headers: [{"accept", "*/*"}, {"x-exfil", "secret"}]},
+        %{get | scheme: :http, port: 80}
+      ]
+
+      Enum.reduce(Enum.with_index(changed, 3), rt, fn {request, i}, rt ->
+        {[], rt} = DecideRuntime.request(rt, "#{i}", 0, request)
+        {[{:decision, _, :allow, false}], rt} = drain(rt, 1)
+        assert_received {:called, "api.test"}, inspect(request)
+        rt
+      end)
+    end
+
+    test "the decider states the scope of its answer", %{session: s} do
+      me = self()
+
+      call = fn _ctx, req ->
+        send(me, {:called, req.method, req.path})
+
+        case req.path do
+          "/host" -> {:allow, scope: :host}
+          "/path" -> {:allow, scope: :path}
+          "/once" -> {:allow, scope: :once}
+          "/deny-once" -> {:deny, "not this one", scope: :request}
+          _ -> :allow
+        end
+      end
+
+      rt = DecideRuntime.new(policy: [rules: [decide: call]], session_id: s)
+
+      ask = fn rt, id, host, method, path, headers ->
+        request = %{req(host) | method: method, path: path, headers: headers}
+
+        case DecideRuntime.request(rt, id, 0, request) do
+          {[], rt} -> drain(rt, 1)
+          {replies, rt} -> {replies, rt}
+        end
+      end
+
+      # :path: same method and URL whatever the headers; not another method.
+      {[{:decision, "1", :allow, false}], rt} = ask.(rt, "1", "p.test", "GET", "/path", [])
+      assert_received {:called, "GET", "/path"}
+      {[{:decision, "2", :allow, false}], rt} = ask.(rt, "2", "p.test", "GET", "/path", [{"x-a", "b"}])
+      refute_received {:called, _, _}
+      {[{:decision, "3", :allow, false}], rt} = ask.(rt, "3", "p.test", "PUT", "/path", [])
+      assert_received {:called, "PUT", "/path"}
+
+      # :once: not even an identical request reuses it.
+      {[{:decision, "4", :allow, false}], rt} = ask.(rt, "4", "o.test", "GET", "/once", [])
+      {[{:decision, "5", :allow, false}], rt} = ask.(rt, "5", "o.test", "GET", "/once", [])
+      assert_received {:called, "GET", "/once"}
+      assert_received {:called, "GET", "/once"}
+
+      # A deny stated for this request only leaves the host open to asking.
+      {[{:decision, "6", {:deny, "not this one"}, false}], rt} = ask.(rt, "6", "d.test", "POST", "/deny-once", [])
+      {[{:decision, "7", :allow, false}], rt} = ask.(rt, "7", "d.test", "GET", "/other", [])
+      assert_received {:called, "POST", "/deny-once"}
+      assert_received {:called, "GET", "/other"}
+
+      # :host: everything to that host, and the sidecar may cache it.
+      {[{:decision, "8", :allow, true}], rt} = ask.(rt, "8", "h.test", "GET", "/host", [])
+      {[{:decision, "9", :allow, true}], _rt} = ask.(rt, "9", "H.TEST", "DELETE", "/anything", [{"x", "y"}])
+      assert_received {:called, "GET", "/host"}
+      refute_received {:called, "DELETE", _}
     end
 
     test "cache: false asks every time and tells the sidecar not to cache", %{session: s} do
@@ -228,6 +315,25 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntimeTest do
       assert_received {:called, "evil.test"}
       assert_received {:called, "evil.test"}
       assert DecideRuntime.running(rt) == 0
+
+      # A host scope does not make a non-caching rule cache.
+      rt = DecideRuntime.new(policy: [rules: [decide: [call: fn _, _ -> {:allow, scope: :host} end, cache: false]]])
+      {[], rt} = DecideRuntime.request(rt, "1", 0, req("h.test"))
+      {[{:decision, "1", :allow, false}], rt} = drain(rt, 1)
+      assert {[], _} = DecideRuntime.request(rt, "2", 0, req("h.test"))
+    end
+
+    test "the cache is bounded: past its size it starts over", %{session: s} do
+      rt = counting_runtime(s, [])
+
+      rt =
+        Enum.reduce(1..4097, rt, fn i, rt ->
+          {[], rt} = DecideRuntime.request(rt, "#{i}", 0, %{req("big.test") | path: "/#{i}"})
+          {[{:decision, _, :allow, false}], rt} = drain(rt, 1)
+          rt
+        end)
+
+      assert map_size(rt.cache) == 1
     end
 
     test "failures are never cached", %{session: s} do
@@ -246,9 +352,9 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntimeTest do
         {[], rt} = DecideRuntime.request(rt, "1", 0, req("flaky.test"))
         {[{:decision, "1", {:deny, :decider_error}, false}], rt} = drain(rt, 1)
         {[], rt} = DecideRuntime.request(rt, "2", 0, req("flaky.test"))
-        {[{:decision, "2", :allow, true}], rt} = drain(rt, 1)
+        {[{:decision, "2", :allow, false}], rt} = drain(rt, 1)
         # Now it is cached.
-        assert {[{:decision, "3", :allow, true}], _} = DecideRuntime.request(rt, "3", 0, req("flaky.test"))
+        assert {[{:decision, "3", :allow, false}], _} = DecideRuntime.request(rt, "3", 0, req("flaky.test"))
       end)
 
       assert_received {:called, 0}
@@ -276,8 +382,38 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntimeTest do
       assert_receive {:started, "same.test", pid}
       send(pid, :go)
       {replies, _} = drain(rt, 2)
-      assert replies == [{:decision, "1", :allow, true}, {:decision, "2", :allow, true}]
+      assert replies == [{:decision, "1", :allow, false}, {:decision, "2", :allow, false}]
       refute_received {:started, _, _}
+    end
+
+    test "identical requests waiting for a :once answer are asked again", %{session: s} do
+      me = self()
+
+      call = fn _, req ->
+        send(me, {:started, req.id, self()})
+
+        receive do
+          :go -> {:allow, scope: :once}
+        end
+      end
+
+      rt = DecideRuntime.new(policy: [rules: [decide: call]], session_id: s)
+      {[], rt} = DecideRuntime.request(rt, "1", 0, %{req("same.test") | id: "a"})
+      {[], rt} = DecideRuntime.request(rt, "2", 0, %{req("same.test") | id: "b"})
+      # Another path does not wait: it is another question.
+      {[], rt} = DecideRuntime.request(rt, "3", 0, %{req("same.test") | id: "c", path: "/x"})
+      assert DecideRuntime.running(rt) == 2
+      assert_receive {:started, "a", pid}
+      assert_receive {:started, "c", pid3}
+      send(pid, :go)
+      {[{:decision, "1", :allow, false}], rt} = drain(rt, 1)
+      # "2" is asked with its own request.
+      assert_receive {:started, "b", pid2}
+      send(pid2, :go)
+      send(pid3, :go)
+      {replies, rt} = drain(rt, 2)
+      assert Enum.sort(replies) == [{:decision, "2", :allow, false}, {:decision, "3", :allow, false}]
+      assert DecideRuntime.running(rt) == 0
     end
   end
 
@@ -308,8 +444,8 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntimeTest do
     {replies, rt} = drain(rt, 3)
 
     assert Enum.sort(replies) == [
-             {:decision, "1", :allow, true},
-             {:decision, "2", :allow, true},
+             {:decision, "1", :allow, false},
+             {:decision, "2", :allow, false},
              {:decision, "3", {:deny, :decider_timeout}, false}
            ]
 

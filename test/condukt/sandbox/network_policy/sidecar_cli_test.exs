@@ -56,6 +56,28 @@ defmodule Condukt.Sandbox.NetworkPolicy.SidecarCliTest do
   defp same_decision?({:deny, r}, %{"decision" => "deny", "reason" => r2}), do: Atom.to_string(r) == r2
   defp same_decision?(_, _), do: false
 
+  test "policy check and new/1 refuse the same policies: unreachable rules and CIDR patterns, naming them alike",
+       %{tmp_dir: dir} do
+    for v <- Vectors.load!()["unreachable"] do
+      file = write!(dir, "unreachable.json", Condukt.JSON.encode!(v["policy"]))
+      {out, 1} = egress(["policy", "check", file])
+      i = v["rule_index"]
+      d = v["decide_index"]
+      assert out =~ "$.rules[#{i}]: unreachable: rule #{d} (decide) before it answers every request", out
+
+      {:error, e} = NetworkPolicy.new(Vectors.elixir_policy(v["policy"]))
+      assert Exception.message(e) =~ "rule #{i} "
+      assert Exception.message(e) =~ "unreachable: rule #{d} (:decide) before it answers every request"
+    end
+
+    doc = ~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"deny","hosts":["10.0.0.0/8"]}]})
+    {out, 1} = egress(["policy", "check", write!(dir, "cidr.json", doc)])
+    assert out =~ ~s{$.rules[0].hosts[0]: bad pattern "10.0.0.0/8" (cidr): CIDR ranges are not host patterns}
+
+    {:error, e} = NetworkPolicy.new(rules: [deny: ["10.0.0.0/8"]])
+    assert Exception.message(e) =~ ~s{invalid host pattern "10.0.0.0/8" (cidr): CIDR ranges are not host patterns}
+  end
+
   describe "policy check names the culprit of every bad policy" do
     @bad [
       {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"alow","hosts":["a.com"]}]}), "$.rules[0].kind"},

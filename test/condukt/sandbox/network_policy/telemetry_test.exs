@@ -116,4 +116,46 @@ defmodule Condukt.Sandbox.NetworkPolicy.TelemetryTest do
     assert meta.request.scheme == nil
     assert meta.request.headers == [{"ok", "1"}]
   end
+
+  test "a control_refused event frame is the sidecar's refusal summary, not a request", %{session: s} do
+    frame = %{
+      "type" => "event",
+      "seq" => 7,
+      "event" => "control_refused",
+      "at" => "2026-11-27T01:04:08.120331Z",
+      "reason" => "wrong proof",
+      "count" => 20
+    }
+
+    assert :ok = Telemetry.emit_frame(frame, s)
+    assert_received {:event, [:condukt, :sandbox, :network_policy, :control_refused], %{count: 20}, meta}
+    assert meta == %{session_id: s, side: :sidecar, reason: "wrong proof", at: ~U[2026-11-27 01:04:08.120331Z], seq: 7}
+
+    # Malformed members do not crash the handler: at least one refusal.
+    assert :ok = Telemetry.emit_frame(%{"event" => "control_refused", "count" => -1}, s)
+    assert_received {:event, [:condukt, :sandbox, :network_policy, :control_refused], %{count: 1}, %{reason: "refused"}}
+  end
+
+  test "a refusal of the sidecar's DNS resolver (docs/dns.md): scheme :dns, the reason as sent", %{session: s} do
+    frame = %{
+      @frame
+      | "scheme" => "dns",
+        "method" => nil,
+        "host" => "secret.evil.example",
+        "port" => 53,
+        "path" => nil,
+        "http_version" => nil,
+        "sni" => nil,
+        "headers" => [],
+        "status" => nil,
+        "matched_rule" => %{"index" => 0, "kind" => "deny"},
+        "reason" => "dns: denied_by_rule"
+    }
+
+    assert :ok = Telemetry.emit_frame(Map.put(frame, "dns", %{"qname" => "secret.evil.example", "qtype" => "A"}), s)
+    assert_received {:event, [:condukt, :sandbox, :network_policy, :request_denied], _, meta}
+    assert %Request{scheme: :dns, host: "secret.evil.example", port: 53, method: nil} = meta.request
+    assert meta.reason == "dns: denied_by_rule"
+    assert meta.matched_rule == %{index: 0, kind: :deny}
+  end
 end

@@ -88,6 +88,23 @@ defmodule Condukt.Sandbox.NetworkPolicy.VectorsTest do
     end
   end
 
+  test "unreachable rules: the policies the C loader refuses, new/1 refuses too, naming both rules",
+       %{vectors: vectors} do
+    assert vectors["unreachable"] != []
+
+    for v <- vectors["unreachable"] do
+      rule = v["rule_index"]
+      decide = v["decide_index"]
+
+      assert {:error, %NetworkPolicy.Error{reason: :unreachable_rule, rule_index: ^rule, detail: ^decide} = e} =
+               NetworkPolicy.new(Vectors.elixir_policy(v["policy"])),
+             v["name"]
+
+      assert Exception.message(e) =~ "network policy rule #{rule} "
+      assert Exception.message(e) =~ "unreachable: rule #{decide} (:decide) before it answers every request"
+    end
+  end
+
   defp summarize({decision, matched}, input) do
     {name, reason} =
       case decision do

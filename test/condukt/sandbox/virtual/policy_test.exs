@@ -241,17 +241,32 @@ defmodule Condukt.Sandbox.Virtual.PolicyTest do
     end
   end
 
-  test "a cached decision is asked once per host", ctx do
+  test "the decide cache: an answer covers its scope, as with the sidecar", ctx do
     parent = self()
-    decider = fn _ctx, req -> send(parent, {:asked, req.host}) && :allow end
+
+    decider = fn _ctx, req ->
+      send(parent, {:asked, req.host, req.path})
+      if req.host == "decide.test", do: :allow, else: {:allow, scope: :host}
+    end
+
     {sb, session} = sandbox(ctx, decide: decider)
+    one = url(ctx, "decide.test", "/1")
 
     assert {:ok, %{exit_code: 0}} =
-             Sandbox.exec(sb, "curl -s #{url(ctx, "decide.test", "/1")}; curl -s #{url(ctx, "decide.test", "/2")}")
+             Sandbox.exec(sb, "curl -s #{one}; curl -s #{one}; curl -s #{url(ctx, "decide.test", "/2")}")
 
-    assert_received {:asked, "decide.test"}
-    refute_received {:asked, _}
-    assert 2 == Enum.count(events(session), &match?({:request_closed, _, _}, &1))
+    # A plain :allow covers the same request only.
+    assert_received {:asked, "decide.test", "/1"}
+    assert_received {:asked, "decide.test", "/2"}
+    refute_received {:asked, _, _}
+
+    assert {:ok, %{exit_code: 0}} =
+             Sandbox.exec(sb, "curl -s #{url(ctx, "allowed.test", "/a")}; curl -s #{url(ctx, "allowed.test", "/b")}")
+
+    # {:allow, scope: :host} covers the whole host.
+    assert_received {:asked, "allowed.test", "/a"}
+    refute_received {:asked, _, _}
+    assert 5 == Enum.count(events(session), &match?({:request_closed, _, _}, &1))
   end
 
   test "no other way out: /dev/tcp, a proxy option and the http builtin all meet the policy", ctx do

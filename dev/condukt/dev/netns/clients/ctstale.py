@@ -1,8 +1,9 @@
 """Stale conntrack entries (test/condukt/netns/sidecar_conntrack_test.exs).
 
-  ctstale.py stale IPTABLES SPORT DST DPORT MARK
-      As root in the pod: a socket with SO_MARK MARK (what the sidecar's
-      upstream sockets carry) connects from SPORT to DST:DPORT, then goes
+  ctstale.py stale IPTABLES SPORT DST DPORT MARK UID
+      As root in the pod: a socket owned by UID (created with that
+      effective uid) with SO_MARK MARK (what the sidecar's upstream sockets
+      are) connects from SPORT to DST:DPORT, then goes
       away the way a killed sidecar's socket can without conntrack seeing
       it: a raw-table rule (which runs before conntrack) drops its reset,
       and the socket is closed with SO_LINGER 0, so it is gone at once
@@ -35,8 +36,13 @@ def family_of(addr):
     return socket.AF_INET6 if ":" in addr else socket.AF_INET
 
 
-def stale(iptables, sport, dst, dport, mark):
-    s = socket.socket(family_of(dst), socket.SOCK_STREAM)
+def stale(iptables, sport, dst, dport, mark, uid):
+    # The socket's owner is the effective uid that creates it.
+    os.seteuid(int(uid))
+    try:
+        s = socket.socket(family_of(dst), socket.SOCK_STREAM)
+    finally:
+        os.seteuid(0)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.setsockopt(socket.SOL_SOCKET, SO_MARK, int(mark, 0))
     s.bind(("::" if ":" in dst else "0.0.0.0", int(sport)))
@@ -117,7 +123,7 @@ def hold(host, port, gofile):
 def main(argv):
     cmd = argv[1]
     if cmd == "stale":
-        stale(*argv[2:7])
+        stale(*argv[2:8])
     elif cmd == "connect":
         connect(*argv[2:7])
     elif cmd == "serve":

@@ -4,7 +4,8 @@ The BEAM reaches a pod's control channel (127.0.0.1:15002 inside the pod)
 through pods/portforward. In the testbed the BEAM lives outside the pod's
 network namespace, so this relay runs inside it: it listens on a Unix
 socket and joins every connection made there to HOST:PORT, bytes both
-ways, until either side closes.
+ways, until either side closes. HOST "localhost" is dialled as the
+kubelet's port-forward does: 127.0.0.1, and ::1 when that refuses.
 
 Run: /usr/bin/python3 port_forward.py UNIX_PATH HOST PORT
 """
@@ -32,9 +33,20 @@ def pipe(src, dst):
                 pass
 
 
+def dial(host, port):
+    # "localhost" as Kubernetes' port-forward dials it inside the pod:
+    # IPv4 first, then IPv6 when nothing answers there.
+    if host != "localhost":
+        return socket.create_connection((host, port), timeout=5)
+    try:
+        return socket.create_connection(("127.0.0.1", port), timeout=5)
+    except OSError:
+        return socket.create_connection(("::1", port), timeout=5)
+
+
 def serve(client, host, port):
     try:
-        upstream = socket.create_connection((host, port), timeout=5)
+        upstream = dial(host, port)
         upstream.settimeout(None)
     except OSError as e:
         sys.stderr.write("port_forward: cannot connect: %s\n" % e)

@@ -8,7 +8,11 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge.Options do
   @spec schema() :: Condukt.Options.schema()
   def schema do
     [
-      session_id: [type: {:custom, &string/1}, required: true, doc: "the gated session's id."],
+      session_id: [
+        type: {:custom, &session_id/1},
+        required: true,
+        doc: "the gated session's id (1 to 256 bytes); the sidecar must prove it gates this one."
+      ],
       owner: [
         type: {:custom, &pid/1},
         required: true,
@@ -138,8 +142,8 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge.Options do
 
   def parse_address(_), do: :error
 
-  defp string(v) when is_binary(v), do: :ok
-  defp string(_), do: {:error, "a string"}
+  defp session_id(v) when is_binary(v) and byte_size(v) in 1..256, do: :ok
+  defp session_id(_), do: {:error, "a non-empty string of at most 256 bytes"}
 
   defp pid(v) when is_pid(v), do: :ok
   defp pid(_), do: {:error, "a pid"}

@@ -16,11 +16,13 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   @version Mix.Project.config()[:version]
   @binary "/usr/local/bin/condukt-egress"
   @egress_dir "/etc/condukt-egress"
+  @state_dir "/run/condukt-egress"
   @trust_dir "/etc/condukt"
   @proxy_port 15_001
   @control_port 15_002
   @mark "0x539"
   @sidecar_uid 1337
+  @dns_port 15_053
   @listen ["127.0.0.1:#{@proxy_port}", "[::1]:#{@proxy_port}"]
 
   @doc "`ghcr.io/tuist/condukt-egress:<library version>`."
@@ -50,10 +52,14 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
           optional(:token) => String.t(),
           optional(:policy_json) => String.t(),
           optional(:upstream_ca) => String.t() | nil,
-          optional(:allow_private) => [String.t()]
+          optional(:allow_private) => [String.t()],
+          optional(:host_aliases) => [map()]
         }
 
-  @doc "Secret `<pod>-egress`: the sidecar's CA, key, token and policy (only the sidecar mounts it)."
+  @doc """
+  Secret `<pod>-egress`: the sidecar's CA, key, token and policy, and its
+  own hosts file (the pod's `hostAliases`); only the sidecar mounts it.
+  """
   @spec egress_secret(params()) :: map()
   def egress_secret(p) do
     data =
@@ -61,19 +67,43 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
         "ca.pem" => p.ca_cert_pem,
         "ca.key" => p.ca_key_pem,
         "token" => p.token,
-        "policy.json" => p.policy_json
+        "policy.json" => p.policy_json,
+        "hosts" => hosts_file(p[:host_aliases] || [])
       }
       |> then(fn d -> if p[:upstream_ca], do: Map.put(d, "upstream-ca.pem", p.upstream_ca), else: d end)
 
     secret(p.pod <> "-egress", p, data)
   end
 
-  @doc "Secret `<pod>-trust`: the session CA and the trust bundle (Mozilla roots + session CA)."
+  @doc """
+  The sidecar's hosts file (hosts(5)): the pod's `hostAliases`, which the
+  kubelet also writes into the pod's shared /etc/hosts. The proxy reads
+  this copy (`proxy --hosts`, docs/dns.md): the workspace can rewrite the
+  shared file, never the Secret.
+  """
+  @spec hosts_file([map()]) :: String.t()
+  def hosts_file(aliases) do
+    lines =
+      for a <- aliases,
+          m = Map.new(a),
+          names = m[:hostnames] || m["hostnames"] || [],
+          names != [],
+          do: "#{m[:ip] || m["ip"]} #{Enum.join(names, " ")}\n"
+
+    "127.0.0.1 localhost\n::1 localhost\n" <> Enum.join(lines)
+  end
+
+  @doc """
+  Secret `<pod>-trust`: the session CA, the trust bundle (Mozilla roots +
+  session CA) and the same as a PKCS#12 trust store for the JVM
+  (`Condukt.Sandbox.NetworkPolicy.TrustStore`).
+  """
   @spec trust_secret(params()) :: map()
   def trust_secret(p) do
     secret(p.pod <> "-trust", p, %{
       "ca.pem" => p.ca_cert_pem,
-      "ca-certificates.crt" => NetworkPolicy.CA.trust_bundle(p.ca_cert_pem)
+      "ca-certificates.crt" => NetworkPolicy.CA.trust_bundle(p.ca_cert_pem),
+      NetworkPolicy.TrustStore.file_name() => NetworkPolicy.TrustStore.pkcs12(p.ca_cert_pem)
     })
   end
 
@@ -121,7 +151,9 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
     netfilter = %{
       "name" => "condukt-netfilter",
       "image" => p.image,
-      "command" => [@binary, "netfilter-setup", "--proxy-port", "#{@proxy_port}", "--mark", @mark],
+      "command" =>
+        [@binary, "netfilter-setup", "--proxy-port", "#{@proxy_port}", "--mark", @mark] ++
+          ["--sidecar-uid", "#{@sidecar_uid}", "--dns-port", "#{@dns_port}"],
       "securityContext" => %{
         "runAsUser" => 0,
         "runAsNonRoot" => false,
@@ -153,7 +185,20 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
           "--session-id",
           p.session_id,
           "--control",
-          "127.0.0.1:#{@control_port}"
+          "127.0.0.1:#{@control_port}",
+          "--mark",
+          @mark,
+          "--user",
+          "#{@sidecar_uid}",
+          # Its own names, never the pod's shared /etc/hosts (docs/dns.md);
+          # its resolvers are those of /etc/resolv.conf as the kubelet
+          # wrote it, read when it first starts, before the workspace.
+          "--hosts",
+          "#{@egress_dir}/hosts",
+          # The resolvers of its first start, kept where only it can write
+          # and a restart of its container finds them (docs/dns.md).
+          "--dns-state",
+          "#{@state_dir}/resolvers"
         ] ++ listen_args() ++ upstream ++ private,
       # The kubelet starts the workspace once this succeeds, not once the
       # sidecar's process started: until the proxy listens, the
@@ -168,19 +213,24 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
         "timeoutSeconds" => 1,
         "failureThreshold" => 30
       },
-      # uid 0 with NET_ADMIN alone (docs/kubernetes.md): runtimes give a
+      # Started as uid 0 with NET_ADMIN, SETUID and SETGID, the proxy
+      # reads its files and then becomes uid 1337 keeping NET_ADMIN alone
+      # (`--user`, docs/netfilter.md, "The exemption"): runtimes give a
       # non-root process no ambient capabilities, and no_new_privs rules
       # out file capabilities, so this is the one way to hold SO_MARK's
-      # capability and nothing else.
+      # capability as the uid the rules exempt.
       "securityContext" => %{
         "runAsUser" => 0,
         "runAsGroup" => @sidecar_uid,
         "runAsNonRoot" => false,
         "allowPrivilegeEscalation" => false,
         "readOnlyRootFilesystem" => true,
-        "capabilities" => %{"drop" => ["ALL"], "add" => ["NET_ADMIN"]}
+        "capabilities" => %{"drop" => ["ALL"], "add" => ["NET_ADMIN", "SETUID", "SETGID"]}
       },
-      "volumeMounts" => [%{"name" => "condukt-egress", "mountPath" => @egress_dir, "readOnly" => true}]
+      "volumeMounts" => [
+        %{"name" => "condukt-egress", "mountPath" => @egress_dir, "readOnly" => true},
+        %{"name" => "condukt-egress-state", "mountPath" => @state_dir}
+      ]
     }
 
     [netfilter, sidecar]
@@ -188,12 +238,17 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
 
   defp listen_args, do: Enum.flat_map(@listen, &["--listen", &1])
 
-  @doc "The pod volumes of the two Secrets (the egress one group-readable only, 0440)."
+  @doc """
+  The pod volumes: the two Secrets (the egress one group-readable only,
+  0440) and the sidecar's own state directory (an emptyDir only the
+  sidecar mounts: it outlives a restart of the sidecar's container).
+  """
   @spec volumes(params()) :: [map()]
   def volumes(p) do
     [
       %{"name" => "condukt-egress", "secret" => %{"secretName" => p.pod <> "-egress", "defaultMode" => 0o440}},
-      %{"name" => "condukt-trust", "secret" => %{"secretName" => p.pod <> "-trust", "defaultMode" => 0o444}}
+      %{"name" => "condukt-trust", "secret" => %{"secretName" => p.pod <> "-trust", "defaultMode" => 0o444}},
+      %{"name" => "condukt-egress-state", "emptyDir" => %{"medium" => "Memory", "sizeLimit" => "1Mi"}}
     ]
   end
 
@@ -223,6 +278,19 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   @doc "The six CA variables (`Condukt.Sandbox.NetworkPolicy.ca_env/1`), pointed at `/etc/condukt/ca.pem`, as pod `env` entries."
   @spec ca_env() :: [map()]
   def ca_env, do: Enum.map(NetworkPolicy.ca_env("#{@trust_dir}/ca.pem"), fn {k, v} -> %{"name" => k, "value" => v} end)
+
+  @doc """
+  The other stacks' variables (`Condukt.Sandbox.NetworkPolicy.TrustStore.env/3`):
+  `JAVA_TOOL_OPTIONS` naming `/etc/condukt/trust-store.p12`, merged with
+  the operator's `java_tool_options` (or `nil`), and the PEM variables
+  naming `/etc/condukt/ca.pem`, as pod `env` entries.
+  """
+  @spec trust_env(String.t() | nil) :: [map()]
+  def trust_env(java_tool_options \\ nil) do
+    "#{@trust_dir}/ca.pem"
+    |> NetworkPolicy.TrustStore.env("#{@trust_dir}/#{NetworkPolicy.TrustStore.file_name()}", java_tool_options)
+    |> Enum.map(fn {k, v} -> %{"name" => k, "value" => v} end)
+  end
 
   @doc "A merge patch that makes `obj` owned (not controlled) by the pod, for the garbage collector."
   @spec owner_patch(String.t(), String.t()) :: map()
