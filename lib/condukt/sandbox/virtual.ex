@@ -96,7 +96,8 @@ defmodule Condukt.Sandbox.Virtual do
     env: [],
     timeout: 120_000,
     max_output_bytes: 1_048_576,
-    limits: %{}
+    limits: %{},
+    agent_mounts: []
   ]
 
   @typedoc "The state `init/1` returns; `Condukt.Sandbox` keeps it in its handle."
@@ -107,7 +108,8 @@ defmodule Condukt.Sandbox.Virtual do
           env: [{String.t(), String.t()}],
           timeout: pos_integer(),
           max_output_bytes: pos_integer(),
-          limits: map()
+          limits: map(),
+          agent_mounts: [{String.t(), :readonly | :readwrite}]
         }
 
   # Time the BEAM side gives the interpreter past its own deadline before it
@@ -134,7 +136,8 @@ defmodule Condukt.Sandbox.Virtual do
         env: normalize_env(opts[:env]),
         timeout: opts[:timeout],
         max_output_bytes: opts[:max_output_bytes],
-        limits: Map.new(Keyword.take(opts, [:max_commands, :max_loop_iterations, :max_total_loop_iterations]))
+        limits: Map.new(Keyword.take(opts, [:max_commands, :max_loop_iterations, :max_total_loop_iterations])),
+        agent_mounts: opts[:agent_mounts]
       }
 
       with :ok <- mkdir(state, state.cwd, :new),
@@ -203,7 +206,7 @@ defmodule Condukt.Sandbox.Virtual do
 
   defp initial_mounts(state, mounts) do
     Enum.reduce_while(mounts, :ok, fn {host, at, mode}, :ok ->
-      case do_mount(state, host, at, mode == :readonly, :new) do
+      case do_mount(state, host, at, mode == :readonly, :new, nil) do
         :ok -> {:cont, :ok}
         error -> {:halt, error}
       end
@@ -412,14 +415,31 @@ defmodule Condukt.Sandbox.Virtual do
   @impl true
   @spec mount(t(), String.t(), String.t()) :: :ok | {:error, Error.t()}
   def mount(%__MODULE__{} = state, host_path, sandbox_path) do
-    with {:ok, abs} <- resolve(state, sandbox_path, :mount), do: do_mount(state, host_path, abs, false, :mount)
+    with {:ok, abs} <- resolve(state, sandbox_path, :mount),
+         do: do_mount(state, host_path, abs, false, :mount, nil)
   end
 
-  defp do_mount(state, host, at, readonly?, op) do
+  @doc """
+  Mounts a host directory on an agent's behalf (`Condukt.Sandbox.Virtual.Tools.Mount`):
+  like `Condukt.Sandbox.mount/3`, but only inside the sandbox's
+  `:agent_mounts` directories (symbolic links resolved), and read-write
+  only inside a `:readwrite` one. With no `:agent_mounts`, every request is
+  refused.
+  """
+  @spec agent_mount(Condukt.Sandbox.t(), String.t(), String.t(), :readonly | :readwrite) :: :ok | {:error, Error.t()}
+  def agent_mount(%Condukt.Sandbox{module: __MODULE__, state: state}, host_path, sandbox_path, mode)
+      when mode in [:readonly, :readwrite] do
+    within = Enum.map(state.agent_mounts, fn {root, root_mode} -> {Path.expand(root), root_mode == :readwrite} end)
+
+    with {:ok, abs} <- resolve(state, sandbox_path, :mount),
+         do: do_mount(state, host_path, abs, mode == :readonly, :mount, within)
+  end
+
+  defp do_mount(state, host, at, readonly?, op, within) do
     with :ok <- mkdir(state, at, op) do
-      case Native.mount(state.fs, Path.expand(host), at, readonly?) do
+      case Native.mount(state.fs, Path.expand(host), at, readonly?, within) do
         {:ok, _} -> :ok
-        {:error, why} -> {:error, %Error{reason: :mount_failed, op: op, path: at, detail: "#{host}: #{why}"}}
+        {:error, why} -> {:error, %Error{reason: :mount_failed, op: op, path: at, detail: why}}
       end
     end
   end

@@ -170,21 +170,47 @@ fn new<'a>(
     (atoms::ok(), ResourceArc::new(Sandbox { fs: new_fs(&fs), network })).encode(env)
 }
 
+/// Mounts the host directory `host` at `at`. With `within`, a list of
+/// `{root, writable}`, the directory must lie inside one of the roots (after
+/// symbolic links are resolved), and inside a writable one for a read-write
+/// mount: the bounds of what an agent may mount.
 #[rustler::nif(schedule = "DirtyIo")]
-fn mount(sb: ResourceArc<Sandbox>, host: String, at: String, readonly: bool) -> (Atom, String) {
+fn mount(
+    sb: ResourceArc<Sandbox>,
+    host: String,
+    at: String,
+    readonly: bool,
+    within: Option<Vec<(String, bool)>>,
+) -> (Atom, String) {
     let mode = if readonly { RealFsMode::ReadOnly } else { RealFsMode::ReadWrite };
-    // RealFs confines every path to its root (no `..`, no symbolic link
-    // out of it); PosixFs gives it the FileSystem interface.
-    let result = fs_runtime()
-        .block_on(RealFs::open(&host, mode))
-        .map_err(|e| e.to_string())
-        .and_then(|real| {
-            let fs: Arc<dyn FileSystem> = Arc::new(PosixFs::new(real));
-            sb.fs.mount(Path::new(&at), fs).map_err(|e| e.to_string())
-        });
+    let result = check_within(&host, !readonly, within.as_deref()).and_then(|host| {
+        // RealFs confines every path to its root (no `..`, no symbolic link
+        // out of it); PosixFs gives it the FileSystem interface.
+        fs_runtime()
+            .block_on(RealFs::open(&host, mode))
+            .map_err(|e| e.to_string())
+            .and_then(|real| {
+                let fs: Arc<dyn FileSystem> = Arc::new(PosixFs::new(real));
+                sb.fs.mount(Path::new(&at), fs).map_err(|e| e.to_string())
+            })
+    });
     match result {
         Ok(()) => (atoms::ok(), String::new()),
         Err(why) => (atoms::error(), why),
+    }
+}
+
+/// The canonical host path, when `within` allows it.
+fn check_within(host: &str, writable: bool, within: Option<&[(String, bool)]>) -> Result<PathBuf, String> {
+    let canonical = std::fs::canonicalize(host).map_err(|e| format!("{host}: {e}"))?;
+    let Some(roots) = within else { return Ok(canonical) };
+    let inside = |root: &str| std::fs::canonicalize(root).is_ok_and(|r| canonical.starts_with(r));
+    if roots.iter().any(|(root, rw)| (*rw || !writable) && inside(root)) {
+        Ok(canonical)
+    } else if roots.iter().any(|(root, _)| inside(root)) {
+        Err(format!("{host} may only be mounted read-only"))
+    } else {
+        Err(format!("{host} is outside the directories this sandbox lets an agent mount"))
     }
 }
 

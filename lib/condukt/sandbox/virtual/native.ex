@@ -45,7 +45,7 @@ defmodule Condukt.Sandbox.Virtual.Native do
   @doc false
   def new(_fs_options, _policy_link, _http_options), do: :erlang.nif_error(:not_loaded)
   @doc false
-  def mount(_sb, _host, _at, _readonly), do: :erlang.nif_error(:not_loaded)
+  def mount(_sb, _host, _at, _readonly, _within), do: :erlang.nif_error(:not_loaded)
   @doc false
   def read_file(_sb, _path), do: :erlang.nif_error(:not_loaded)
   @doc false

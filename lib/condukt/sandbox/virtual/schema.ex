@@ -20,6 +20,14 @@ defmodule Condukt.Sandbox.Virtual.Schema do
           "host directories to show inside the sandbox, as `{host_path, sandbox_path, :readonly | :readwrite}` " <>
             "tuples."
       ],
+      agent_mounts: [
+        type: {:custom, &__MODULE__.agent_mounts/1},
+        default: [],
+        doc:
+          "the host directories an agent may mount with `Condukt.Sandbox.Virtual.Tools.Mount`, as " <>
+            "`{host_path, :readonly | :readwrite}`: a directory inside one of them, read-write only inside a " <>
+            "`:readwrite` one. Empty: the tool mounts nothing."
+      ],
       env: [
         type: {:custom, &Local.env/1},
         default: %{},
@@ -116,6 +124,18 @@ defmodule Condukt.Sandbox.Virtual.Schema do
   end
 
   def resolve(_), do: {:error, "a map of host name to IP address strings"}
+
+  @doc false
+  def agent_mounts(list) when is_list(list) do
+    if Enum.all?(
+         list,
+         &match?({host, mode} when is_binary(host) and host != "" and mode in [:readonly, :readwrite], &1)
+       ),
+       do: :ok,
+       else: {:error, "a list of {host_path, :readonly | :readwrite} tuples"}
+  end
+
+  def agent_mounts(_), do: {:error, "a list of {host_path, :readonly | :readwrite} tuples"}
 
   @doc false
   def mounts(list) when is_list(list) do
