@@ -153,7 +153,17 @@ elixir-test: $(BIN) $(SAN_BIN)
 	sh scripts/k8s/binaries.sh >/dev/null
 	$(SAN_ENV) CONDUKT_EGRESS_SAN_BIN=$(ROOT)/$(SAN_BIN) MIX_ENV=test mix test
 
-test: c-test fuzz-smoke elixir-test
+test: c-test fuzz-smoke virtual-test elixir-test
+
+# The Virtual sandbox's crate: clippy (warnings are errors) and its unit
+# tests. Without cargo (make setup installs one) it is skipped with the
+# reason, or fails under CONDUKT_REQUIRE_ALL_TIERS=1, like every tier.
+.PHONY: virtual-test
+virtual-test:
+	@if [ -x "$(CARGO)" ]; then $(MAKE) --no-print-directory virtual-nif-check; \
+	elif [ "$$CONDUKT_REQUIRE_ALL_TIERS" = 1 ]; then \
+	  echo "virtual tier required (CONDUKT_REQUIRE_ALL_TIERS=1) but cargo is missing (make setup)" >&2; exit 1; \
+	else echo "virtual tier skipped: cargo is missing (make setup installs it)" >&2; fi
 
 setup:
 	sh scripts/setup-debian.sh
