@@ -187,10 +187,19 @@ defmodule Condukt.Sandbox.Kubernetes do
 
   # Capabilities and a uid that would let the workspace forge the
   # sidecar's exemption are refused before anything is created.
+  # A :security_context value the hardening overrides is logged.
   defp workspace_options(opts, policy) do
     case Manifest.check_workspace(opts, policy != nil) do
-      :ok -> :ok
-      {:error, detail} -> {:error, %Error{reason: :invalid_option, op: :new, detail: detail}}
+      :ok ->
+        {_context, overridden} = Manifest.workspace_security_context(opts)
+
+        for note <- overridden,
+            do: Logger.warning("condukt: Kubernetes sandbox: :security_context #{note} by the sandbox's hardening")
+
+        :ok
+
+      {:error, detail} ->
+        {:error, %Error{reason: :invalid_option, op: :new, detail: detail}}
     end
   end
 
@@ -412,21 +421,27 @@ defmodule Condukt.Sandbox.Kubernetes do
 
     with {:ok, ca} <- native_ok(Native.ca_new(native, common_name: "condukt session #{state.pod}")),
          {:ok, token} <- native_ok(Native.token_new(native)) do
-      {:ok,
-       %{
-         pod: state.pod,
-         namespace: state.namespace,
-         labels: Names.selector_labels(state.id),
-         session_id: state.id,
-         image: cfg.network_policy_image,
-         ca_cert_pem: ca.cert_pem,
-         ca_key_pem: ca.key_pem,
-         token: token,
-         policy_json: NetworkPolicy.to_sidecar_json(state.network_policy),
-         upstream_ca: cfg.network_policy_upstream_ca,
-         allow_private: cfg.network_policy_allow_private
-       }}
+      {:ok, session_params(state, cfg, %{cert_pem: ca.cert_pem, key_pem: ca.key_pem, token: token})}
     end
+  end
+
+  defp session_params(state, cfg, secrets) do
+    %{
+      pod: state.pod,
+      namespace: state.namespace,
+      labels: Names.selector_labels(state.id),
+      session_id: state.id,
+      image: cfg.network_policy_image,
+      ca_cert_pem: secrets.cert_pem,
+      ca_key_pem: secrets.key_pem,
+      token: secrets.token,
+      policy_json: NetworkPolicy.to_sidecar_json(state.network_policy),
+      upstream_ca: cfg.network_policy_upstream_ca,
+      allow_private: cfg.network_policy_allow_private,
+      sidecar_resources: cfg.sidecar_resources,
+      init_resources: cfg.init_resources,
+      proxy_args: NetworkPolicy.Capture.sidecar_args(state.network_policy)
+    }
   end
 
   defp native_ok({:ok, v}), do: {:ok, v}
@@ -437,7 +452,38 @@ defmodule Condukt.Sandbox.Kubernetes do
   defp create_objects(state, cfg, params) do
     %{kube: kube, namespace: ns} = state
 
-    pod_manifest =
+    # Objects a crashed earlier run left behind (the pod is gone, so the
+    # garbage collector would have taken owned ones) would make the
+    # creates below conflict.
+    if params, do: delete_labelled(kube, ns, state.id)
+
+    result =
+      Enum.reduce_while(objects(state, cfg, params), {:ok, []}, fn {res, body}, {:ok, done} ->
+        case Kube.create(kube, res, ns, body) do
+          {:ok, obj} -> {:cont, {:ok, [{res, obj} | done]}}
+          {:error, e} -> {:halt, {:error, e, done}}
+        end
+      end)
+
+    with {:ok, done} <- result,
+         [{:pods, pod} | _] = done,
+         :ok <- own(kube, ns, pod, Enum.drop(done, 1)) do
+      {:ok, pod}
+    else
+      {:error, e, done} ->
+        rollback(kube, ns, done)
+        kube_error(e)
+
+      {:error, e, done, :patch} ->
+        rollback(kube, ns, done)
+        kube_error(e)
+    end
+  end
+
+  # What init/1 creates, in order: with a policy the two Secrets and the
+  # NetworkPolicy, then the pod. manifests/1 shows the same list.
+  defp objects(state, cfg, params) do
+    pod =
       Manifest.pod(
         Map.merge(cfg, %{
           id: state.id,
@@ -457,31 +503,76 @@ defmodule Condukt.Sandbox.Kubernetes do
         ],
         else: []
 
-    # Objects a crashed earlier run left behind (the pod is gone, so the
-    # garbage collector would have taken owned ones) would make the
-    # creates below conflict.
-    if params, do: delete_labelled(kube, ns, state.id)
+    extras ++ [{:pods, pod}]
+  end
 
-    result =
-      Enum.reduce_while(extras ++ [{:pods, pod_manifest}], {:ok, []}, fn {res, body}, {:ok, done} ->
-        case Kube.create(kube, res, ns, body) do
-          {:ok, obj} -> {:cont, {:ok, [{res, obj} | done]}}
-          {:error, e} -> {:halt, {:error, e, done}}
-        end
-      end)
+  ## manifests ------------------------------------------------------------------
 
-    with {:ok, done} <- result,
-         [{:pods, pod} | _] = done,
-         :ok <- own(kube, ns, pod, Enum.drop(done, 1)) do
-      {:ok, pod}
+  @placeholder "generated-by-init"
+
+  @doc """
+  The Kubernetes objects `init/1` would create for these options, without
+  creating anything: for review, policy checks (`kubectl apply
+  --dry-run=server -f -`, admission tests, GitOps diffs).
+
+  Takes `init/1`'s options and returns the objects in the order `init/1`
+  creates them: with a `:network_policy` the sidecar's Secret
+  `<pod>-egress`, the trust Secret `<pod>-trust` and the NetworkPolicy
+  `<pod>-egress`, then the Pod. They are what `init/1` sends, field for
+  field, except what only exists per session:
+
+    * the Secrets' values (the session CA certificate and key, the control
+      token) are the placeholder `"#{@placeholder}"`, base64-encoded;
+      the policy is the real one;
+    * the heartbeat annotation is the time of the call;
+    * without an `:id`, a random id is used, as `init/1` does.
+
+  The owner references `init/1` adds right after the pod exists are not
+  included (they need the pod's uid). The namespace is `:namespace`, else
+  the connection's, as `init/1` resolves it (reading the kubeconfig; the
+  API server is not contacted).
+
+  `mix condukt.manifests` prints them as YAML.
+  """
+  @spec manifests(keyword()) :: {:ok, [map()]} | {:error, Error.t()}
+  def manifests(opts) do
+    with {:ok, opts} <- validate(opts, Schema.init(), :new),
+         {:ok, policy} <- network_policy(opts[:network_policy]),
+         :ok <- workspace_options(opts, policy),
+         {:ok, namespace} <- manifest_namespace(opts) do
+      id = if opts[:id] == nil, do: random_id(), else: to_string(opts[:id])
+      delete? = if opts[:delete_on_shutdown] == nil, do: opts[:id] == nil, else: opts[:delete_on_shutdown]
+      cfg = Map.new(Keyword.put(opts, :namespace, namespace))
+
+      state = %{
+        id: id,
+        pod: Names.pod_name(id),
+        namespace: namespace,
+        network_policy: policy,
+        delete_on_shutdown: delete?
+      }
+
+      params =
+        if policy,
+          do:
+            session_params(state, cfg, %{
+              cert_pem: @placeholder,
+              key_pem: @placeholder,
+              token: @placeholder
+            })
+
+      {:ok, Enum.map(objects(state, cfg, params), &elem(&1, 1))}
+    end
+  end
+
+  defp manifest_namespace(opts) do
+    if opts[:namespace] do
+      {:ok, opts[:namespace]}
     else
-      {:error, e, done} ->
-        rollback(kube, ns, done)
-        kube_error(e)
-
-      {:error, e, done, :patch} ->
-        rollback(kube, ns, done)
-        kube_error(e)
+      with {:ok, kube, ns} <- connect(opts, :new) do
+        Kube.close(kube)
+        {:ok, ns}
+      end
     end
   end
 

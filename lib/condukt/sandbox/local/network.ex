@@ -118,6 +118,7 @@ defmodule Condukt.Sandbox.Local.Network do
 
   alias Condukt.Sandbox.Local.{NetworkError, TrustedPath}
   alias Condukt.Sandbox.NetworkPolicy
+  alias Condukt.Sandbox.NetworkPolicy.Capture
 
   @proxy_port 15_001
   @mark "0x539"
@@ -570,7 +571,8 @@ defmodule Condukt.Sandbox.Local.Network do
         ["--token-file", Path.join(net.dir, "token"), "--control", net.control] ++
         ["--trust-bundle", Path.join(net.dir, "mozilla.pem"), "--mark", @mark] ++
         if(ca = opts[:upstream_ca], do: ["--upstream-extra-ca", ca], else: []) ++
-        Enum.flat_map(opts[:allow_private], &["--allow-private", &1]) ++ opts[:proxy_args]
+        Enum.flat_map(opts[:allow_private], &["--allow-private", &1]) ++
+        Capture.sidecar_args(opts[:policy]) ++ opts[:proxy_args]
 
     argv =
       [net.tools["ip"], "netns", "exec", net.name, net.tools["setpriv"], "--reuid=#{uid}", "--regid=#{uid}"] ++
