@@ -129,6 +129,10 @@ defmodule Condukt.K8s.OperatorE2ETest do
     assert {"x-api-key", "[redacted]"} in request.headers
 
     # The same request without a preview in the policy: none anywhere.
+    # (The tier's netns node runs one pod at a time.)
+    :ok = Sandbox.shutdown(sb)
+    conn = [server: tier.server, ca_pem: File.read!(tier.ca), token: tier.token]
+    :ok = Kubernetes.terminate(id, namespace: tier.namespace, conn: conn)
     id2 = "op-nobody-#{System.unique_integer([:positive])}"
     attach(id2)
     sb2 = sandbox(tier, id2, rules: [allow: ["allowed.test"]])

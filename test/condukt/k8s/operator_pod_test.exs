@@ -288,6 +288,35 @@ defmodule Condukt.K8s.OperatorPodTest do
     end
   end
 
+  @tag :capture_log
+  test "Pod Security: baseline refuses the policy pod naming the capabilities, admits the plain one",
+       %{cluster: c, base: base} do
+    ns = "pss-#{System.unique_integer([:positive])}"
+
+    Cluster.request!(c, :admin, "POST", "/api/v1/namespaces", %{
+      metadata: %{name: ns, labels: %{"pod-security.kubernetes.io/enforce" => "baseline"}}
+    })
+
+    Cluster.request(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts", %{metadata: %{name: "default"}})
+    conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: admin_token(c, ns)]
+    opts = Keyword.merge(base, namespace: ns, conn: conn)
+
+    assert {:error, %Sandbox.Error{} = e} =
+             Sandbox.new(
+               {Kubernetes,
+                opts ++ [network_policy: [rules: [allow: ["a.test"]]], network_policy_image: "condukt-egress:test"]},
+               id: id()
+             )
+
+    assert Exception.message(e) =~ "PodSecurity"
+    assert Exception.message(e) =~ "NET_ADMIN"
+
+    id = id()
+    {:ok, sb} = Sandbox.new({Kubernetes, opts}, id: id)
+    Sandbox.shutdown(sb)
+    :ok = Kubernetes.terminate(id, namespace: ns, conn: conn)
+  end
+
   # A token of a ServiceAccount bound to the documented Role in `ns` (the
   # tier binds it in its own namespace only).
   defp admin_token(c, ns) do

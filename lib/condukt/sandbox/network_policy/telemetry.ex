@@ -104,9 +104,9 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   in `events/0`), in the style of `Oban.Telemetry.attach_default_logger/1`:
 
       Condukt.Sandbox.NetworkPolicy.Telemetry.attach_default_logger(level: :info)
-      # [info] network_policy event=request_denied session_id=job-42 method=POST
-      #        host=api.example.com port=443 path=/v1/charges reason=denied_by_rule rule=0:deny
-      #        bytes_in=0 bytes_out=0
+      # [warning] network_policy event=request_denied session_id=job-42 method=POST
+      #           host=api.example.com port=443 path=/v1/charges rule=0:deny reason=denied_by_rule
+      #           seq=12 bytes_in=0 bytes_out=0
 
   ## The control channel (from the bridge; additive)
 

@@ -353,6 +353,10 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert vols["condukt-trust"] == %{"name" => "condukt-trust", "emptyDir" => %{"sizeLimit" => "2Mi"}}
       assert trust["name"] == "condukt-trust"
       assert trust["image"] == @params.image
+
+      assert trust["command"] ==
+               ~w(/usr/local/bin/condukt-egress ca bundle --ca-cert /etc/condukt-session-ca/ca.pem --out-dir /etc/condukt)
+
       tsc = trust["securityContext"]
       assert tsc["runAsUser"] == 1337 and tsc["runAsNonRoot"] == true
       assert tsc["capabilities"] == %{"drop" => ["ALL"]} and tsc["readOnlyRootFilesystem"] == true

@@ -133,21 +133,6 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
     }
   end
 
-  # Writes the workspace's trust files into the `condukt-trust` emptyDir:
-  # ca.pem, and ca-certificates.crt = the Mozilla roots of the sidecar
-  # image (next to the binary's real path, as the proxy finds them) + the
-  # session CA. A newline separates them when the roots do not end in one.
-  @trust_script ~S"""
-  set -eu
-  exe=$(readlink -f /usr/local/bin/condukt-egress)
-  roots="${exe%/*}/ca-certificates/mozilla.pem"
-  out=/etc/condukt
-  cp /etc/condukt-session-ca/ca.pem "$out/ca.pem.tmp"
-  { cat "$roots"; if [ -n "$(tail -c 1 "$roots")" ]; then echo; fi; cat /etc/condukt-session-ca/ca.pem; } > "$out/ca-certificates.crt.tmp"
-  mv "$out/ca.pem.tmp" "$out/ca.pem"
-  mv "$out/ca-certificates.crt.tmp" "$out/ca-certificates.crt"
-  """
-
   @doc """
   The init containers: `condukt-netfilter` (iptables), `condukt-trust`
   (writes the workspace's trust bundle) and the native sidecar
@@ -179,7 +164,18 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
       %{
         "name" => "condukt-trust",
         "image" => p.image,
-        "command" => ["/bin/sh", "-c", @trust_script],
+        # ca.pem and ca-certificates.crt = the image's Mozilla roots (next
+        # to the binary's real path, as the proxy finds them) + the session
+        # CA; the image has no shell.
+        "command" => [
+          @binary,
+          "ca",
+          "bundle",
+          "--ca-cert",
+          "/etc/condukt-session-ca/ca.pem",
+          "--out-dir",
+          @trust_dir
+        ],
         "securityContext" => %{
           "runAsUser" => @sidecar_uid,
           "runAsGroup" => @sidecar_uid,
