@@ -34,6 +34,9 @@ defmodule Condukt.Sandbox.NetworkPolicy.Capture do
       may hold secrets you cannot describe.
     * When `:body_preview` is 0 the bridge drops any preview that arrives
       anyway: none ever reaches a handler.
+    * Header redaction happens in the sidecar; body patterns run on the
+      BEAM. The Local backend's audit log of the sidecar's events (a file
+      only root can read) therefore holds the unredacted preview.
   """
 
   @max_preview 65_536
