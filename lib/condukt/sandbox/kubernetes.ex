@@ -32,6 +32,12 @@ defmodule Condukt.Sandbox.Kubernetes do
 
   Unknown options are refused with a "did you mean …?" hint.
 
+  ## Dry run
+
+  `manifests/1` returns the objects `init/1` would create for the same
+  options, and `mix condukt.manifests` prints them as YAML, for review,
+  admission checks or a GitOps diff, without touching the cluster.
+
   ## Heartbeat and reaping
 
   Each pod carries a `condukt.tuist.dev/heartbeat-at` annotation (RFC 3339,
@@ -70,8 +76,9 @@ defmodule Condukt.Sandbox.Kubernetes do
   With `:network_policy`, every TCP 80/443 connection of the pod goes
   through the `condukt-egress` sidecar (a native sidecar init container)
   behind iptables rules set by an init container, with a per-session CA
-  that the workspace trusts (six CA variables, and a bundle mounted over
-  the system trust store). The pod gets two Secrets and a NetworkPolicy
+  that the workspace trusts (six CA variables, and a bundle, written in
+  the pod from the sidecar image's roots, mounted over the system trust
+  store). The pod gets two small Secrets and a NetworkPolicy
   (docs/kubernetes.md, "Objects"), owned by the pod. A
   `Condukt.Sandbox.NetworkPolicy.ControlBridge` reaches the sidecar's
   control port through a port-forward listener on a Unix socket in a

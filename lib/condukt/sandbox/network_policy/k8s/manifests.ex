@@ -2,9 +2,11 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   @moduledoc """
   The Kubernetes objects the network policy adds to a sandbox pod
   (docs/kubernetes.md, "Objects" and "Pod"), as plain maps ready to be
-  sent as JSON: the sidecar's Secret, the workspace's trust Secret, the
-  NetworkPolicy, and the pod's init containers, volumes, mounts and CA
-  environment.
+  sent as JSON: the sidecar's Secret, the trust Secret (the session
+  certificate), the NetworkPolicy, and the pod's init containers
+  (`condukt-netfilter`, `condukt-trust`, which writes the workspace's
+  trust bundle from the image's roots, and the `condukt-egress` sidecar),
+  volumes, mounts and CA environment.
 
   `default_image/0` is the sidecar image matching this library's version
   (`ghcr.io/tuist/condukt-egress:<version>`); `Condukt.Sandbox.Kubernetes`
