@@ -43,6 +43,19 @@ defmodule Condukt.K8s.OperatorPodTest do
     end
   end
 
+  # Starts a session with `opts` (which hold :id, :namespace and :conn),
+  # runs `fun`, and removes the session whatever happens.
+  defp with_session(opts, fun) do
+    {:ok, sb} = Sandbox.new({Kubernetes, opts})
+
+    try do
+      fun.(sb)
+    after
+      Sandbox.shutdown(sb)
+      :ok = Kubernetes.terminate(opts[:id], namespace: opts[:namespace], conn: opts[:conn])
+    end
+  end
+
   defp pod(c, id), do: admin_get(c, "/api/v1/namespaces/#{c.namespace}/pods/#{Kubernetes.pod_name(id)}")
 
   @tag :capture_log
@@ -69,9 +82,7 @@ defmodule Condukt.K8s.OperatorPodTest do
           sidecar_resources: %{requests: %{cpu: "60m", memory: "40Mi"}, limits: %{memory: "200Mi"}}
         ]
 
-    {:ok, sb} = Sandbox.new({Kubernetes, opts}, id: id)
-
-    try do
+    with_session(opts ++ [id: id], fn _sb ->
       spec = pod(c, id)["spec"]
       assert %{"key" => "agents", "operator" => "Exists", "effect" => "NoSchedule"} in spec["tolerations"]
 
@@ -103,10 +114,7 @@ defmodule Condukt.K8s.OperatorPodTest do
              }
 
       assert inits["condukt-netfilter"]["resources"]["limits"] == %{"cpu" => "100m", "memory" => "64Mi"}
-    after
-      Sandbox.shutdown(sb)
-      :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: base[:conn])
-    end
+    end)
   end
 
   @tag :capture_log
@@ -141,9 +149,7 @@ defmodule Condukt.K8s.OperatorPodTest do
         resources: %{requests: %{cpu: "100m", memory: "64Mi"}, limits: %{cpu: "1", memory: "512Mi"}}
       )
 
-    {:ok, sb} = Sandbox.new({Kubernetes, opts}, id: id)
-    Sandbox.shutdown(sb)
-    :ok = Kubernetes.terminate(id, namespace: ns, conn: conn)
+    with_session(opts ++ [id: id], fn _sb -> :ok end)
 
     # A sidecar limit past the maximum: refused, naming it.
     assert {:error, %Sandbox.Error{} = e} =
@@ -207,9 +213,8 @@ defmodule Condukt.K8s.OperatorPodTest do
 
     {:ok, manifests} = Kubernetes.manifests(opts)
     assert Enum.map(manifests, & &1["kind"]) == ["Secret", "Secret", "NetworkPolicy", "Pod"]
-    {:ok, sb} = Sandbox.new({Kubernetes, opts})
 
-    try do
+    with_session(opts, fn _sb ->
       for want <- manifests do
         got = stored(c, want)
         assert got, "#{want["kind"]} #{want["metadata"]["name"]} was not created"
@@ -252,10 +257,7 @@ defmodule Condukt.K8s.OperatorPodTest do
       pod = stored(c, List.last(manifests))
       sidecar = Enum.find(pod["spec"]["initContainers"], &(&1["name"] == "condukt-egress"))
       assert ["--body-preview", "256"] in Enum.chunk_every(sidecar["command"], 2, 1)
-    after
-      Sandbox.shutdown(sb)
-      :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: base[:conn])
-    end
+    end)
   end
 
   @tag :capture_log
@@ -265,9 +267,7 @@ defmodule Condukt.K8s.OperatorPodTest do
     opts =
       base ++ [id: id, network_policy: [rules: [allow: ["example.com"]]], network_policy_image: "condukt-egress:test"]
 
-    {:ok, sb} = Sandbox.new({Kubernetes, opts})
-
-    try do
+    with_session(opts, fn _sb ->
       {:ok, manifests} = Kubernetes.manifests(opts)
 
       bytes =
@@ -282,10 +282,7 @@ defmodule Condukt.K8s.OperatorPodTest do
 
       secrets = Enum.filter(manifests, &(&1["kind"] == "Secret"))
       assert Enum.all?(secrets, &(IO.iodata_length(Condukt.JSON.encode!(stored(c, &1))) < 4_096))
-    after
-      Sandbox.shutdown(sb)
-      :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: base[:conn])
-    end
+    end)
   end
 
   @tag :capture_log
@@ -312,9 +309,7 @@ defmodule Condukt.K8s.OperatorPodTest do
     assert Exception.message(e) =~ "NET_ADMIN"
 
     id = id()
-    {:ok, sb} = Sandbox.new({Kubernetes, opts}, id: id)
-    Sandbox.shutdown(sb)
-    :ok = Kubernetes.terminate(id, namespace: ns, conn: conn)
+    with_session(opts ++ [id: id], fn _sb -> :ok end)
   end
 
   # A token of a ServiceAccount bound to the documented Role in `ns` (the
