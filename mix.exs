@@ -142,7 +142,8 @@ defmodule Condukt.MixProject do
   # users, the pages for contributors grouped apart.
   @guides ["docs/guides/getting-started.md", "docs/guides/running-on-kubernetes.md"]
   @reference ~w(docs/sandbox.md docs/virtual.md docs/host-matching.md docs/policy-json.md docs/kubernetes.md
-                docs/local-network.md docs/trust.md docs/beam-side.md docs/control-channel.md docs/image.md)
+                docs/local-network.md docs/trust.md docs/beam-side.md docs/control-channel.md docs/image.md
+                docs/telemetry.md)
   @contributing ~w(docs/fuzzing.md docs/e2e-testbed.md docs/k8s-tier.md docs/tracing.md)
 
   defp docs do

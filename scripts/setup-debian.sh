@@ -11,7 +11,7 @@ PACKAGES="
   libwebsockets-dev libwebsockets-evlib-uv libyaml-dev
   libcriterion-dev clang libclang-rt-14-dev
   iptables iproute2 util-linux openssl nginx-light nodejs conntrack
-  python3 python3-requests python3-websockets python3-venv
+  python3 python3-requests python3-websockets python3-venv python3-yaml
   python3-h2 python3-httpx nghttp2-client
   mmdebstrap containerd runc
   python3-pip default-jdk-headless maven golang-go cargo-web

@@ -17,6 +17,13 @@ int64_t ce_now_us(void) {
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+/* CLOCK_MONOTONIC in microseconds (never 0 on Linux once booted). */
+static int64_t now_mono_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 void ce_format_time(int64_t us, char *out, size_t cap) {
   /* An event has up to four timestamps, mostly within the same second:
    * the date and time part of the last second is kept (per thread). */
@@ -61,6 +68,7 @@ void ce_reqinfo_init(ce_reqinfo_t *r, uint64_t id, uint64_t connection_id) {
   r->http_version = "HTTP/1.1";
   r->matched_rule = -1;
   r->opened_at_us = ce_now_us();
+  r->opened_mono_us = now_mono_us();
 }
 
 void ce_reqinfo_clear(ce_reqinfo_t *r) {
@@ -344,6 +352,14 @@ static void write_members(ce_jsonw_t *w, const char *name, const ce_reqinfo_t *r
   }
   KEY(w, ",\"reason\":");
   lossy_or_null(w, reason);
+  /* How long the request took, as the sidecar measured it: only the two
+   * events that end a request carry it. */
+  bool ends = strcmp(name, "request_closed") == 0 || strcmp(name, "request_failed") == 0;
+  if (ends && r->opened_mono_us > 0) {
+    int64_t d = now_mono_us() - r->opened_mono_us;
+    KEY(w, ",\"duration_us\":");
+    ce_jsonw_int(w, d > 0 ? d : 0);
+  }
   if (r->stream_id > 0) {
     KEY(w, ",\"stream_id\":");
     ce_jsonw_int(w, r->stream_id);

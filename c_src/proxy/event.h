@@ -50,6 +50,10 @@ typedef struct {
   int64_t opened_at_us;      /* CLOCK_REALTIME microseconds; 0 = unknown */
   int64_t responded_at_us;
   int64_t closed_at_us;
+  /* CLOCK_MONOTONIC microseconds when the record was opened; 0 = unknown.
+   * request_closed and request_failed carry duration_us from it (a clock
+   * step does not change a duration). */
+  int64_t opened_mono_us;
   int32_t matched_rule;      /* -1 = none (default or lifecycle) */
   const char *matched_kind;  /* "allow" | "deny" | "decide" (static) */
   char *body_preview;        /* owned; up to the configured cap */

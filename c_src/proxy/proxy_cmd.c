@@ -23,6 +23,7 @@
 #include "proxy/privdrop.h"
 #include "proxy/proxy.h"
 #include "proxy/stats.h"
+#include "tls/bundle.h"
 #include "tls/context.h"
 
 #define PROG "condukt-egress proxy"
@@ -199,22 +200,6 @@ static int read_token(const char *path, uint8_t *out, size_t cap, size_t *len) {
   return CE_EXIT_OK;
 }
 
-/* The Mozilla snapshot ships next to the binary: priv/condukt-egress and
- * priv/ca-certificates/mozilla.pem. */
-static const char *default_bundle(char *buf, size_t cap) {
-  char exe[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n <= 0)
-    return NULL;
-  exe[n] = '\0';
-  char *slash = strrchr(exe, '/');
-  if (slash == NULL)
-    return NULL;
-  *slash = '\0';
-  int n2 = snprintf(buf, cap, "%s/ca-certificates/mozilla.pem", exe);
-  return n2 > 0 && (size_t)n2 < cap ? buf : NULL;
-}
-
 static int start_listeners(ce_proxy_t *p) {
   for (size_t i = 0; i < p->opts->listen_count; i++) {
     const char *text = p->opts->listen[i];
@@ -384,7 +369,7 @@ int ce_cmd_proxy(int argc, char **argv) {
   char bundle_buf[PATH_MAX + 64];
   const char *bundle = opts.trust_bundle_path;
   if (bundle == NULL)
-    bundle = default_bundle(bundle_buf, sizeof(bundle_buf));
+    bundle = ce_trust_default_roots(bundle_buf, sizeof(bundle_buf));
   if (bundle == NULL) {
     fprintf(stderr, PROG ": cannot locate the trust bundle; pass --trust-bundle\n");
     goto fail;

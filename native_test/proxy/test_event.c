@@ -280,6 +280,44 @@ Test(event, lifecycle_events_have_null_rule_and_reason) {
   ce_reqinfo_clear(&r);
 }
 
+Test(event, only_the_events_that_end_a_request_carry_its_duration) {
+  ce_reqinfo_t r;
+  ce_reqinfo_init(&r, 1, 1);
+  cr_assert_gt(r.opened_mono_us, 0);
+  /* As if opened 1.5 s ago on the monotonic clock. */
+  r.opened_mono_us -= 1500000;
+  const char *ends[] = {"request_closed", "request_failed"};
+  for (size_t i = 0; i < 2; i++) {
+    int rc;
+    ce__line_t *line = event_line(ends[i], &r, NULL, &rc);
+    cr_assert_eq(rc, CE_OK);
+    json_t *got = parse_line(line);
+    json_t *d = json_object_get(got, "duration_us");
+    cr_assert(json_is_integer(d), "%.*s", (int)line->len, line->data);
+    cr_expect_geq(json_integer_value(d), 1500000);
+    cr_expect_lt(json_integer_value(d), 1500000 + 60 * 1000000LL);
+    json_decref(got);
+    ce__line_unref(line);
+  }
+  const char *others[] = {"request_opened", "request_allowed", "request_denied"};
+  for (size_t i = 0; i < 3; i++) {
+    int rc;
+    r.matched_kind = "allow";
+    ce__line_t *line = event_line(others[i], &r, NULL, &rc);
+    cr_assert_eq(rc, CE_OK);
+    cr_expect_not(has(line, "duration_us"), "%s", others[i]);
+    ce__line_unref(line);
+  }
+  /* An unknown start (a record not from ce_reqinfo_init): no duration. */
+  r.opened_mono_us = 0;
+  int rc;
+  ce__line_t *line = event_line("request_closed", &r, NULL, &rc);
+  cr_assert_eq(rc, CE_OK);
+  cr_expect_not(has(line, "duration_us"));
+  ce__line_unref(line);
+  ce_reqinfo_clear(&r);
+}
+
 Test(event, allowed_events_carry_their_rule) {
   ce_reqinfo_t r;
   ce_reqinfo_init(&r, 1, 1);

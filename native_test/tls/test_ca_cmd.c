@@ -125,7 +125,7 @@ Test(ca_cmd, usage_errors_name_the_word) {
   char cert_opt[FX_PATH_MAX + 8];
   snprintf(cert_opt, sizeof(cert_opt), "--cert=%s", cert);
   expect_usage_error((const char *[]){"ca", NULL},
-                     "condukt-egress: ca: missing subcommand (new or help)");
+                     "condukt-egress: ca: missing subcommand (new, bundle or help)");
   expect_usage_error((const char *[]){"ca", "old", NULL},
                      "condukt-egress: ca: unknown subcommand 'old'");
   expect_usage_error((const char *[]){"ca", "--force", NULL},

@@ -32,6 +32,12 @@ defmodule Condukt.Sandbox.Kubernetes do
 
   Unknown options are refused with a "did you mean …?" hint.
 
+  ## Dry run
+
+  `manifests/1` returns the objects `init/1` would create for the same
+  options, and `mix condukt.manifests` prints them as YAML, for review,
+  admission checks or a GitOps diff, without touching the cluster.
+
   ## Heartbeat and reaping
 
   Each pod carries a `condukt.tuist.dev/heartbeat-at` annotation (RFC 3339,
@@ -70,8 +76,9 @@ defmodule Condukt.Sandbox.Kubernetes do
   With `:network_policy`, every TCP 80/443 connection of the pod goes
   through the `condukt-egress` sidecar (a native sidecar init container)
   behind iptables rules set by an init container, with a per-session CA
-  that the workspace trusts (six CA variables, and a bundle mounted over
-  the system trust store). The pod gets two Secrets and a NetworkPolicy
+  that the workspace trusts (six CA variables, and a bundle, written in
+  the pod from the sidecar image's roots, mounted over the system trust
+  store). The pod gets two small Secrets and a NetworkPolicy
   (docs/kubernetes.md, "Objects"), owned by the pod. A
   `Condukt.Sandbox.NetworkPolicy.ControlBridge` reaches the sidecar's
   control port through a port-forward listener on a Unix socket in a
@@ -189,10 +196,19 @@ defmodule Condukt.Sandbox.Kubernetes do
 
   # Capabilities and a uid that would let the workspace forge the
   # sidecar's exemption are refused before anything is created.
+  # A :security_context value the hardening overrides is logged.
   defp workspace_options(opts, policy) do
     case Manifest.check_workspace(opts, policy != nil) do
-      :ok -> :ok
-      {:error, detail} -> {:error, %Error{reason: :invalid_option, op: :new, detail: detail}}
+      :ok ->
+        {_context, overridden} = Manifest.workspace_security_context(opts)
+
+        for note <- overridden,
+            do: Logger.warning("condukt: Kubernetes sandbox: :security_context #{note} by the sandbox's hardening")
+
+        :ok
+
+      {:error, detail} ->
+        {:error, %Error{reason: :invalid_option, op: :new, detail: detail}}
     end
   end
 
@@ -414,22 +430,28 @@ defmodule Condukt.Sandbox.Kubernetes do
 
     with {:ok, ca} <- native_ok(Native.ca_new(native, common_name: "condukt session #{state.pod}")),
          {:ok, token} <- native_ok(Native.token_new(native)) do
-      {:ok,
-       %{
-         pod: state.pod,
-         namespace: state.namespace,
-         labels: Names.selector_labels(state.id),
-         session_id: state.id,
-         image: cfg.network_policy_image,
-         ca_cert_pem: ca.cert_pem,
-         ca_key_pem: ca.key_pem,
-         token: token,
-         policy_json: NetworkPolicy.to_sidecar_json(state.network_policy),
-         upstream_ca: cfg.network_policy_upstream_ca,
-         allow_private: cfg.network_policy_allow_private,
-         host_aliases: cfg[:host_aliases] || []
-       }}
+      {:ok, session_params(state, cfg, %{cert_pem: ca.cert_pem, key_pem: ca.key_pem, token: token})}
     end
+  end
+
+  defp session_params(state, cfg, secrets) do
+    %{
+      pod: state.pod,
+      namespace: state.namespace,
+      labels: Names.selector_labels(state.id),
+      session_id: state.id,
+      image: cfg.network_policy_image,
+      ca_cert_pem: secrets.cert_pem,
+      ca_key_pem: secrets.key_pem,
+      token: secrets.token,
+      policy_json: NetworkPolicy.to_sidecar_json(state.network_policy),
+      upstream_ca: cfg.network_policy_upstream_ca,
+      allow_private: cfg.network_policy_allow_private,
+      sidecar_resources: cfg.sidecar_resources,
+      init_resources: cfg.init_resources,
+      proxy_args: NetworkPolicy.Capture.sidecar_args(state.network_policy),
+      host_aliases: cfg[:host_aliases] || []
+    }
   end
 
   defp native_ok({:ok, v}), do: {:ok, v}
@@ -440,7 +462,38 @@ defmodule Condukt.Sandbox.Kubernetes do
   defp create_objects(state, cfg, params) do
     %{kube: kube, namespace: ns} = state
 
-    pod_manifest =
+    # Objects a crashed earlier run left behind (the pod is gone, so the
+    # garbage collector would have taken owned ones) would make the
+    # creates below conflict.
+    if params, do: delete_labelled(kube, ns, state.id)
+
+    result =
+      Enum.reduce_while(objects(state, cfg, params), {:ok, []}, fn {res, body}, {:ok, done} ->
+        case Kube.create(kube, res, ns, body) do
+          {:ok, obj} -> {:cont, {:ok, [{res, obj} | done]}}
+          {:error, e} -> {:halt, {:error, e, done}}
+        end
+      end)
+
+    with {:ok, done} <- result,
+         [{:pods, pod} | _] = done,
+         :ok <- own(kube, ns, pod, Enum.drop(done, 1)) do
+      {:ok, pod}
+    else
+      {:error, e, done} ->
+        rollback(kube, ns, done)
+        kube_error(e)
+
+      {:error, e, done, :patch} ->
+        rollback(kube, ns, done)
+        kube_error(e)
+    end
+  end
+
+  # What init/1 creates, in order: with a policy the two Secrets and the
+  # NetworkPolicy, then the pod. manifests/1 shows the same list.
+  defp objects(state, cfg, params) do
+    pod =
       Manifest.pod(
         Map.merge(cfg, %{
           id: state.id,
@@ -460,31 +513,76 @@ defmodule Condukt.Sandbox.Kubernetes do
         ],
         else: []
 
-    # Objects a crashed earlier run left behind (the pod is gone, so the
-    # garbage collector would have taken owned ones) would make the
-    # creates below conflict.
-    if params, do: delete_labelled(kube, ns, state.id)
+    extras ++ [{:pods, pod}]
+  end
 
-    result =
-      Enum.reduce_while(extras ++ [{:pods, pod_manifest}], {:ok, []}, fn {res, body}, {:ok, done} ->
-        case Kube.create(kube, res, ns, body) do
-          {:ok, obj} -> {:cont, {:ok, [{res, obj} | done]}}
-          {:error, e} -> {:halt, {:error, e, done}}
-        end
-      end)
+  ## manifests ------------------------------------------------------------------
 
-    with {:ok, done} <- result,
-         [{:pods, pod} | _] = done,
-         :ok <- own(kube, ns, pod, Enum.drop(done, 1)) do
-      {:ok, pod}
+  @placeholder "generated-by-init"
+
+  @doc """
+  The Kubernetes objects `init/1` would create for these options, without
+  creating anything: for review, policy checks (`kubectl apply
+  --dry-run=server -f -`, admission tests, GitOps diffs).
+
+  Takes `init/1`'s options and returns the objects in the order `init/1`
+  creates them: with a `:network_policy` the sidecar's Secret
+  `<pod>-egress`, the trust Secret `<pod>-trust` and the NetworkPolicy
+  `<pod>-egress`, then the Pod. They are what `init/1` sends, field for
+  field, except what only exists per session:
+
+    * the Secrets' values (the session CA certificate and key, the control
+      token) are the placeholder `"#{@placeholder}"`, base64-encoded;
+      the policy is the real one;
+    * the heartbeat annotation is the time of the call;
+    * without an `:id`, a random id is used, as `init/1` does.
+
+  The owner references `init/1` adds right after the pod exists are not
+  included (they need the pod's uid). The namespace is `:namespace`, else
+  the connection's, as `init/1` resolves it (reading the kubeconfig; the
+  API server is not contacted).
+
+  `mix condukt.manifests` prints them as YAML.
+  """
+  @spec manifests(keyword()) :: {:ok, [map()]} | {:error, Error.t()}
+  def manifests(opts) do
+    with {:ok, opts} <- validate(opts, Schema.init(), :new),
+         {:ok, policy} <- network_policy(opts[:network_policy]),
+         :ok <- workspace_options(opts, policy),
+         {:ok, namespace} <- manifest_namespace(opts) do
+      id = if opts[:id] == nil, do: random_id(), else: to_string(opts[:id])
+      delete? = if opts[:delete_on_shutdown] == nil, do: opts[:id] == nil, else: opts[:delete_on_shutdown]
+      cfg = Map.new(Keyword.put(opts, :namespace, namespace))
+
+      state = %{
+        id: id,
+        pod: Names.pod_name(id),
+        namespace: namespace,
+        network_policy: policy,
+        delete_on_shutdown: delete?
+      }
+
+      params =
+        if policy,
+          do:
+            session_params(state, cfg, %{
+              cert_pem: @placeholder,
+              key_pem: @placeholder,
+              token: @placeholder
+            })
+
+      {:ok, Enum.map(objects(state, cfg, params), &elem(&1, 1))}
+    end
+  end
+
+  defp manifest_namespace(opts) do
+    if opts[:namespace] do
+      {:ok, opts[:namespace]}
     else
-      {:error, e, done} ->
-        rollback(kube, ns, done)
-        kube_error(e)
-
-      {:error, e, done, :patch} ->
-        rollback(kube, ns, done)
-        kube_error(e)
+      with {:ok, kube, ns} <- connect(opts, :new) do
+        Kube.close(kube)
+        {:ok, ns}
+      end
     end
   end
 

@@ -36,6 +36,20 @@ defmodule Condukt.Sandbox.NetworkPolicy do
 
   If no rule matches, `:default` fires (`:deny` unless set to `:allow`).
 
+  ## Body previews and redaction
+
+  `:body_preview` (bytes, default 0: none), `:redact_headers` and
+  `:redact_body` say what the events carry of a request body and what is
+  redacted first; every backend passes them to its sidecar.
+  `Condukt.Sandbox.NetworkPolicy.Capture` has the details and the limits.
+
+      Condukt.Sandbox.NetworkPolicy.new!(
+        rules: [allow: ["api.example.com"]],
+        body_preview: 1024,
+        redact_headers: ["x-api-key"],
+        redact_body: [~r/"card_number":\s*"[0-9 ]+"/]
+      )
+
   ## Caching
 
   A decider is shown one request: its method, URL and headers. With
@@ -105,7 +119,13 @@ defmodule Condukt.Sandbox.NetworkPolicy do
           | {:deny, [host_pattern()]}
           | {:decide, callable() | decide_options()}
 
-  @type t :: %__MODULE__{rules: [rule()], default: :allow | :deny}
+  @type t :: %__MODULE__{
+          rules: [rule()],
+          default: :allow | :deny,
+          body_preview: 0..65_536,
+          redact_headers: [String.t()],
+          redact_body: [Regex.t() | String.t()]
+        }
 
   @typedoc "Why `evaluate/2` denied a request."
   @type deny_reason :: :denied_by_rule | :default_deny | :invalid_host | :invalid_url
@@ -121,7 +141,7 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   @max_patterns 4096
   @max_document_bytes 4 * 1024 * 1024
 
-  defstruct rules: [], default: :deny
+  defstruct rules: [], default: :deny, body_preview: 0, redact_headers: [], redact_body: []
 
   @doc """
   Validates a policy given as a keyword list, a map or a struct.
@@ -246,7 +266,7 @@ defmodule Condukt.Sandbox.NetworkPolicy do
 
   ## Validation ---------------------------------------------------------------
 
-  @policy_keys [:rules, :default]
+  @policy_keys [:rules, :default, :body_preview, :redact_headers, :redact_body]
 
   defp fields(%__MODULE__{} = policy), do: {:ok, Map.from_struct(policy)}
 
@@ -286,8 +306,19 @@ defmodule Condukt.Sandbox.NetworkPolicy do
          {:ok, validated} <- validate_rules(Map.get(fields, :rules, [])),
          {rules, compiled_rules} = Enum.unzip(validated),
          compiled = {compiled_rules, default},
-         :ok <- check_document_size(compiled) do
-      {:ok, %__MODULE__{rules: rules, default: default}, compiled}
+         :ok <- check_document_size(compiled),
+         {:ok, capture} <- validate_capture(fields) do
+      {:ok, struct!(%__MODULE__{rules: rules, default: default}, capture), compiled}
+    end
+  end
+
+  defp validate_capture(fields) do
+    case Condukt.Sandbox.NetworkPolicy.Capture.validate(fields) do
+      {:ok, capture} ->
+        {:ok, capture}
+
+      {:error, {key, value, expected}} ->
+        {:error, %Error{reason: :invalid_capture_option, key: key, value: value, detail: expected}}
     end
   end
 

@@ -288,7 +288,13 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
 
     p = pod(c, id)
     uid = p["metadata"]["uid"]
-    assert Enum.map(p["spec"]["initContainers"], & &1["name"]) == ["condukt-netfilter", "condukt-egress"]
+
+    assert Enum.map(p["spec"]["initContainers"], & &1["name"]) == [
+             "condukt-netfilter",
+             "condukt-trust",
+             "condukt-egress"
+           ]
+
     assert Enum.all?(p["spec"]["initContainers"], &(&1["image"] == "condukt-egress:test"))
 
     secrets = list(c, :secrets, id)
@@ -307,14 +313,11 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     assert token =~ ~r/\A[0-9a-f]{64}\z/
     assert Base.decode64!(egress["data"]["policy.json"]) == Condukt.Sandbox.NetworkPolicy.to_sidecar_json(policy)
 
+    # The trust Secret holds the session certificate alone (the pod
+    # writes the bundle from the sidecar image's roots).
     trust = Enum.find(secrets, &String.ends_with?(&1["metadata"]["name"], "-trust"))
-
-    assert String.ends_with?(
-             Base.decode64!(trust["data"]["ca-certificates.crt"]),
-             Base.decode64!(trust["data"]["ca.pem"])
-           )
-
-    refute Map.has_key?(trust["data"], "ca.key")
+    assert Map.keys(trust["data"]) == ["ca.pem"]
+    assert Base.decode64!(trust["data"]["ca.pem"]) == Base.decode64!(egress["data"]["ca.pem"])
 
     assert is_pid(sb.state.bridge)
     :ok = Sandbox.shutdown(sb)

@@ -147,6 +147,63 @@ defmodule Condukt.Sandbox.Kubernetes.Schema do
         default: %{},
         doc: "the pod's `nodeSelector` (labels of the nodes it may run on)."
       ],
+      tolerations: [
+        type: {:custom, &__MODULE__.tolerations/1},
+        default: [],
+        doc:
+          "the pod's `tolerations`: a list of maps (or keyword lists) with `:key`, `:operator`, `:value`, " <>
+            "`:effect` and `:toleration_seconds`, e.g. `[%{key: \"agents\", operator: \"Exists\", effect: \"NoSchedule\"}]`."
+      ],
+      affinity: [
+        type: {:custom, &__MODULE__.affinity/1},
+        default: nil,
+        doc:
+          "the pod's `affinity`: a map with `:node_affinity`, `:pod_affinity` and/or `:pod_anti_affinity`, " <>
+            "in the Kubernetes shape (atom keys in snake_case become camelCase; string keys are kept as given)."
+      ],
+      runtime_class_name: [
+        type: {:custom, &__MODULE__.dns_subdomain_or_nil/1},
+        default: nil,
+        doc: "the pod's `runtimeClassName`, e.g. `\"gvisor\"` or `\"kata\"`."
+      ],
+      priority_class_name: [
+        type: {:custom, &__MODULE__.dns_subdomain_or_nil/1},
+        default: nil,
+        doc: "the pod's `priorityClassName`."
+      ],
+      image_pull_secrets: [
+        type: {:custom, &__MODULE__.names/1},
+        default: [],
+        doc:
+          "names of Secrets (of type `kubernetes.io/dockerconfigjson`) in the namespace used to pull the " <>
+            "workspace and sidecar images (`imagePullSecrets`), e.g. for a private mirror."
+      ],
+      security_context: [
+        type: {:custom, &__MODULE__.security_context/1},
+        default: nil,
+        doc:
+          "extra fields of the workspace container's `securityContext` (`:run_as_non_root`, `:run_as_group`, " <>
+            "`:read_only_root_filesystem`, `:se_linux_options`, `:app_armor_profile`, ...), merged *under* the " <>
+            "hardening the sandbox requires: privilege escalation stays off, capabilities come from " <>
+            "`:capabilities` only, the seccomp profile stays `RuntimeDefault` (a `Localhost` one is kept), " <>
+            "`privileged` and an `Unmasked` `procMount` are refused; a value the hardening overrides is logged. " <>
+            "`:run_as_user` wins over its `runAsUser`."
+      ],
+      sidecar_resources: [
+        type: {:custom, &__MODULE__.resources_or_nil/1},
+        default: Manifests.default_sidecar_resources(),
+        doc:
+          "the `condukt-egress` sidecar's resource requests and limits (with a network policy); `nil` sets none. " <>
+            "Default: `#{inspect(Manifests.default_sidecar_resources())}`."
+      ],
+      init_resources: [
+        type: {:custom, &__MODULE__.resources_or_nil/1},
+        default: Manifests.default_init_resources(),
+        doc:
+          "the resource requests and limits of the run-to-completion init containers the network policy adds " <>
+            "(`condukt-netfilter`, `condukt-trust`); `nil` sets none. " <>
+            "Default: `#{inspect(Manifests.default_init_resources())}`."
+      ],
       timeout: [type: :pos_integer, default: 120_000, doc: "the default `exec/3` timeout, in milliseconds."],
       max_output_bytes: [
         type: :pos_integer,
@@ -272,6 +329,100 @@ defmodule Condukt.Sandbox.Kubernetes.Schema do
   def uid_or_nil(nil), do: :ok
   def uid_or_nil(v) when is_integer(v) and v >= 0 and v < 4_294_967_295, do: :ok
   def uid_or_nil(_), do: {:error, "a uid (a non-negative integer) or nil"}
+
+  @doc false
+  def dns_subdomain_or_nil(nil), do: :ok
+
+  def dns_subdomain_or_nil(v) when is_binary(v) and byte_size(v) <= 253 do
+    if v =~ ~r/\A[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\z/,
+      do: :ok,
+      else: dns_subdomain_or_nil(:bad)
+  end
+
+  def dns_subdomain_or_nil(_), do: {:error, "a DNS-1123 subdomain (lowercase letters, digits, '-' and '.') or nil"}
+
+  @doc false
+  def names(v) when is_list(v) do
+    if Enum.all?(v, &(dns_subdomain_or_nil(&1) == :ok and &1 != nil)),
+      do: :ok,
+      else: names(:bad)
+  end
+
+  def names(_), do: {:error, "a list of object names (DNS-1123 subdomains)"}
+
+  @toleration_keys ~w(key operator value effect toleration_seconds tolerationSeconds)
+
+  @doc false
+  def tolerations(v) when is_list(v) do
+    if Enum.all?(v, &(object?(&1) and keys_in?(&1, @toleration_keys))),
+      do: :ok,
+      else: tolerations(:bad)
+  end
+
+  def tolerations(_),
+    do: {:error, "a list of maps with :key, :operator, :value, :effect and :toleration_seconds"}
+
+  @affinity_keys ~w(node_affinity pod_affinity pod_anti_affinity nodeAffinity podAffinity podAntiAffinity)
+
+  @doc false
+  def affinity(nil), do: :ok
+
+  def affinity(v) do
+    if object?(v) and keys_in?(v, @affinity_keys),
+      do: :ok,
+      else: {:error, "a map with :node_affinity, :pod_affinity and/or :pod_anti_affinity (Kubernetes' Affinity)"}
+  end
+
+  @security_context_keys ~w(allow_privilege_escalation app_armor_profile capabilities privileged proc_mount
+                            read_only_root_filesystem run_as_group run_as_non_root run_as_user se_linux_options
+                            seccomp_profile windows_options allowPrivilegeEscalation appArmorProfile procMount
+                            readOnlyRootFilesystem runAsGroup runAsNonRoot runAsUser seLinuxOptions seccompProfile
+                            windowsOptions)
+
+  @doc false
+  def security_context(nil), do: :ok
+
+  def security_context(v) do
+    if object?(v) and keys_in?(v, @security_context_keys),
+      do: :ok,
+      else: {:error, "a map of container securityContext fields (:run_as_non_root, :run_as_group, ...)"}
+  end
+
+  @doc false
+  def resources_or_nil(nil), do: :ok
+
+  def resources_or_nil(v) do
+    ok? =
+      object?(v) and keys_in?(v, ~w(requests limits)) and
+        Enum.all?(Map.new(v), fn {_k, q} ->
+          object?(q) and Enum.all?(Map.new(q), fn {_name, amount} -> quantity?(amount) end)
+        end)
+
+    if ok?,
+      do: :ok,
+      else:
+        {:error, "a map with :requests and/or :limits, each a map of resource names to quantities (\"100m\", \"64Mi\")"}
+  end
+
+  defp quantity?(v) when is_integer(v) and v >= 0, do: true
+  defp quantity?(v) when is_binary(v), do: v =~ ~r/\A[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|e[0-9]+)?\z/
+  defp quantity?(_), do: false
+
+  # A Kubernetes object given as a map or a keyword list: atom or string
+  # keys, and values that JSON can carry.
+  defp object?(v) when is_map(v), do: Enum.all?(v, fn {k, val} -> key?(k) and value?(val) end)
+  defp object?([_ | _] = v), do: Keyword.keyword?(v) and object?(Map.new(v))
+  defp object?(_), do: false
+
+  defp key?(k), do: (is_atom(k) and k not in [nil, true, false]) or (is_binary(k) and k != "")
+
+  defp value?(v) when is_binary(v) or is_number(v) or is_boolean(v) or is_nil(v), do: true
+  defp value?(v) when is_atom(v), do: true
+  defp value?(v) when is_map(v), do: object?(v)
+  defp value?(v) when is_list(v), do: object?(v) or Enum.all?(v, &value?/1)
+  defp value?(_), do: false
+
+  defp keys_in?(v, allowed), do: Enum.all?(Map.new(v), fn {k, _} -> to_string(k) in allowed end)
 
   @doc false
   def boolean_or_nil(v) when is_nil(v) or is_boolean(v), do: :ok

@@ -118,6 +118,7 @@ defmodule Condukt.Sandbox.Local.Network do
 
   alias Condukt.Sandbox.Local.{NetworkError, TrustedPath}
   alias Condukt.Sandbox.NetworkPolicy
+  alias Condukt.Sandbox.NetworkPolicy.Capture
   alias Condukt.Sandbox.NetworkPolicy.TrustStore
 
   @proxy_port 15_001
@@ -612,7 +613,8 @@ defmodule Condukt.Sandbox.Local.Network do
         if(ca = opts[:upstream_ca], do: ["--upstream-extra-ca", ca], else: []) ++
         ["--hosts", Path.join(net.dir, "hosts")] ++
         dns_upstream_args(opts, net) ++
-        Enum.flat_map(opts[:allow_private], &["--allow-private", &1]) ++ opts[:proxy_args]
+        Enum.flat_map(opts[:allow_private], &["--allow-private", &1]) ++
+        Capture.sidecar_args(opts[:policy]) ++ opts[:proxy_args]
 
     argv =
       [net.tools["ip"], "netns", "exec", net.name, net.tools["setpriv"], "--reuid=#{uid}", "--regid=#{uid}"] ++

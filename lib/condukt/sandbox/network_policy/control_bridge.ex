@@ -67,7 +67,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
   require Logger
 
   alias Condukt.Native
-  alias Condukt.Sandbox.NetworkPolicy.{ControlChannelSupervisor, DecideRuntime, Request, Telemetry}
+  alias Condukt.Sandbox.NetworkPolicy.{Capture, ControlChannelSupervisor, DecideRuntime, Request, Telemetry}
   alias Condukt.Sandbox.NetworkPolicy.ControlBridge.Options
 
   @max_port_deaths 5
@@ -164,6 +164,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
 
     state = %{
       opts: opts,
+      capture: Capture.of(opts[:policy]),
       owner: opts[:owner],
       session_id: opts[:session_id],
       native: nil,
@@ -434,13 +435,15 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
 
   ## Frames -------------------------------------------------------------------
 
+  # Body previews are redacted (or dropped) before any handler or decider
+  # sees them (Capture).
   defp frame(%{"type" => "event"} = frame, state) do
-    Telemetry.emit_frame(frame, state.session_id)
+    Telemetry.emit_frame(Capture.filter_fields(frame, state.capture), state.session_id)
     state
   end
 
   defp frame(%{"type" => "decision_request", "id" => id} = frame, state) when is_binary(id) do
-    fields = if is_map(frame["request"]), do: frame["request"], else: frame
+    fields = Capture.filter_fields(if(is_map(frame["request"]), do: frame["request"], else: frame), state.capture)
     # The decision id names the question; the request's own id is the proxy's.
     request = Request.from_sidecar(Map.put_new(fields, "id", frame["request_id"]))
     rule_index = get_in(frame, ["rule", "index"])

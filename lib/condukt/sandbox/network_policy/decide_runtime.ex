@@ -270,6 +270,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
     for {_ref, run} <- rt.runs do
       Process.cancel_timer(run.timer)
       Task.shutdown(run.task, :brutal_kill)
+      Telemetry.decide_stop(run.span, :exception, %{kind: :exit, reason: :cancelled, stacktrace: []})
     end
 
     %{rt | runs: %{}, by_key: %{}, by_id: %{}}
@@ -342,8 +343,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
       end)
 
     timer = Process.send_after(self(), {__MODULE__, :timeout, task.ref}, rule[:timeout])
+    span = Telemetry.decide_start(%{session_id: session_id, request: request, rule_index: rule_index})
 
     run = %{
+      span: span,
       task: task,
       timer: timer,
       waiting: waiting,
@@ -438,6 +441,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
     rt = %{rt | runs: runs, by_id: by_id, by_key: by_key}
     # Oldest question first.
     [{first, _} | others] = waiting = Enum.reverse(run.waiting)
+    end_span(run.span, outcome)
 
     case outcome do
       {:ok, answer, :once} ->
@@ -453,6 +457,18 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
         Enum.each(waiting, fn {_, request} -> fail(rt, failure, request, run.rule_index) end)
         {:ok, Enum.map(waiting, fn {id, _} -> {:decision, id, {:deny, failure}, false} end), rt}
     end
+  end
+
+  defp end_span(span, {:ok, :allow, scope}),
+    do: Telemetry.decide_stop(span, :stop, %{result: :allow, reason: nil, scope: scope})
+
+  defp end_span(span, {:ok, {:deny, reason}, scope}),
+    do:
+      Telemetry.decide_stop(span, :stop, %{result: :deny, reason: if(reason == "", do: nil, else: reason), scope: scope})
+
+  defp end_span(span, {:error, failure}) do
+    kind = if failure == :decider_timeout, do: :exit, else: :error
+    Telemetry.decide_stop(span, :exception, %{kind: kind, reason: failure, stacktrace: []})
   end
 
   defp restart(rt, [{_id, request} | _] = waiting, run) do

@@ -10,7 +10,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
   | reason                   | meaning |
   |--------------------------|---------|
   | `:invalid_policy`        | not a keyword list, map or `%NetworkPolicy{}` |
-  | `:unknown_key`           | a policy key other than `:rules` and `:default` |
+  | `:unknown_key`           | a policy key other than `:rules`, `:default`, `:body_preview`, `:redact_headers` and `:redact_body` |
   | `:invalid_rules`         | `:rules` is not a list |
   | `:invalid_rule`          | a rule is not a `{kind, value}` pair |
   | `:unknown_rule_kind`     | a kind other than `:allow`, `:deny`, `:decide` |
@@ -25,6 +25,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
   | `:too_many_rules`        | more rules than the sidecar loads (4096) |
   | `:too_many_patterns`     | more patterns in one rule than the sidecar loads (4096) |
   | `:document_too_large`    | the sidecar document would exceed 4 MiB |
+  | `:invalid_capture_option` | `:body_preview`, `:redact_headers` or `:redact_body` of the wrong type or range (`:detail` says what is expected) |
   | `:unreachable_rule`      | a rule after a decide rule, which answers every request that reaches it: the rule would never be consulted (`:detail` is the decide rule's index) |
   """
 
@@ -46,6 +47,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
           | :too_many_patterns
           | :document_too_large
           | :unreachable_rule
+          | :invalid_capture_option
 
   @type t :: %__MODULE__{
           reason: reason(),
@@ -68,7 +70,12 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
     do: "expected a keyword list, a map or a %NetworkPolicy{}, got: #{inspect(v)}"
 
   defp what(%{reason: :unknown_key, value: v, detail: hint}),
-    do: "unknown key #{inspect(v)}#{hint(hint)}; the keys are :rules and :default"
+    do:
+      "unknown key #{inspect(v)}#{hint(hint)}; the keys are :rules, :default, :body_preview, " <>
+        ":redact_headers and :redact_body"
+
+  defp what(%{reason: :invalid_capture_option, value: v, detail: expected}),
+    do: "expected #{expected}, got: #{inspect(v)}"
 
   defp what(%{reason: :invalid_rules, value: v}),
     do: "expected :rules to be a keyword list of rules, got: #{inspect(v)}"

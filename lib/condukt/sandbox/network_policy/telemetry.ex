@@ -28,6 +28,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
 
   Measurements: `%{bytes_in: non_neg_integer(), bytes_out: non_neg_integer()}`
   (bytes received from / sent to the upstream for this request so far).
+  `:request_closed` and `:request_failed` also carry `duration`: how long
+  the request took, from its first byte to its end, as the sidecar measured
+  it on a monotonic clock, in native time units (`System.convert_time_unit/3`
+  turns it into milliseconds), as `:telemetry.span/3` durations are.
 
   Metadata:
 
@@ -60,6 +64,56 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   The request itself still surfaces as `:request_denied` with the same
   reason; this event tracks decider health apart from policy denials.
 
+  ## Decide spans (from the decide runtime)
+
+  Every time a decider runs (not for an answer the cache already had), a
+  span in the shape `:telemetry.span/3` gives, so `telemetry_metrics`
+  histograms and tracing bridges work unchanged:
+
+  | event | measurements | metadata |
+  |-------|--------------|----------|
+  | `[:condukt, :sandbox, :network_policy, :decide, :start]` | `%{monotonic_time: integer(), system_time: integer()}` | `%{session_id: String.t() \\| nil, request: Request.t(), rule_index: non_neg_integer(), telemetry_span_context: reference()}` |
+  | `[:condukt, :sandbox, :network_policy, :decide, :stop]` | `%{duration: integer(), monotonic_time: integer()}` | the start's, plus `result: :allow \\| :deny`, `reason: atom() \\| String.t() \\| nil` (a deny's) and `scope: :once \\| :request \\| :path \\| :host` |
+  | `[:condukt, :sandbox, :network_policy, :decide, :exception]` | `%{duration: integer(), monotonic_time: integer()}` | the start's, plus `kind: :error \\| :exit`, `reason: :decider_timeout \\| :decider_error \\| :decider_bad_return \\| :cancelled` and `stacktrace: []` |
+
+  `duration` is in native time units. A decider that timed out, raised or
+  answered something invalid ends its span with `:exception` (and the
+  request is denied, see `:decider_failure`); one killed because the
+  session ended ends it with `reason: :cancelled`. Identical requests that
+  waited for one decider share its span. Handlers run in the session's
+  bridge process, not in the decider's task.
+
+  ## With telemetry_metrics
+
+      [
+        Telemetry.Metrics.distribution("condukt.sandbox.network_policy.decide.stop.duration",
+          unit: {:native, :millisecond},
+          tags: [:result, :rule_index]
+        ),
+        Telemetry.Metrics.counter("condukt.sandbox.network_policy.decide.exception.duration",
+          tags: [:reason]
+        ),
+        Telemetry.Metrics.distribution("condukt.sandbox.network_policy.request_closed.duration",
+          unit: {:native, :millisecond},
+          tags: [:session_id]
+        ),
+        Telemetry.Metrics.sum("condukt.sandbox.network_policy.request_closed.bytes_in", unit: :byte),
+        Telemetry.Metrics.counter("condukt.sandbox.network_policy.request_denied.bytes_out",
+          tags: [:reason],
+          tag_values: &%{&1 | reason: to_string(&1.reason)}
+        )
+      ]
+
+  ## A default logger
+
+  `attach_default_logger/1` logs one structured line per event (every event
+  in `events/0`), in the style of `Oban.Telemetry.attach_default_logger/1`:
+
+      Condukt.Sandbox.NetworkPolicy.Telemetry.attach_default_logger(level: :info)
+      # [warning] network_policy event=request_denied session_id=job-42 method=POST
+      #           host=api.example.com port=443 path=/v1/charges rule=0:deny reason=denied_by_rule
+      #           seq=12 bytes_in=0 bytes_out=0
+
   ## The control channel (from the bridge; additive)
 
   | event | measurements | metadata |
@@ -78,6 +132,8 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   sidecar's address could not prove the token or gates another session
   (a process squatting the port), and the bridge refused it.
   """
+
+  require Logger
 
   alias Condukt.Sandbox.NetworkPolicy.Request
 
@@ -103,14 +159,140 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   @spec lifecycle_events() :: [[atom()]]
   def lifecycle_events, do: Enum.map(@lifecycle, &(@prefix ++ [@lifecycle_atoms[&1]]))
 
+  @doc "The three events of a decide span."
+  @spec decide_events() :: [[atom()]]
+  def decide_events, do: Enum.map([:start, :stop, :exception], &(@prefix ++ [:decide, &1]))
+
   @doc "Every event this module emits, for `:telemetry.attach_many/4`."
   @spec events() :: [[atom()]]
   def events do
     lifecycle_events() ++
+      decide_events() ++
       Enum.map(
         [:decider_failure, :control_connected, :control_disconnected, :control_gave_up, :control_refused],
         &(@prefix ++ [&1])
       )
+  end
+
+  @default_logger "condukt-network-policy-default-logger"
+  @levels [:emergency, :alert, :critical, :error, :warning, :notice, :info, :debug]
+
+  @doc """
+  Attaches a handler that logs every event of `events/0` as one line of
+  `key=value` pairs (values with spaces or quotes are quoted), through
+  `Logger` with the metadata `session_id` and `event`.
+
+  Options:
+
+    * `:level` - the `Logger` level of the lines (default `:info`); denied
+      requests, decider failures and control channel refusals use
+      `:warning` when `:level` is lower than that, so they stand out.
+    * `:events` - the events to log (default `events/0`).
+
+  Returns `:ok`, or `{:error, :already_exists}` when it is attached
+  already. `detach_default_logger/0` removes it.
+  """
+  @spec attach_default_logger(keyword()) :: :ok | {:error, :already_exists}
+  def attach_default_logger(opts \\ []) do
+    level = Keyword.get(opts, :level, :info)
+
+    unless level in @levels,
+      do: raise(ArgumentError, ":level must be one of #{inspect(@levels)}, got: #{inspect(level)}")
+
+    events = Keyword.get(opts, :events, events())
+    :telemetry.attach_many(@default_logger, events, &__MODULE__.log_event/4, %{level: level})
+  end
+
+  @doc "Detaches the handler of `attach_default_logger/1`."
+  @spec detach_default_logger() :: :ok | {:error, :not_found}
+  def detach_default_logger, do: :telemetry.detach(@default_logger)
+
+  @loud [:request_denied, :decider_failure, :control_refused, :control_gave_up]
+
+  @doc false
+  @spec log_event([atom()], map(), map(), map()) :: :ok
+  def log_event(event, measurements, metadata, %{level: level}) do
+    name = event |> Enum.drop(length(@prefix)) |> Enum.map_join(".", &Atom.to_string/1)
+    loud? = List.last(event) in @loud or event == @prefix ++ [:decide, :exception]
+    level = if loud? and Logger.compare_levels(level, :warning) == :lt, do: :warning, else: level
+
+    Logger.log(level, fn -> line(name, measurements, metadata) end,
+      session_id: metadata[:session_id],
+      event: name
+    )
+  end
+
+  # event=... then the request's fields, the metadata's scalars, the
+  # measurements (durations in microseconds).
+  defp line(name, measurements, metadata) do
+    request =
+      case metadata[:request] do
+        %Request{} = r ->
+          [method: r.method, host: r.host, port: r.port, path: r.path, status: r.status] ++
+            if(r.body_preview, do: [body_preview_bytes: byte_size(r.body_preview)], else: [])
+
+        _ ->
+          []
+      end
+
+    rule =
+      case metadata[:matched_rule] do
+        %{index: i, kind: k} -> [rule: "#{i}:#{k}"]
+        _ -> []
+      end
+
+    meta =
+      metadata
+      |> Map.drop([:request, :matched_rule, :at, :telemetry_span_context, :stacktrace, :session_id])
+      |> Enum.sort()
+
+    measured =
+      Enum.map(Enum.sort(measurements), fn
+        {k, v} when k in [:duration, :monotonic_time, :system_time] and is_integer(v) ->
+          if k == :duration, do: {:duration_us, System.convert_time_unit(v, :native, :microsecond)}, else: nil
+
+        kv ->
+          kv
+      end)
+
+    pairs = [event: name, session_id: metadata[:session_id]] ++ request ++ rule ++ meta ++ measured
+
+    ["network_policy" | for({k, v} <- Enum.reject(pairs, &is_nil/1), v != nil, do: "#{k}=#{value(v)}")]
+    |> Enum.join(" ")
+  end
+
+  defp value(v) when is_binary(v) do
+    if v != "" and not String.contains?(v, [" ", "\"", "=", "\n", "\\"]), do: v, else: inspect(v)
+  end
+
+  defp value(v) when is_atom(v) or is_number(v), do: to_string(v)
+  defp value(v), do: inspect(v)
+
+  @doc false
+  @spec decide_start(map()) :: {integer(), map()}
+  def decide_start(metadata) do
+    start = System.monotonic_time()
+    metadata = Map.put(metadata, :telemetry_span_context, make_ref())
+
+    :telemetry.execute(
+      @prefix ++ [:decide, :start],
+      %{monotonic_time: start, system_time: System.system_time()},
+      metadata
+    )
+
+    {start, metadata}
+  end
+
+  @doc false
+  @spec decide_stop({integer(), map()}, :stop | :exception, map()) :: :ok
+  def decide_stop({start, metadata}, kind, extra) do
+    stop = System.monotonic_time()
+
+    :telemetry.execute(
+      @prefix ++ [:decide, kind],
+      %{duration: stop - start, monotonic_time: stop},
+      Map.merge(metadata, extra)
+    )
   end
 
   @doc """
@@ -132,7 +314,9 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   def emit_frame(%{"event" => name} = frame, session_id) do
     case @lifecycle_atoms do
       %{^name => event} ->
-        measurements = %{bytes_in: count(frame["bytes_in"]), bytes_out: count(frame["bytes_out"])}
+        measurements =
+          %{bytes_in: count(frame["bytes_in"]), bytes_out: count(frame["bytes_out"])}
+          |> put_duration(event, frame["duration_us"])
 
         metadata = %{
           request: Request.from_sidecar(frame),
@@ -198,6 +382,12 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   def control_gave_up(session_id, attempts, reason) do
     :telemetry.execute(@prefix ++ [:control_gave_up], %{attempts: attempts}, %{session_id: session_id, reason: reason})
   end
+
+  # The sidecar measures the two events that end a request (microseconds).
+  defp put_duration(m, event, us) when event in [:request_closed, :request_failed] and is_integer(us) and us >= 0,
+    do: Map.put(m, :duration, System.convert_time_unit(us, :microsecond, :native))
+
+  defp put_duration(m, _event, _us), do: m
 
   defp count(n) when is_integer(n) and n >= 0, do: n
   defp count(_), do: 0

@@ -263,7 +263,7 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
       assert spec["securityContext"] == %{"fsGroup" => 1337}
       assert spec["serviceAccountName"] == "runner"
       assert spec["hostAliases"] == [%{"ip" => "10.0.0.5", "hostnames" => ["git.internal"]}]
-      [netfilter, sidecar] = spec["initContainers"]
+      [netfilter, trust, sidecar] = spec["initContainers"]
 
       assert netfilter["name"] == "condukt-netfilter"
       assert netfilter["image"] == @params.image
@@ -358,10 +358,33 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
                "defaultMode" => 0o440
              }
 
-      assert vols["condukt-trust"]["secret"] == %{
+      # The bundle is written in the pod, not stored: the trust Secret
+      # holds the session certificate alone, the workspace mounts the
+      # emptyDir the condukt-trust init container fills.
+      assert vols["condukt-session-ca"]["secret"] == %{
                "secretName" => "condukt-job-42-0123456789-trust",
                "defaultMode" => 0o444
              }
+
+      assert vols["condukt-trust"] == %{"name" => "condukt-trust", "emptyDir" => %{"sizeLimit" => "2Mi"}}
+      assert trust["name"] == "condukt-trust"
+      assert trust["image"] == @params.image
+
+      assert trust["command"] ==
+               ~w(/usr/local/bin/condukt-egress ca bundle --ca-cert /etc/condukt-session-ca/ca.pem --out-dir /etc/condukt)
+
+      tsc = trust["securityContext"]
+      assert tsc["runAsUser"] == 1337 and tsc["runAsNonRoot"] == true
+      assert tsc["capabilities"] == %{"drop" => ["ALL"]} and tsc["readOnlyRootFilesystem"] == true
+      assert tsc["allowPrivilegeEscalation"] == false
+
+      assert trust["volumeMounts"] == [
+               %{"name" => "condukt-session-ca", "mountPath" => "/etc/condukt-session-ca", "readOnly" => true},
+               %{"name" => "condukt-trust", "mountPath" => "/etc/condukt"}
+             ]
+
+      refute Enum.any?(trust["volumeMounts"], &(&1["name"] == "condukt-egress")), "the trust step never sees the key"
+      assert Enum.all?(Enum.filter(mounts, &(&1["name"] == "condukt-trust")), &(&1["readOnly"] == true))
 
       assert is_binary(Condukt.JSON.encode!(pod))
     end
@@ -389,15 +412,15 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
 
       trust = Manifests.trust_secret(@params)
       tdata = Map.new(trust["data"], fn {k, v} -> {k, Base.decode64!(v)} end)
-      assert Map.keys(tdata) |> Enum.sort() == ["ca-certificates.crt", "ca.pem", "trust-store.p12"]
+      # The session certificate and the JVM's trust store: the PEM bundle's
+      # Mozilla roots come from the sidecar image.
+      assert Map.keys(tdata) |> Enum.sort() == ["ca.pem", "trust-store.p12"]
+      assert tdata["ca.pem"] == @params.ca_cert_pem
       # the JVM's store: a PKCS#12 PFX (version 3) holding the session CA's DER
       assert <<0x30, _::binary>> = tdata["trust-store.p12"]
       [{:Certificate, ca_der, _}] = :public_key.pem_decode(@params.ca_cert_pem)
       assert :binary.match(tdata["trust-store.p12"], ca_der) != :nomatch
       refute Map.has_key?(tdata, "ca.key")
-      assert String.ends_with?(tdata["ca-certificates.crt"], @params.ca_cert_pem)
-      assert tdata["ca-certificates.crt"] =~ "BEGIN CERTIFICATE"
-      assert byte_size(tdata["ca-certificates.crt"]) > 100_000
 
       np = Manifests.network_policy(@params)
       assert np["spec"]["podSelector"] == %{"matchLabels" => %{"condukt.dev/sandbox" => "0123456789"}}

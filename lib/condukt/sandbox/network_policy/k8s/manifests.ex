@@ -2,9 +2,11 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   @moduledoc """
   The Kubernetes objects the network policy adds to a sandbox pod
   (docs/kubernetes.md, "Objects" and "Pod"), as plain maps ready to be
-  sent as JSON: the sidecar's Secret, the workspace's trust Secret, the
-  NetworkPolicy, and the pod's init containers, volumes, mounts and CA
-  environment.
+  sent as JSON: the sidecar's Secret, the trust Secret (the session
+  certificate), the NetworkPolicy, and the pod's init containers
+  (`condukt-netfilter`, `condukt-trust`, which writes the workspace's
+  trust bundle from the image's roots, and the `condukt-egress` sidecar),
+  volumes, mounts and CA environment.
 
   `default_image/0` is the sidecar image matching this library's version
   (`ghcr.io/tuist/condukt-egress:<version>`); `Condukt.Sandbox.Kubernetes`
@@ -33,6 +35,21 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   @spec control_port() :: 15_002
   def control_port, do: @control_port
 
+  # Enough for the proxy under a steady agent's traffic (it holds a few
+  # MiB per connection at most); small enough that a LimitRange or a
+  # ResourceQuota that requires requests and limits admits the pod. The
+  # init containers run for milliseconds.
+  @sidecar_resources %{requests: %{cpu: "50m", memory: "32Mi"}, limits: %{cpu: "1", memory: "256Mi"}}
+  @init_resources %{requests: %{cpu: "10m", memory: "16Mi"}, limits: %{cpu: "100m", memory: "64Mi"}}
+
+  @doc "The sidecar container's default `resources`."
+  @spec default_sidecar_resources() :: map()
+  def default_sidecar_resources, do: @sidecar_resources
+
+  @doc "The default `resources` of the init containers that run to completion."
+  @spec default_init_resources() :: map()
+  def default_init_resources, do: @init_resources
+
   @doc "The sidecar's group: the pod-level `fsGroup` of the egress Secret."
   @spec sidecar_uid() :: 1337
   def sidecar_uid, do: @sidecar_uid
@@ -53,7 +70,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
           optional(:policy_json) => String.t(),
           optional(:upstream_ca) => String.t() | nil,
           optional(:allow_private) => [String.t()],
-          optional(:host_aliases) => [map()]
+          optional(:host_aliases) => [map()],
+          optional(:sidecar_resources) => map() | nil,
+          optional(:init_resources) => map() | nil,
+          optional(:proxy_args) => [String.t()]
         }
 
   @doc """
@@ -94,17 +114,26 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   end
 
   @doc """
-  Secret `<pod>-trust`: the session CA, the trust bundle (Mozilla roots +
-  session CA) and the same as a PKCS#12 trust store for the JVM
-  (`Condukt.Sandbox.NetworkPolicy.TrustStore`).
+  Secret `<pod>-trust`: the session CA certificate and the JVM's PKCS#12
+  trust store (Mozilla roots + session CA,
+  `Condukt.Sandbox.NetworkPolicy.TrustStore`). The PEM trust bundle is not
+  stored: the `condukt-trust` init container writes it into the pod from
+  the sidecar image's roots.
   """
   @spec trust_secret(params()) :: map()
   def trust_secret(p) do
     secret(p.pod <> "-trust", p, %{
       "ca.pem" => p.ca_cert_pem,
-      "ca-certificates.crt" => NetworkPolicy.CA.trust_bundle(p.ca_cert_pem),
-      NetworkPolicy.TrustStore.file_name() => NetworkPolicy.TrustStore.pkcs12(p.ca_cert_pem)
+      NetworkPolicy.TrustStore.file_name() => trust_store(p.ca_cert_pem)
     })
+  end
+
+  # A dry run (`Condukt.Sandbox.Kubernetes.manifests/1`) has a placeholder
+  # where the session CA goes; its trust store is the same placeholder.
+  defp trust_store(ca_cert_pem) do
+    if String.contains?(ca_cert_pem, "-----BEGIN CERTIFICATE-----"),
+      do: NetworkPolicy.TrustStore.pkcs12(ca_cert_pem),
+      else: ca_cert_pem
   end
 
   defp secret(name, p, data) do
@@ -145,121 +174,178 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
     }
   end
 
-  @doc "The two init containers: `condukt-netfilter` (iptables) and the native sidecar `condukt-egress`."
+  @doc """
+  The init containers: `condukt-netfilter` (iptables), `condukt-trust`
+  (writes the workspace's trust bundle) and the native sidecar
+  `condukt-egress`.
+  """
   @spec init_containers(params()) :: [map()]
   def init_containers(p) do
-    netfilter = %{
-      "name" => "condukt-netfilter",
-      "image" => p.image,
-      "command" =>
-        [@binary, "netfilter-setup", "--proxy-port", "#{@proxy_port}", "--mark", @mark] ++
-          ["--sidecar-uid", "#{@sidecar_uid}", "--dns-port", "#{@dns_port}"],
-      "securityContext" => %{
-        "runAsUser" => 0,
-        "runAsNonRoot" => false,
-        "allowPrivilegeEscalation" => false,
-        "readOnlyRootFilesystem" => true,
-        "capabilities" => %{"drop" => ["ALL"], "add" => ["NET_ADMIN", "NET_RAW"]}
+    netfilter =
+      %{
+        "name" => "condukt-netfilter",
+        "image" => p.image,
+        "command" =>
+          [@binary, "netfilter-setup", "--proxy-port", "#{@proxy_port}", "--mark", @mark] ++
+            ["--sidecar-uid", "#{@sidecar_uid}", "--dns-port", "#{@dns_port}"],
+        "securityContext" => %{
+          "runAsUser" => 0,
+          "runAsNonRoot" => false,
+          "allowPrivilegeEscalation" => false,
+          "readOnlyRootFilesystem" => true,
+          "capabilities" => %{"drop" => ["ALL"], "add" => ["NET_ADMIN", "NET_RAW"]}
+        }
       }
-    }
+      |> put_resources(Map.get(p, :init_resources, @init_resources))
+
+    # Runs as the sidecar's uid, without any capability, on a read-only
+    # root: it reads the image's roots and the session certificate, and
+    # writes two files into the emptyDir the workspace mounts read-only.
+    trust =
+      %{
+        "name" => "condukt-trust",
+        "image" => p.image,
+        # ca.pem and ca-certificates.crt = the image's Mozilla roots (next
+        # to the binary's real path, as the proxy finds them) + the session
+        # CA; the image has no shell.
+        "command" => [
+          @binary,
+          "ca",
+          "bundle",
+          "--ca-cert",
+          "/etc/condukt-session-ca/ca.pem",
+          "--out-dir",
+          @trust_dir
+        ],
+        "securityContext" => %{
+          "runAsUser" => @sidecar_uid,
+          "runAsGroup" => @sidecar_uid,
+          "runAsNonRoot" => true,
+          "allowPrivilegeEscalation" => false,
+          "readOnlyRootFilesystem" => true,
+          "capabilities" => %{"drop" => ["ALL"]},
+          "seccompProfile" => %{"type" => "RuntimeDefault"}
+        },
+        "volumeMounts" => [
+          %{"name" => "condukt-session-ca", "mountPath" => "/etc/condukt-session-ca", "readOnly" => true},
+          %{"name" => "condukt-trust", "mountPath" => @trust_dir}
+        ]
+      }
+      |> put_resources(Map.get(p, :init_resources, @init_resources))
 
     upstream = if p[:upstream_ca], do: ["--upstream-extra-ca", "#{@egress_dir}/upstream-ca.pem"], else: []
     private = Enum.flat_map(p[:allow_private] || [], &["--allow-private", &1])
 
-    sidecar = %{
-      "name" => "condukt-egress",
-      "image" => p.image,
-      "restartPolicy" => "Always",
-      "command" =>
-        [
-          @binary,
-          "proxy",
-          "--policy",
-          "#{@egress_dir}/policy.json",
-          "--ca-cert",
-          "#{@egress_dir}/ca.pem",
-          "--ca-key",
-          "#{@egress_dir}/ca.key",
-          "--token-file",
-          "#{@egress_dir}/token",
-          "--session-id",
-          p.session_id,
-          "--control",
-          "127.0.0.1:#{@control_port}",
-          "--mark",
-          @mark,
-          "--user",
-          "#{@sidecar_uid}",
-          # Its own names, never the pod's shared /etc/hosts (docs/dns.md);
-          # its resolvers are those of /etc/resolv.conf as the kubelet
-          # wrote it, read when it first starts, before the workspace.
-          "--hosts",
-          "#{@egress_dir}/hosts",
-          # The resolvers of its first start, kept where only it can write
-          # and a restart of its container finds them (docs/dns.md).
-          "--dns-state",
-          "#{@state_dir}/resolvers"
-        ] ++ listen_args() ++ upstream ++ private,
-      # The kubelet starts the workspace once this succeeds, not once the
-      # sidecar's process started: until the proxy listens, the
-      # workspace's REDIRECTed connections would be refused. exec, not
-      # tcpSocket: the proxy listens on loopback only and the kubelet
-      # probes from the node's network namespace. `ready` connects to the
-      # same --listen addresses (the proxy starts its control channel
-      # before them) and closes; the proxy logs that at debug level only.
-      "startupProbe" => %{
-        "exec" => %{"command" => [@binary, "ready" | listen_args()]},
-        "periodSeconds" => 1,
-        "timeoutSeconds" => 1,
-        "failureThreshold" => 30
-      },
-      # Started as uid 0 with NET_ADMIN, SETUID and SETGID, the proxy
-      # reads its files and then becomes uid 1337 keeping NET_ADMIN alone
-      # (`--user`, docs/netfilter.md, "The exemption"): runtimes give a
-      # non-root process no ambient capabilities, and no_new_privs rules
-      # out file capabilities, so this is the one way to hold SO_MARK's
-      # capability as the uid the rules exempt.
-      "securityContext" => %{
-        "runAsUser" => 0,
-        "runAsGroup" => @sidecar_uid,
-        "runAsNonRoot" => false,
-        "allowPrivilegeEscalation" => false,
-        "readOnlyRootFilesystem" => true,
-        "capabilities" => %{"drop" => ["ALL"], "add" => ["NET_ADMIN", "SETUID", "SETGID"]}
-      },
-      "volumeMounts" => [
-        %{"name" => "condukt-egress", "mountPath" => @egress_dir, "readOnly" => true},
-        %{"name" => "condukt-egress-state", "mountPath" => @state_dir}
-      ]
-    }
+    sidecar =
+      %{
+        "name" => "condukt-egress",
+        "image" => p.image,
+        "restartPolicy" => "Always",
+        "command" =>
+          [
+            @binary,
+            "proxy",
+            "--policy",
+            "#{@egress_dir}/policy.json",
+            "--ca-cert",
+            "#{@egress_dir}/ca.pem",
+            "--ca-key",
+            "#{@egress_dir}/ca.key",
+            "--token-file",
+            "#{@egress_dir}/token",
+            "--session-id",
+            p.session_id,
+            "--control",
+            "127.0.0.1:#{@control_port}",
+            "--mark",
+            @mark,
+            "--user",
+            "#{@sidecar_uid}",
+            # Its own names, never the pod's shared /etc/hosts (docs/dns.md);
+            # its resolvers are those of /etc/resolv.conf as the kubelet
+            # wrote it, read when it first starts, before the workspace.
+            "--hosts",
+            "#{@egress_dir}/hosts",
+            # The resolvers of its first start, kept where only it can write
+            # and a restart of its container finds them (docs/dns.md).
+            "--dns-state",
+            "#{@state_dir}/resolvers"
+          ] ++ listen_args() ++ upstream ++ private ++ Map.get(p, :proxy_args, []),
+        # The kubelet starts the workspace once this succeeds, not once the
+        # sidecar's process started: until the proxy listens, the
+        # workspace's REDIRECTed connections would be refused. exec, not
+        # tcpSocket: the proxy listens on loopback only and the kubelet
+        # probes from the node's network namespace. `ready` connects to the
+        # same --listen addresses (the proxy starts its control channel
+        # before them) and closes; the proxy logs that at debug level only.
+        "startupProbe" => %{
+          "exec" => %{"command" => [@binary, "ready" | listen_args()]},
+          "periodSeconds" => 1,
+          "timeoutSeconds" => 1,
+          "failureThreshold" => 30
+        },
+        # Started as uid 0 with NET_ADMIN, SETUID and SETGID, the proxy
+        # reads its files and then becomes uid 1337 keeping NET_ADMIN alone
+        # (`--user`, docs/netfilter.md, "The exemption"): runtimes give a
+        # non-root process no ambient capabilities, and no_new_privs rules
+        # out file capabilities, so this is the one way to hold SO_MARK's
+        # capability as the uid the rules exempt.
+        "securityContext" => %{
+          "runAsUser" => 0,
+          "runAsGroup" => @sidecar_uid,
+          "runAsNonRoot" => false,
+          "allowPrivilegeEscalation" => false,
+          "readOnlyRootFilesystem" => true,
+          "capabilities" => %{"drop" => ["ALL"], "add" => ["NET_ADMIN", "SETUID", "SETGID"]}
+        },
+        "volumeMounts" => [
+          %{"name" => "condukt-egress", "mountPath" => @egress_dir, "readOnly" => true},
+          %{"name" => "condukt-egress-state", "mountPath" => @state_dir}
+        ]
+      }
+      |> put_resources(Map.get(p, :sidecar_resources, @sidecar_resources))
 
-    [netfilter, sidecar]
+    [netfilter, trust, sidecar]
   end
+
+  defp put_resources(container, nil), do: container
+  defp put_resources(container, r), do: Map.put(container, "resources", Condukt.Sandbox.Kubernetes.Manifest.to_k8s(r))
 
   defp listen_args, do: Enum.flat_map(@listen, &["--listen", &1])
 
   @doc """
   The pod volumes: the two Secrets (the egress one group-readable only,
-  0440) and the sidecar's own state directory (an emptyDir only the
-  sidecar mounts: it outlives a restart of the sidecar's container).
+  0440), `condukt-trust`, the emptyDir the `condukt-trust` init
+  container fills and the workspace mounts, and the sidecar's own state
+  directory (an emptyDir only the sidecar mounts: it outlives a restart of
+  the sidecar's container).
   """
   @spec volumes(params()) :: [map()]
   def volumes(p) do
     [
       %{"name" => "condukt-egress", "secret" => %{"secretName" => p.pod <> "-egress", "defaultMode" => 0o440}},
-      %{"name" => "condukt-trust", "secret" => %{"secretName" => p.pod <> "-trust", "defaultMode" => 0o444}},
+      %{"name" => "condukt-session-ca", "secret" => %{"secretName" => p.pod <> "-trust", "defaultMode" => 0o444}},
+      %{"name" => "condukt-trust", "emptyDir" => %{"sizeLimit" => "2Mi"}},
       %{"name" => "condukt-egress-state", "emptyDir" => %{"medium" => "Memory", "sizeLimit" => "1Mi"}}
     ]
   end
 
   @doc """
-  The workspace container's mounts of the trust Secret: `/etc/condukt`,
-  and the bundle over the two system trust-store paths (subPath).
+  The workspace container's read-only mounts of the trust files:
+  `/etc/condukt` (`ca.pem`, `ca-certificates.crt`), and the bundle over
+  the two system trust-store paths (subPath).
   """
   @spec workspace_mounts() :: [map()]
   def workspace_mounts do
     [
       %{"name" => "condukt-trust", "mountPath" => @trust_dir, "readOnly" => true},
+      # The JVM's trust store comes from the session's Secret.
+      %{
+        "name" => "condukt-session-ca",
+        "mountPath" => "#{@trust_dir}/#{NetworkPolicy.TrustStore.file_name()}",
+        "subPath" => NetworkPolicy.TrustStore.file_name(),
+        "readOnly" => true
+      },
       %{
         "name" => "condukt-trust",
         "mountPath" => "/etc/ssl/certs/ca-certificates.crt",
