@@ -58,6 +58,16 @@ else
   echo "fresh-debian-check: root ready in $(( $(date +%s) - start )) s"
 fi
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The machine's own network trust: a certificate authority the local
+# administrator added (a TLS-inspecting egress proxy, say) is part of the
+# machine, not of the project, so the root gets it too; without it, cargo
+# and pip could not reach their registries through such a network.
+if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+  chroot "$root" update-ca-certificates >/dev/null 2>&1 ||
+    { echo "fresh-debian-check: update-ca-certificates failed in the root" >&2; exit 1; }
+fi
 git clone -q "$here" "$root/root/condukt"
 
 cleanup() {
