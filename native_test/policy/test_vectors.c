@@ -119,7 +119,10 @@ Test(vectors, groups) {
       total++;
 
       ce_verdict_t v;
-      rc = ce_policy_eval_input(p, input, json_string_length(ij), &v);
+      const json_t *mj = json_object_get(c, "method");
+      const char *method = json_string_value(mj);
+      rc = ce_policy_eval_input(p, input, json_string_length(ij), method, method != NULL ? json_string_length(mj) : 0,
+                                &v);
       cr_expect_eq(rc, 0, "group \"%s\" input \"%s\": %s", name, input, ce_err_name(rc));
 
       const char *want_decision = str_or_null(c, "decision");
