@@ -10,7 +10,7 @@
  *   no "//", no "." or ".." segment, no '%2F'/'%5C'/'%00' and no
  *   lower-case %-escape, and normalising it again gives it back;
  * - a normalised pattern normalises to itself;
- * - "/**" matches every normalised path, and every normalised path matches
+ * - the pattern "/" "**" matches every normalised path, and every one matches
  *   itself as a pattern when it has no '*'.
  *
  * Any violation aborts, which libFuzzer reports as a crash with the input.
