@@ -22,6 +22,23 @@ defmodule Condukt.Sandbox.NetworkPolicy do
       and IP literals by address; `docs/host-matching.md` has the exact
       rules. An address range such as `"10.0.0.0/8"` is not a pattern
       (`new/1` says so): name single addresses, or the hosts.
+    * An entry of an `allow:` or `deny:` list may also be
+      `{host, methods: [...], paths: [...]}` (either list may be left
+      out): it matches a request to the host only when the method is one
+      of `methods` (upper case, compared exactly) and the path matches one
+      of the `paths` globs (`*` within one segment, `**` any number of
+      segments). The path is normalised first: escapes of unreserved
+      characters decoded, dot segments removed, and `%2F`, `%5C`, `%00`,
+      `//` and a climb above the root refused, so `/repos/myorg/../x`
+      cannot pass for `/repos/myorg/x`. A request that matches the host but
+      not the method or path falls through to the next rule; a path that
+      cannot be judged is denied at the first rule with a path entry for
+      the host (`:invalid_path`). `docs/path-matching.md` has the exact
+      rules.
+
+          allow: [{"api.github.com", methods: ["GET", "HEAD"], paths: ["/repos/myorg/**"]}],
+          deny: ["api.github.com"]
+
     * `decide: callable` defers to code (or to an agent). It matches every
       request that reaches it and is terminal: whatever the callable answers
       is the decision, so it comes last (a rule after it could never match
@@ -73,8 +90,8 @@ defmodule Condukt.Sandbox.NetworkPolicy do
 
   ## Dry runs and the sidecar form
 
-  `evaluate/2` runs the pipeline on a URL or a `Request` without calling any
-  decider. `to_sidecar_json/1` compiles the policy into the versioned JSON
+  `evaluate/3` runs the pipeline on a URL (with a `method:` option) or a
+  `Request` without calling any decider. `to_sidecar_json/1` compiles the policy into the versioned JSON
   document the `condukt-egress` sidecar evaluates (`docs/policy-json.md`);
   decide callables stay on the BEAM.
   """
