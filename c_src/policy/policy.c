@@ -62,7 +62,6 @@ typedef struct {
   ce_rule_kind_t kind;
   uint32_t timeout_ms;
   bool cache;
-  bool conditional; /* some pattern carries methods or paths */
   size_t first; /* index of the first pattern in policy->patterns */
   size_t count;
 } policy_rule_t;
@@ -277,9 +276,9 @@ static int load_conditions(ce_policy_t *p, const json_t *list, const char *epath
 }
 
 /* A version 2 entry object: {"host": ..., "methods": [...], "paths": [...]}
- * with at least one of methods and paths. */
-static int load_entry(ce_policy_t *p, const json_t *obj, const char *epath, const json_t **host,
-                      policy_pattern_t *cond, ce_policy_error_t *err) {
+ * with at least one of methods and paths. Its members and host first, as
+ * the Elixir side checks them. */
+static int entry_host(const json_t *obj, const char *epath, const json_t **host, ce_policy_error_t *err) {
   static const char *const members[] = {"host", "methods", "paths"};
   int rc = check_members(obj, epath, members, sizeof(members) / sizeof(members[0]), err);
   if (rc != 0)
@@ -287,11 +286,18 @@ static int load_entry(ce_policy_t *p, const json_t *obj, const char *epath, cons
   *host = json_object_get(obj, "host");
   if (*host == NULL)
     return missing(err, epath, "host");
-  const json_t *methods = json_object_get(obj, "methods");
-  const json_t *paths = json_object_get(obj, "paths");
-  if (methods == NULL && paths == NULL)
+  if (json_object_get(obj, "methods") == NULL && json_object_get(obj, "paths") == NULL)
     return fail(err, CE_EINVAL, epath,
                 "an entry object names \"methods\" or \"paths\"; write a plain host string otherwise");
+  return 0;
+}
+
+/* Then its conditions, into the pattern just added. */
+static int entry_conditions(ce_policy_t *p, const json_t *obj, const char *epath, policy_pattern_t *cond,
+                            ce_policy_error_t *err) {
+  const json_t *methods = json_object_get(obj, "methods");
+  const json_t *paths = json_object_get(obj, "paths");
+  int rc = 0;
   if (methods != NULL) {
     rc = load_conditions(p, methods, epath, "methods", CE_POLICY_MAX_METHODS, &cond->method_count,
                          &cond->method_first, err);
@@ -318,16 +324,15 @@ static int load_hosts(ce_policy_t *p, const json_t *hosts, const char *path, int
     const json_t *h = json_array_get(hosts, j);
     char epath[PATH_MAX_LEN], hostpath[PATH_MAX_LEN];
     format_into(epath, sizeof(epath), "%s[%zu]", hpath, j);
-    policy_pattern_t cond;
-    memset(&cond, 0, sizeof(cond));
+    const json_t *entry = NULL;
     if (json_is_object(h) && version >= 2) {
-      int rc = load_entry(p, h, epath, &h, &cond, err);
+      entry = h;
+      int rc = entry_host(entry, epath, &h, err);
       if (rc != 0)
         return rc;
       format_into(hostpath, sizeof(hostpath), "%s.host", epath);
       if (!json_is_string(h))
         return fail(err, CE_EINVAL, hostpath, "expected a string");
-      memcpy(epath, hostpath, sizeof(epath));
     } else if (json_is_object(h)) {
       return fail(err, CE_EINVAL, epath, "an entry object (methods, paths) needs a version 2 document");
     } else if (!json_is_string(h)) {
@@ -338,26 +343,25 @@ static int load_hosts(ce_policy_t *p, const json_t *hosts, const char *path, int
     size_t len = json_string_length(h);
     ce_host_t norm;
     ce_pattern_err_t perr = CE_PATTERN_OK;
+    const char *ppath = entry != NULL ? hostpath : epath;
     int rc = ce_pattern_normalize(text, len, &norm, &perr);
     if (rc == CE_ENOMEM)
-      return fail(err, CE_ENOMEM, epath, "%s", ce_strerror(CE_ENOMEM));
+      return fail(err, CE_ENOMEM, ppath, "%s", ce_strerror(CE_ENOMEM));
     if (rc != 0) {
       char q[CE_TEXT_QUOTE_MAX * 4 + 8];
       quote(q, sizeof(q), text, len);
       err->pattern_err = perr;
-      return fail(err, CE_EINVAL, epath, "bad pattern \"%s\" (%s): %s", q,
+      return fail(err, CE_EINVAL, ppath, "bad pattern \"%s\" (%s): %s", q,
                   ce_pattern_err_code(perr), ce_pattern_err_hint(perr));
     }
     rc = add_pattern(p, &norm);
     if (rc != 0)
-      return fail(err, rc, epath, "%s", ce_strerror(rc));
-    policy_pattern_t *pat = &p->patterns[p->pattern_count - 1];
-    pat->method_count = cond.method_count;
-    pat->method_first = cond.method_first;
-    pat->path_count = cond.path_count;
-    pat->path_first = cond.path_first;
-    if (cond.method_count > 0 || cond.path_count > 0)
-      rule->conditional = true;
+      return fail(err, rc, ppath, "%s", ce_strerror(rc));
+    if (entry != NULL) {
+      rc = entry_conditions(p, entry, epath, &p->patterns[p->pattern_count - 1], err);
+      if (rc != 0)
+        return rc;
+    }
   }
   rule->count = p->pattern_count - rule->first;
   return 0;

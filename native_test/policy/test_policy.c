@@ -759,7 +759,8 @@ Test(policy_conditions, load_errors) {
   v2_rule_fails("[{\"methods\":[\"GET\"]}]", "$.rules[0].hosts[0]: missing member \"host\"");
   v2_rule_fails("[{\"host\":1,\"methods\":[\"GET\"]}]", "$.rules[0].hosts[0].host: expected a string");
   v2_rule_fails("[{\"host\":\"a.com\",\"method\":[\"GET\"]}]", "$.rules[0].hosts[0].method: unknown member");
-  v2_rule_fails("[{\"host\":\"a.com/x\",\"methods\":[\"GET\"]}]",
+  /* The host is checked before the conditions, as new/1 does. */
+  v2_rule_fails("[{\"host\":\"a.com/x\",\"methods\":[\"get\"]}]",
                 "$.rules[0].hosts[0].host: bad pattern \"a.com/x\" (path): write the host only, without a path, query or fragment");
   v2_rule_fails("[{\"host\":\"a.com\",\"methods\":[]}]",
                 "$.rules[0].hosts[0].methods: expected a non-empty array of strings");
