@@ -2,7 +2,8 @@
  * `condukt-egress policy`: check or dry-run a sidecar policy document.
  *
  *   condukt-egress policy check FILE              exit 0, or 1 + error line
- *   condukt-egress policy eval FILE URL_OR_HOST   one JSON verdict on stdout
+ *   condukt-egress policy eval [--method M] FILE URL_OR_HOST
+ *                                                 one JSON verdict on stdout
  *
  * "--" ends the options, for a host or file that starts with '-'.
  *
@@ -25,10 +26,12 @@
 static void usage(FILE *out) {
   fprintf(out,
           "usage: " PROG " policy check [--] FILE\n"
-          "       " PROG " policy eval [--] FILE URL_OR_HOST\n"
+          "       " PROG " policy eval [--method METHOD] [--] FILE URL_OR_HOST\n"
           "\n"
           "  check  validate a sidecar policy document (docs/policy-json.md)\n"
-          "  eval   print the verdict for a URL or host[:port] as one JSON line\n");
+          "  eval   print the verdict for a URL or host[:port] as one JSON line;\n"
+          "         --method names the request's method (rules with methods\n"
+          "         match no request whose method is not given)\n");
 }
 
 /* Prints "condukt-egress: WHAT 'WORD'" (WORD may be NULL) and the usage. */
@@ -88,8 +91,15 @@ int ce_cmd_policy(int argc, char **argv) {
   const char *words[POLICY_MAX_WORDS];
   int n = 0;
   bool options_done = false;
+  const char *method = NULL;
   for (int i = 1; i < argc; i++) {
     const char *w = argv[i];
+    if (!options_done && strcmp(w, "--method") == 0) {
+      if (i + 1 >= argc)
+        return usage_error("policy: --method needs a value", NULL);
+      method = argv[++i];
+      continue;
+    }
     if (!options_done && strcmp(w, "--") == 0) {
       options_done = true;
       continue;
@@ -108,6 +118,8 @@ int ce_cmd_policy(int argc, char **argv) {
     return usage_error("policy: missing subcommand (check or eval)", NULL);
 
   const char *sub = words[0];
+  if (method != NULL && strcmp(sub, "eval") != 0)
+    return usage_error("policy: --method is an option of eval", NULL);
   if (strcmp(sub, "check") == 0) {
     if (n < 2)
       return usage_error("policy check: missing FILE", NULL);
@@ -128,7 +140,8 @@ int ce_cmd_policy(int argc, char **argv) {
     if (code != CE_EXIT_OK)
       return code;
     ce_verdict_t verdict;
-    int rc = ce_policy_eval_input(policy, words[2], strlen(words[2]), &verdict);
+    int rc = ce_policy_eval_input(policy, words[2], strlen(words[2]), method, method != NULL ? strlen(method) : 0,
+                                  &verdict);
     ce_policy_free(policy);
     if (rc != 0) {
       fprintf(stderr, PROG ": policy eval: %s\n", ce_strerror(rc));

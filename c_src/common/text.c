@@ -47,3 +47,13 @@ void ce_text_usage_error(const char *prog, const char *what, const char *word) {
   fprintf(stderr, "%s: %s '%s'\n", prog, what, shown);
   fprintf(stderr, "run '%s --help' for the options\n", prog);
 }
+
+int ce_hex_value(char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}

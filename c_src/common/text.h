@@ -24,4 +24,7 @@ void ce_text_sanitize(char *dst, size_t cap, const char *s, size_t n,
  *   run 'PROG --help' for the options */
 void ce_text_usage_error(const char *prog, const char *what, const char *word);
 
+/* The value of one hex digit (either case), or -1. */
+int ce_hex_value(char c);
+
 #endif

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/text.h"
 
 /* An IPv6 address has eight 16-bit groups (RFC 4291 §2.2). */
 #define IPV6_GROUPS 8
@@ -19,15 +20,6 @@
 
 static int is_digit(char c) { return c >= '0' && c <= '9'; }
 
-static int hex_value(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
 
 int ce_ipv4_parse(const char *s, size_t n, uint8_t out[4]) {
   uint8_t parts[4];
@@ -79,8 +71,8 @@ int ce_ipv6_parse(const char *s, size_t n, uint8_t out[16]) {
   while (i < n) {
     size_t start = i;
     unsigned value = 0;
-    while (i < n && hex_value(s[i]) >= 0 && i - start <= IPV6_GROUP_DIGITS_MAX) {
-      value = value * 16 + (unsigned)hex_value(s[i]);
+    while (i < n && ce_hex_value(s[i]) >= 0 && i - start <= IPV6_GROUP_DIGITS_MAX) {
+      value = value * 16 + (unsigned)ce_hex_value(s[i]);
       i++;
     }
     if (i < n && s[i] == '.') {

@@ -29,6 +29,7 @@
 #include "common/json.h"
 #include "common/text.h"
 #include "policy/glob.h"
+#include "policy/path.h"
 #include "policy/url.h"
 
 /* A JSON path in a message: "$.rules[4095].hosts[4095]" (26 bytes) plus a
@@ -45,7 +46,17 @@ typedef struct {
   uint16_t len;      /* text length, at most CE_HOST_NAME_MAX */
   size_t text_off;   /* offset of the text in policy->arena (names only) */
   uint8_t addr[16];  /* IP literals only */
+  /* version 2 entries: methods and path patterns, slices of
+   * policy->texts; a count of 0 places no condition */
+  uint16_t method_count, path_count;
+  size_t method_first, path_first;
 } policy_pattern_t;
+
+/* A method or a normalised path pattern in policy->arena. */
+typedef struct {
+  size_t off;
+  uint16_t len;
+} policy_text_t;
 
 typedef struct {
   ce_rule_kind_t kind;
@@ -61,6 +72,8 @@ struct ce_policy {
   size_t rule_count;
   policy_pattern_t *patterns;
   size_t pattern_count, pattern_cap;
+  policy_text_t *texts;
+  size_t text_count, text_cap;
   char *arena;
   size_t arena_len, arena_cap;
 };
@@ -164,6 +177,20 @@ static int add_pattern(ce_policy_t *p, const ce_host_t *h) {
   return 0;
 }
 
+static int add_text(ce_policy_t *p, const char *text, size_t len) {
+  int rc = grow((void **)&p->texts, &p->text_cap, p->text_count + 1, sizeof(policy_text_t));
+  if (rc == 0)
+    rc = grow((void **)&p->arena, &p->arena_cap, p->arena_len + len, 1);
+  if (rc != 0)
+    return rc;
+  memcpy(p->arena + p->arena_len, text, len);
+  p->texts[p->text_count].off = p->arena_len;
+  p->texts[p->text_count].len = (uint16_t)len;
+  p->text_count++;
+  p->arena_len += len;
+  return 0;
+}
+
 /* ---- validation ---------------------------------------------------------- */
 
 static int check_members(const json_t *obj, const char *path,
@@ -188,7 +215,101 @@ static int missing(ce_policy_error_t *err, const char *path, const char *name) {
   return fail(err, CE_EINVAL, path, "missing member \"%s\"", name);
 }
 
-static int load_hosts(ce_policy_t *p, const json_t *hosts, const char *path,
+/* RFC 9110 §9: a method is a token; methods are matched case-sensitively
+ * and this policy format takes the upper-case spelling every registered
+ * method has: A-Z, 0-9, '-' and '_'. */
+static bool method_ok(const char *m, size_t n) {
+  if (n == 0 || n > CE_POLICY_METHOD_MAX)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    char c = m[i];
+    if (!((c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_'))
+      return false;
+  }
+  return true;
+}
+
+/* One "methods" or "paths" array of an entry object. */
+static int load_conditions(ce_policy_t *p, const json_t *list, const char *epath, const char *name,
+                           size_t max, uint16_t *count, size_t *first, ce_policy_error_t *err) {
+  char lpath[PATH_MAX_LEN];
+  format_into(lpath, sizeof(lpath), "%s.%s", epath, name);
+  if (!json_is_array(list) || json_array_size(list) == 0)
+    return fail(err, CE_EINVAL, lpath, "expected a non-empty array of strings");
+  if (json_array_size(list) > max)
+    return fail(err, CE_EINVAL, lpath, "more than %zu entries", max);
+  *first = p->text_count;
+  for (size_t j = 0; j < json_array_size(list); j++) {
+    const json_t *v = json_array_get(list, j);
+    char vpath[PATH_MAX_LEN];
+    format_into(vpath, sizeof(vpath), "%s[%zu]", lpath, j);
+    if (!json_is_string(v))
+      return fail(err, CE_EINVAL, vpath, "expected a string");
+    const char *text = json_string_value(v);
+    size_t len = json_string_length(v);
+    char q[CE_TEXT_QUOTE_MAX * 4 + 8];
+    int rc;
+    if (name[0] == 'm') {
+      if (!method_ok(text, len)) {
+        quote(q, sizeof(q), text, len);
+        return fail(err, CE_EINVAL, vpath,
+                    "bad method \"%s\": an upper-case token of A-Z, 0-9, '-' and '_', at most %d bytes", q,
+                    CE_POLICY_METHOD_MAX);
+      }
+      rc = add_text(p, text, len);
+    } else {
+      char norm[CE_PATH_PATTERN_MAX + 1];
+      size_t nlen;
+      ce_path_pattern_err_t perr;
+      if (ce_path_pattern_normalize(text, len, norm, sizeof(norm), &nlen, &perr) != 0) {
+        quote(q, sizeof(q), text, len);
+        return fail(err, CE_EINVAL, vpath, "bad path pattern \"%s\" (%s): %s", q, ce_path_pattern_err_code(perr),
+                    ce_path_pattern_err_hint(perr));
+      }
+      rc = add_text(p, norm, nlen);
+    }
+    if (rc != 0)
+      return fail(err, rc, vpath, "%s", ce_strerror(rc));
+  }
+  *count = (uint16_t)(p->text_count - *first);
+  return 0;
+}
+
+/* A version 2 entry object: {"host": ..., "methods": [...], "paths": [...]}
+ * with at least one of methods and paths. Its members and host first, as
+ * the Elixir side checks them. */
+static int entry_host(const json_t *obj, const char *epath, const json_t **host, ce_policy_error_t *err) {
+  static const char *const members[] = {"host", "methods", "paths"};
+  int rc = check_members(obj, epath, members, sizeof(members) / sizeof(members[0]), err);
+  if (rc != 0)
+    return rc;
+  *host = json_object_get(obj, "host");
+  if (*host == NULL)
+    return missing(err, epath, "host");
+  if (json_object_get(obj, "methods") == NULL && json_object_get(obj, "paths") == NULL)
+    return fail(err, CE_EINVAL, epath,
+                "an entry object names \"methods\" or \"paths\"; write a plain host string otherwise");
+  return 0;
+}
+
+/* Then its conditions, into the pattern just added. */
+static int entry_conditions(ce_policy_t *p, const json_t *obj, const char *epath, policy_pattern_t *cond,
+                            ce_policy_error_t *err) {
+  const json_t *methods = json_object_get(obj, "methods");
+  const json_t *paths = json_object_get(obj, "paths");
+  int rc = 0;
+  if (methods != NULL) {
+    rc = load_conditions(p, methods, epath, "methods", CE_POLICY_MAX_METHODS, &cond->method_count,
+                         &cond->method_first, err);
+    if (rc != 0)
+      return rc;
+  }
+  if (paths != NULL)
+    rc = load_conditions(p, paths, epath, "paths", CE_POLICY_MAX_PATHS, &cond->path_count, &cond->path_first, err);
+  return rc;
+}
+
+static int load_hosts(ce_policy_t *p, const json_t *hosts, const char *path, int version,
                       policy_rule_t *rule, ce_policy_error_t *err) {
   char hpath[PATH_MAX_LEN];
   format_into(hpath, sizeof(hpath), "%s.hosts", path);
@@ -201,34 +322,52 @@ static int load_hosts(ce_policy_t *p, const json_t *hosts, const char *path,
   rule->first = p->pattern_count;
   for (size_t j = 0; j < json_array_size(hosts); j++) {
     const json_t *h = json_array_get(hosts, j);
-    char epath[PATH_MAX_LEN];
+    char epath[PATH_MAX_LEN], hostpath[PATH_MAX_LEN];
     format_into(epath, sizeof(epath), "%s[%zu]", hpath, j);
-    if (!json_is_string(h))
-      return fail(err, CE_EINVAL, epath, "expected a string");
+    const json_t *entry = NULL;
+    if (json_is_object(h) && version >= 2) {
+      entry = h;
+      int rc = entry_host(entry, epath, &h, err);
+      if (rc != 0)
+        return rc;
+      format_into(hostpath, sizeof(hostpath), "%s.host", epath);
+      if (!json_is_string(h))
+        return fail(err, CE_EINVAL, hostpath, "expected a string");
+    } else if (json_is_object(h)) {
+      return fail(err, CE_EINVAL, epath, "an entry object (methods, paths) needs a version 2 document");
+    } else if (!json_is_string(h)) {
+      return fail(err, CE_EINVAL, epath, version >= 2 ? "expected a string or an entry object" : "expected a string");
+    }
 
     const char *text = json_string_value(h);
     size_t len = json_string_length(h);
     ce_host_t norm;
     ce_pattern_err_t perr = CE_PATTERN_OK;
+    const char *ppath = entry != NULL ? hostpath : epath;
     int rc = ce_pattern_normalize(text, len, &norm, &perr);
     if (rc == CE_ENOMEM)
-      return fail(err, CE_ENOMEM, epath, "%s", ce_strerror(CE_ENOMEM));
+      return fail(err, CE_ENOMEM, ppath, "%s", ce_strerror(CE_ENOMEM));
     if (rc != 0) {
       char q[CE_TEXT_QUOTE_MAX * 4 + 8];
       quote(q, sizeof(q), text, len);
       err->pattern_err = perr;
-      return fail(err, CE_EINVAL, epath, "bad pattern \"%s\" (%s): %s", q,
+      return fail(err, CE_EINVAL, ppath, "bad pattern \"%s\" (%s): %s", q,
                   ce_pattern_err_code(perr), ce_pattern_err_hint(perr));
     }
     rc = add_pattern(p, &norm);
     if (rc != 0)
-      return fail(err, rc, epath, "%s", ce_strerror(rc));
+      return fail(err, rc, ppath, "%s", ce_strerror(rc));
+    if (entry != NULL) {
+      rc = entry_conditions(p, entry, epath, &p->patterns[p->pattern_count - 1], err);
+      if (rc != 0)
+        return rc;
+    }
   }
   rule->count = p->pattern_count - rule->first;
   return 0;
 }
 
-static int load_rule(ce_policy_t *p, const json_t *obj, size_t i,
+static int load_rule(ce_policy_t *p, const json_t *obj, size_t i, int version,
                      ce_policy_error_t *err) {
   static const char *const members[] = {"index", "kind", "hosts",
                                         "timeout_ms", "cache"};
@@ -283,7 +422,7 @@ static int load_rule(ce_policy_t *p, const json_t *obj, size_t i,
     }
     if (hosts == NULL)
       return missing(err, path, "hosts");
-    return load_hosts(p, hosts, path, rule, err);
+    return load_hosts(p, hosts, path, version, rule, err);
   }
 
   if (hosts != NULL) {
@@ -327,11 +466,12 @@ static int load_document(ce_policy_t *p, const json_t *root,
     return missing(err, "$", "version");
   if (!json_is_integer(version))
     return fail(err, CE_EINVAL, "$.version", "expected an integer");
-  if (json_integer_value(version) != CE_POLICY_VERSION)
+  json_int_t vnum = json_integer_value(version);
+  if (vnum < CE_POLICY_VERSION_MIN || vnum > CE_POLICY_VERSION)
     return fail(err, CE_EVERSION, "$.version",
                 "unsupported version %" JSON_INTEGER_FORMAT
-                " (this build reads version %d)",
-                json_integer_value(version), CE_POLICY_VERSION);
+                " (this build reads versions %d to %d)",
+                vnum, CE_POLICY_VERSION_MIN, CE_POLICY_VERSION);
 
   rc = check_members(root, "$", members, sizeof(members) / sizeof(members[0]), err);
   if (rc != 0)
@@ -366,7 +506,7 @@ static int load_document(ce_policy_t *p, const json_t *root,
    * after it could never match, which is a mistake, not a policy. */
   size_t terminal = n;
   for (size_t i = 0; i < n; i++) {
-    rc = load_rule(p, json_array_get(rules, i), i, err);
+    rc = load_rule(p, json_array_get(rules, i), i, (int)vnum, err);
     if (rc != 0)
       return rc;
     p->rule_count = i + 1;
@@ -514,6 +654,7 @@ void ce_policy_free(ce_policy_t *policy) {
   if (policy == NULL)
     return;
   free(policy->arena);
+  free(policy->texts);
   free(policy->patterns);
   free(policy->rules);
   free(policy);
@@ -551,30 +692,102 @@ static void set_invalid(ce_verdict_t *out, ce_reason_t reason) {
   out->host.text[0] = '\0';
 }
 
-/* docs/host-matching.md §5 steps 2 and 3 on an already valid host. */
-static void decide(const ce_policy_t *p, ce_verdict_t *out) {
+/* What a request brings besides its host (docs/path-matching.md). */
+typedef struct {
+  bool host_only;     /* ce_policy_eval_host(): the most any request could get */
+  const char *method; /* NULL: not known */
+  size_t method_len;
+  const char *target; /* NULL: not known */
+  size_t target_len;
+  int path_state; /* 0 not normalised yet, 1 done, -1 refused */
+  size_t path_len;
+  char path[CE_PATH_MAX + 1];
+} request_t;
+
+typedef enum { ENTRY_NO, ENTRY_YES, ENTRY_HOST_ONLY, ENTRY_INVALID_PATH } entry_match_t;
+
+static bool text_in(const ce_policy_t *p, size_t first, size_t count, const char *s, size_t n) {
+  for (size_t k = 0; k < count; k++) {
+    const policy_text_t *t = &p->texts[first + k];
+    if (t->len == n && memcmp(p->arena + t->off, s, n) == 0)
+      return true;
+  }
+  return false;
+}
+
+static bool path_in(const ce_policy_t *p, const policy_pattern_t *pat, const request_t *rq) {
+  for (size_t k = 0; k < pat->path_count; k++) {
+    const policy_text_t *t = &p->texts[pat->path_first + k];
+    if (ce_path_match(p->arena + t->off, t->len, rq->path, rq->path_len))
+      return true;
+  }
+  return false;
+}
+
+/* A method condition is checked before the path: an entry for other
+ * methods does not apply, whatever the path. A path that cannot be
+ * normalised never matches a path condition and never slips past one: the
+ * caller denies it. */
+static entry_match_t entry_matches(const ce_policy_t *p, const policy_pattern_t *pat, const ce_host_t *h,
+                                   request_t *rq) {
+  if (!pattern_matches(p, pat, h))
+    return ENTRY_NO;
+  if (pat->method_count == 0 && pat->path_count == 0)
+    return ENTRY_YES;
+  if (rq->host_only)
+    return ENTRY_HOST_ONLY;
+  if (pat->method_count > 0 &&
+      (rq->method == NULL || !text_in(p, pat->method_first, pat->method_count, rq->method, rq->method_len)))
+    return ENTRY_NO;
+  if (pat->path_count == 0)
+    return ENTRY_YES;
+  if (rq->target == NULL)
+    return ENTRY_NO;
+  if (rq->path_state == 0)
+    rq->path_state =
+        ce_path_normalize(rq->target, rq->target_len, rq->path, sizeof(rq->path), &rq->path_len) == 0 ? 1 : -1;
+  if (rq->path_state < 0)
+    return ENTRY_INVALID_PATH;
+  return path_in(p, pat, rq) ? ENTRY_YES : ENTRY_NO;
+}
+
+static void set_rule(ce_verdict_t *out, size_t i, ce_rule_kind_t kind, ce_decision_t d, ce_reason_t reason) {
+  out->rule_index = (int32_t)i;
+  out->rule_kind = kind;
+  out->decision = d;
+  out->reason = reason;
+}
+
+/* docs/host-matching.md §5 steps 2 and 3 on an already valid host, with
+ * the conditions of docs/path-matching.md §4: an entry whose host matches
+ * but whose methods or paths do not lets the request fall through. */
+static void decide(const ce_policy_t *p, request_t *rq, ce_verdict_t *out) {
   for (size_t i = 0; i < p->rule_count; i++) {
     const policy_rule_t *r = &p->rules[i];
-    bool hit = r->kind == CE_RULE_DECIDE;
-    for (size_t j = 0; j < r->count && !hit; j++)
-      hit = pattern_matches(p, &p->patterns[r->first + j], &out->host);
+    bool hit = r->kind == CE_RULE_DECIDE, bad_path = false;
+    for (size_t j = 0; j < r->count && !hit; j++) {
+      entry_match_t m = entry_matches(p, &p->patterns[r->first + j], &out->host, rq);
+      /* Host only: a conditional allow may allow some request; a
+       * conditional deny refuses only some, so the walk goes on. */
+      hit = m == ENTRY_YES || (m == ENTRY_HOST_ONLY && r->kind == CE_RULE_ALLOW);
+      bad_path = bad_path || m == ENTRY_INVALID_PATH;
+    }
+    if (!hit && bad_path) {
+      set_rule(out, i, r->kind, CE_DECISION_DENY, CE_REASON_INVALID_PATH);
+      return;
+    }
     if (!hit)
       continue;
-    out->rule_index = (int32_t)i;
-    out->rule_kind = r->kind;
     switch (r->kind) {
     case CE_RULE_ALLOW:
-      out->decision = CE_DECISION_ALLOW;
-      out->reason = CE_REASON_NONE;
+      set_rule(out, i, r->kind, CE_DECISION_ALLOW, CE_REASON_NONE);
       break;
     case CE_RULE_DENY:
-      out->decision = CE_DECISION_DENY;
-      out->reason = CE_REASON_DENIED_BY_RULE;
+      set_rule(out, i, r->kind, CE_DECISION_DENY, CE_REASON_DENIED_BY_RULE);
       break;
     case CE_RULE_DECIDE:
     default:
-      out->decision = CE_DECISION_DECIDE;
-      out->reason = CE_REASON_NONE;
+      set_rule(out, i, r->kind, CE_DECISION_DECIDE, CE_REASON_NONE);
       break;
     }
     return;
@@ -586,28 +799,40 @@ static void decide(const ce_policy_t *p, ce_verdict_t *out) {
                                                          : CE_REASON_DEFAULT_DENY;
 }
 
-int ce_policy_eval_host(const ce_policy_t *policy, const char *host,
-                        size_t len, ce_verdict_t *out) {
+static int eval(const ce_policy_t *policy, const char *host, size_t len, request_t *rq, ce_verdict_t *out) {
   int rc = ce_host_normalize(host, len, &out->host);
   if (rc != 0) {
     set_invalid(out, CE_REASON_INVALID_HOST);
     return rc == CE_ENOMEM ? CE_ENOMEM : 0;
   }
   out->host_valid = true;
-  decide(policy, out);
+  decide(policy, rq, out);
   return 0;
 }
 
-int ce_policy_eval_input(const ce_policy_t *policy, const char *input,
-                         size_t len, ce_verdict_t *out) {
+int ce_policy_eval_host(const ce_policy_t *policy, const char *host,
+                        size_t len, ce_verdict_t *out) {
+  request_t rq = {.host_only = true};
+  return eval(policy, host, len, &rq, out);
+}
+
+int ce_policy_eval_request(const ce_policy_t *policy, const char *host, size_t len, const char *method,
+                           size_t method_len, const char *target, size_t target_len, ce_verdict_t *out) {
+  request_t rq = {.method = method, .method_len = method_len, .target = target, .target_len = target_len};
+  return eval(policy, host, len, &rq, out);
+}
+
+int ce_policy_eval_input(const ce_policy_t *policy, const char *input, size_t len, const char *method,
+                         size_t method_len, ce_verdict_t *out) {
   ce_url_t url;
   if (ce_url_split(input, len, &url) != 0) {
     set_invalid(out, CE_REASON_INVALID_URL);
     return 0;
   }
   /* A URL whose scheme and authority are acceptable but whose host is not
-   * reports invalid_host: the host, not the URL syntax, is at fault. */
-  return ce_policy_eval_host(policy, url.host, url.host_len, out);
+   * reports invalid_host: the host, not the URL syntax, is at fault. A
+   * bare host has no path: path conditions do not match it. */
+  return ce_policy_eval_request(policy, url.host, url.host_len, method, method_len, url.path, url.path_len, out);
 }
 
 ce_decision_t ce_policy_could_allow(const ce_policy_t *policy, const char *name, size_t len, ce_verdict_t *out) {
@@ -683,6 +908,8 @@ const char *ce_reason_name(ce_reason_t reason) {
     return "invalid_host";
   case CE_REASON_INVALID_URL:
     return "invalid_url";
+  case CE_REASON_INVALID_PATH:
+    return "invalid_path";
   default:
     return "unknown";
   }

@@ -1,7 +1,7 @@
 /*
- * The sidecar policy: loading the version 1 JSON document of
- * docs/policy-json.md with strict validation, and evaluating a request host
- * against it per docs/host-matching.md §5.
+ * The sidecar policy: loading the JSON document of docs/policy-json.md
+ * (versions 1 and 2) with strict validation, and evaluating a request
+ * against it per docs/host-matching.md §5 and docs/path-matching.md.
  *
  * Ownership: ce_policy_load_*() allocate a ce_policy_t that the caller
  * frees with ce_policy_free(). A loaded policy is immutable, so any number
@@ -17,13 +17,20 @@
 
 #include "policy/host.h"
 
-/* The only document version this build reads (docs/policy-json.md). */
-#define CE_POLICY_VERSION 1
+/* The document versions this build reads (docs/policy-json.md): version 2
+ * adds entry objects with methods and paths; version 1 is read as before. */
+#define CE_POLICY_VERSION_MIN 1
+#define CE_POLICY_VERSION 2
 /* docs/policy-json.md: a document is at most 4 MiB. */
 #define CE_POLICY_MAX_BYTES (4u * 1024u * 1024u)
 /* docs/policy-json.md: at most 4096 rules, and 4096 patterns per rule. */
 #define CE_POLICY_MAX_RULES 4096
 #define CE_POLICY_MAX_HOSTS 4096
+/* docs/policy-json.md: an entry object has at most 64 methods of at most
+ * 32 bytes, and 256 path patterns. */
+#define CE_POLICY_MAX_METHODS 64
+#define CE_POLICY_METHOD_MAX 32
+#define CE_POLICY_MAX_PATHS 256
 /* docs/policy-json.md: a decide rule waits 1 ms to one hour. */
 #define CE_POLICY_TIMEOUT_MIN_MS 1
 #define CE_POLICY_TIMEOUT_MAX_MS 3600000
@@ -48,6 +55,7 @@ typedef enum {
   CE_REASON_DEFAULT_DENY,
   CE_REASON_INVALID_HOST,
   CE_REASON_INVALID_URL,
+  CE_REASON_INVALID_PATH, /* a path condition met a path that is refused */
 } ce_reason_t;
 
 typedef struct ce_policy ce_policy_t;
@@ -102,27 +110,41 @@ int ce_policy_load_file(const char *path, ce_policy_t **out,
 /* Frees a policy; NULL is fine. */
 void ce_policy_free(ce_policy_t *policy);
 
-/* The hot path: evaluates a bare request host (SNI, Host header or
- * :authority; an optional ":port" is dropped) in host[0..len), which need
- * not be NUL-terminated. Allocation-free for ASCII input.
+/* The hot path: evaluates one request: its host (SNI, Host header or
+ * :authority; an optional ":port" is dropped) in host[0..len), its method
+ * and its request target (origin-form, query included or not), none of
+ * them NUL-terminated. method or target NULL means "not known": an entry
+ * with that condition does not match (docs/path-matching.md §4). A target
+ * that path conditions need but that is refused (docs/path-matching.md §1)
+ * denies the request at the first rule with such an entry for the host,
+ * with reason CE_REASON_INVALID_PATH. Allocation-free for ASCII hosts.
  * Returns 0 with *out filled, or CE_ENOMEM (only for non-ASCII input); in
  * that case *out is still a deny with reason CE_REASON_INVALID_HOST, so a
  * caller that ignores the code fails closed. */
+int ce_policy_eval_request(const ce_policy_t *policy, const char *host, size_t len, const char *method,
+                           size_t method_len, const char *target, size_t target_len, ce_verdict_t *out);
+
+/* The host alone, for the checks made before any request is seen (TLS
+ * server name, an upstream address, DNS): the most some request to the
+ * host could get. An allow entry with methods or paths counts as an allow
+ * (out names its rule); a deny entry with them is passed over, since it
+ * refuses only some requests. Never the verdict for a request: use
+ * ce_policy_eval_request() for that. Returns what that returns. */
 int ce_policy_eval_host(const ce_policy_t *policy, const char *host,
                         size_t len, ce_verdict_t *out);
 
-/* The dry-run path: input is a URL when it contains "://" (its host is
- * taken per docs/host-matching.md §4; a bad scheme or a '\' in the
- * authority gives reason CE_REASON_INVALID_URL) and a bare host[:port]
- * otherwise. Returns what ce_policy_eval_host() returns. */
-int ce_policy_eval_input(const ce_policy_t *policy, const char *input,
-                         size_t len, ce_verdict_t *out);
+/* The dry-run path: input is a URL when it contains "://" (its host and
+ * path are taken per docs/host-matching.md §4; a bad scheme or a '\' in
+ * the authority gives reason CE_REASON_INVALID_URL) and a bare host[:port]
+ * otherwise, which has no path. method[0..method_len) may be NULL (not
+ * known). Returns what ce_policy_eval_request() returns. */
+int ce_policy_eval_input(const ce_policy_t *policy, const char *input, size_t len, const char *method,
+                         size_t method_len, ce_verdict_t *out);
 
 /* The DNS side (docs/dns.md): could some request to the name
  * name[0..len) be allowed? The sidecar's resolver answers only such
- * names. A policy decides per host alone (first matching rule, a decide
- * rule matching every host), so the verdict of ce_policy_eval_host() is
- * exact for every request to the name:
+ * names. It answers as ce_policy_eval_host() does, so an allow rule whose
+ * entry for the name carries methods or paths counts as an allow:
  *   CE_DECISION_ALLOW   an allow rule, or the default, allows it;
  *   CE_DECISION_DECIDE  only a decider may allow it (out->rule_index is
  *                       the decide rule);
@@ -146,8 +168,8 @@ int ce_policy_rule(const ce_policy_t *policy, size_t index,
                    ce_rule_info_t *out);
 
 /* Wire names: "allow"/"deny"/"decide" for decisions and kinds, and
- * "denied_by_rule", "default_deny", "invalid_host", "invalid_url" for
- * reasons. ce_reason_name() returns NULL for CE_REASON_NONE; the others
+ * "denied_by_rule", "default_deny", "invalid_host", "invalid_url",
+ * "invalid_path" for reasons. ce_reason_name() returns NULL for CE_REASON_NONE; the others
  * never return NULL ("unknown" for values outside the enums). */
 const char *ce_decision_name(ce_decision_t decision);
 const char *ce_rule_kind_name(ce_rule_kind_t kind);

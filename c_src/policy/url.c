@@ -25,11 +25,15 @@ int ce_url_split(const char *in, size_t len, ce_url_t *out) {
     out->is_url = false;
     out->host = in;
     out->host_len = len;
+    out->path = NULL;
+    out->path_len = 0;
     return 0;
   }
   out->is_url = true;
   out->host = in;
   out->host_len = 0;
+  out->path = "/";
+  out->path_len = 1;
 
   size_t scheme_len = (size_t)(sep - in);
   int known = 0;
@@ -62,5 +66,11 @@ int ce_url_split(const char *in, size_t len, ce_url_t *out) {
   }
   out->host = host;
   out->host_len = (size_t)(auth_end - host);
+  const char *frag = memchr(auth_end, '#', (size_t)(end - auth_end));
+  const char *path_end = frag != NULL ? frag : end;
+  if (auth_end < path_end && *auth_end == '/') {
+    out->path = auth_end;
+    out->path_len = (size_t)(path_end - auth_end);
+  }
   return 0;
 }

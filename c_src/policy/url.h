@@ -14,6 +14,9 @@ typedef struct {
   bool is_url;      /* the input contained "://" */
   const char *host; /* host[:port] inside the input, not NUL-terminated */
   size_t host_len;
+  const char *path; /* URL: the path and query up to '#' ("/" when empty
+                       or only a query); bare host: NULL */
+  size_t path_len;
 } ce_url_t;
 
 /* Splits a dry-run input. A string without "://" is a bare host[:port] and

@@ -1111,7 +1111,8 @@ static bool split_authority(const char *a, size_t n, size_t *host_len, long *por
   return true;
 }
 
-void ce_conn_check_target(const ce_conn_t *c, const char *auth, size_t len, const char *label, char *host,
+void ce_conn_check_target(const ce_conn_t *c, const char *auth, size_t len, const char *method, size_t method_len,
+                          const char *target, size_t target_len, const char *label, char *host,
                           size_t host_cap, ce_target_check_t *t) {
   memset(t, 0, sizeof(*t));
   if (auth == NULL || len == 0) {
@@ -1124,7 +1125,8 @@ void ce_conn_check_target(const ce_conn_t *c, const char *auth, size_t len, cons
   size_t host_len;
   long port;
   bool port_ok = split_authority(auth, len, &host_len, &port);
-  ce_policy_eval_host(c->proxy->policy, auth, port_ok ? host_len : len, &t->verdict);
+  ce_policy_eval_request(c->proxy->policy, auth, port_ok ? host_len : len, method, method_len, target, target_len,
+                         &t->verdict);
   if (!port_ok || !t->verdict.host_valid) {
     size_t n = len < host_cap - 1 ? len : host_cap - 1;
     memcpy(host, auth, n);
@@ -1208,8 +1210,17 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
                    "CONNECT is not supported: this connection already goes where it was dialled");
     return;
   }
+  /* absolute-form: the path may be empty or only a query (RFC 9112
+   * §3.2.1: it stands for "/"). */
+  const char *target = h->path;
+  size_t target_len = h->path_len;
+  if (target == NULL || target_len == 0 || target[0] == '?') {
+    target = "/";
+    target_len = 1;
+  }
   ce_target_check_t t;
-  ce_conn_check_target(c, auth, auth_len, "Host", c->req.host, sizeof(c->req.host), &t);
+  ce_conn_check_target(c, auth, auth_len, h->method, h->method_len, target, target_len, "Host", c->req.host,
+                       sizeof(c->req.host), &t);
   emit(c, "request_opened", NULL);
   if (t.status != 0) {
     refuse_request(c, t.status, t.reason, t.detail);

@@ -166,8 +166,11 @@ typedef struct {
 } ce_target_check_t;
 /* host (host_cap bytes) receives the record's host: the normalised host,
  * the raw authority when it is invalid, the connection's name when there
- * is none. label names the field in the answer ("Host", ":authority"). */
-void ce_conn_check_target(const ce_conn_t *c, const char *auth, size_t len, const char *label, char *host,
+ * is none. label names the field in the answer ("Host", ":authority").
+ * method and target (the request's path and query) go to the policy's
+ * method and path conditions (docs/path-matching.md); method may be NULL. */
+void ce_conn_check_target(const ce_conn_t *c, const char *auth, size_t len, const char *method, size_t method_len,
+                          const char *target, size_t target_len, const char *label, char *host,
                           size_t host_cap, ce_target_check_t *t);
 void ce_conn_process(ce_conn_t *c);
 /* A decider's answer (the control channel's status, allow, reason,

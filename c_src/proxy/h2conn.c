@@ -1020,7 +1020,8 @@ static void stream_request(h2s_t *s) {
   /* Present, valid, and the connection's own name and port (coalescing:
    * one connection, one name; DESIGN §4). */
   ce_target_check_t t;
-  ce_conn_check_target(c, auth, al, ":authority", s->req.host, sizeof(s->req.host), &t);
+  ce_conn_check_target(c, auth, al, method, method != NULL ? ml : 0, path, pl, ":authority", s->req.host,
+                       sizeof(s->req.host), &t);
   stream_event(s, "request_opened", NULL);
   if (t.status != 0) {
     char safe[700], text[720];

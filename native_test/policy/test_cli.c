@@ -124,12 +124,12 @@ Test(cli, check_reports_the_first_error) {
            p);
   cr_assert_str_eq(r.err, expected);
 
-  write_file("bad.json", "{\"version\":2}");
+  write_file("bad.json", "{\"version\":3}");
   run(&r, (const char *[]){"policy", "check", p, NULL});
   cr_assert_eq(r.status, 1);
   snprintf(expected, sizeof(expected),
-           "condukt-egress: %s: $.version: unsupported version 2 (this build reads "
-           "version 1)\n",
+           "condukt-egress: %s: $.version: unsupported version 3 (this build reads "
+           "versions 1 to 2)\n",
            p);
   cr_assert_str_eq(r.err, expected);
 
@@ -204,6 +204,32 @@ Test(cli, eval_default_deny_and_bad_policy) {
   cr_assert_eq(r.status, 1);
   cr_assert_str_empty(r.out);
   cr_assert_not_null(strstr(r.err, ": $.x: unknown member\n"), "%s", r.err);
+}
+
+static void expect_usage(const char *const *args, const char *needle);
+
+Test(cli, eval_takes_a_method) {
+  char p[128];
+  result_t r;
+  write_file("mp.json", "{\"version\":2,\"default\":\"deny\",\"rules\":[{\"index\":0,\"kind\":\"allow\","
+                        "\"hosts\":[{\"host\":\"a.com\",\"methods\":[\"GET\"],\"paths\":[\"/r/**\"]}]}]}");
+  path_in_dir(p, sizeof(p), "mp.json");
+  run(&r, (const char *[]){"policy", "eval", "--method", "GET", p, "https://a.com/r/x", NULL});
+  cr_expect_eq(r.status, 0, "%s", r.err);
+  cr_expect_str_eq(r.out, "{\"decision\":\"allow\",\"reason\":null,\"matched_rule\":{\"index\":0,"
+                          "\"kind\":\"allow\"},\"host\":\"a.com\"}\n");
+  run(&r, (const char *[]){"policy", "eval", p, "--method", "POST", "https://a.com/r/x", NULL});
+  cr_expect_str_eq(r.out, "{\"decision\":\"deny\",\"reason\":\"default_deny\",\"matched_rule\":null,"
+                          "\"host\":\"a.com\"}\n");
+  /* No method given: a rule with methods does not match. */
+  run(&r, (const char *[]){"policy", "eval", p, "https://a.com/r/x", NULL});
+  cr_expect_str_eq(r.out, "{\"decision\":\"deny\",\"reason\":\"default_deny\",\"matched_rule\":null,"
+                          "\"host\":\"a.com\"}\n");
+  run(&r, (const char *[]){"policy", "eval", "--method", "GET", p, "https://a.com/r/%2e%2e%2fx", NULL});
+  cr_expect_str_eq(r.out, "{\"decision\":\"deny\",\"reason\":\"invalid_path\",\"matched_rule\":{\"index\":0,"
+                          "\"kind\":\"allow\"},\"host\":\"a.com\"}\n");
+  expect_usage((const char *[]){"policy", "eval", p, "a.com", "--method", NULL}, "--method needs a value");
+  expect_usage((const char *[]){"policy", "check", "--method", "GET", p, NULL}, "--method is an option of eval");
 }
 
 static void expect_usage(const char *const *args, const char *needle) {

@@ -17,6 +17,8 @@ static const char *SEED =
     "\"10.0.0.1\",\"[2001:db8::1]\",\"**.cdn.example\",\"B\xc3\xbc" "cher.example\"]},"
     "{\"index\":2,\"kind\":\"decide\",\"timeout_ms\":5000,\"cache\":true}]}";
 
+static const char *show_s(const char *s) { return s != NULL ? s : "null"; }
+
 static ce_policy_t *load_ok(const char *doc) {
   ce_policy_t *p = NULL;
   ce_policy_error_t err;
@@ -86,12 +88,12 @@ Test(policy_load, document_level_errors) {
   load_fails("{\"version\":1e0}", CE_EINVAL, "$.version: expected an integer");
   load_fails("{\"version\":true}", CE_EINVAL, "$.version: expected an integer");
   load_fails("{\"version\":null}", CE_EINVAL, "$.version: expected an integer");
-  load_fails("{\"version\":2}", CE_EVERSION,
-             "$.version: unsupported version 2 (this build reads version 1)");
+  load_fails("{\"version\":3}", CE_EVERSION,
+             "$.version: unsupported version 3 (this build reads versions 1 to 2)");
   load_fails("{\"version\":0,\"bogus\":1}", CE_EVERSION,
-             "$.version: unsupported version 0 (this build reads version 1)");
+             "$.version: unsupported version 0 (this build reads versions 1 to 2)");
   load_fails("{\"version\":-1}", CE_EVERSION,
-             "$.version: unsupported version -1 (this build reads version 1)");
+             "$.version: unsupported version -1 (this build reads versions 1 to 2)");
   load_fails("{\"version\":1,\"default\":\"deny\",\"rules\":[],\"extra\":0}",
              CE_EINVAL, "$.extra: unknown member");
   load_fails("{\"version\":1,\"default\":\"deny\",\"rules\":[],\"a b\":0}",
@@ -495,7 +497,7 @@ Test(policy_file, load_file_paths) {
   snprintf(path, sizeof(path), "%s/bad.json", tmpdir);
   write_file(path, "{\"version\":3}", 13);
   cr_expect_eq(ce_policy_load_file(path, &p, &err), CE_EVERSION);
-  cr_expect_str_eq(err.message, "$.version: unsupported version 3 (this build reads version 1)");
+  cr_expect_str_eq(err.message, "$.version: unsupported version 3 (this build reads versions 1 to 2)");
   cr_expect_eq(ce_policy_load_file(path, &p, NULL), CE_EVERSION);
   unlink(path);
 
@@ -516,7 +518,7 @@ static void check_eval(const ce_policy_t *p, const eval_case_t *cases, size_t n)
   for (size_t i = 0; i < n; i++) {
     ce_verdict_t v;
     memset(&v, 0xAB, sizeof(v));
-    int rc = ce_policy_eval_input(p, cases[i].input, strlen(cases[i].input), &v);
+    int rc = ce_policy_eval_input(p, cases[i].input, strlen(cases[i].input), NULL, 0, &v);
     cr_expect_eq(rc, 0, "%s", cases[i].input);
     cr_expect_eq(v.decision, cases[i].decision, "%s: decision %s", cases[i].input,
                  ce_decision_name(v.decision));
@@ -642,4 +644,144 @@ Test(policy_eval, names) {
   cr_assert_str_eq(ce_reason_name(CE_REASON_INVALID_HOST), "invalid_host");
   cr_assert_str_eq(ce_reason_name(CE_REASON_INVALID_URL), "invalid_url");
   cr_assert_str_eq(ce_reason_name((ce_reason_t)9), "unknown");
+}
+
+/* ---- version 2: methods and paths (docs/path-matching.md) ---------------- */
+
+static const char *MP =
+    "{\"version\":2,\"default\":\"deny\",\"rules\":["
+    "{\"index\":0,\"kind\":\"deny\",\"hosts\":[{\"host\":\"api.github.com\",\"methods\":[\"DELETE\"]}]},"
+    "{\"index\":1,\"kind\":\"allow\",\"hosts\":[{\"host\":\"api.github.com\",\"methods\":[\"GET\",\"HEAD\"],"
+    "\"paths\":[\"/repos/myorg/**\",\"/user\"]}]},"
+    "{\"index\":2,\"kind\":\"deny\",\"hosts\":[{\"host\":\"*.example.com\",\"paths\":[\"/admin/**\"]}]},"
+    "{\"index\":3,\"kind\":\"allow\",\"hosts\":[\"*.example.com\",{\"host\":\"only-post.test\","
+    "\"methods\":[\"POST\"]}]}]}";
+
+static void req_is(const ce_policy_t *p, const char *host, const char *method, const char *target,
+                   ce_decision_t d, ce_reason_t reason, int rule) {
+  ce_verdict_t v;
+  cr_assert_eq(ce_policy_eval_request(p, host, strlen(host), method, method ? strlen(method) : 0, target,
+                                      target ? strlen(target) : 0, &v),
+               0);
+  cr_expect(v.decision == d && v.reason == reason && v.rule_index == rule,
+            "%s %s %s: expected %s/%s rule %d, got %s/%s rule %d", show_s(method), host, show_s(target),
+            ce_decision_name(d), show_s(ce_reason_name(reason)), rule, ce_decision_name(v.decision),
+            show_s(ce_reason_name(v.reason)), (int)v.rule_index);
+}
+
+Test(policy_conditions, methods_and_paths) {
+  ce_policy_t *p = load_ok(MP);
+  req_is(p, "api.github.com", "GET", "/repos/myorg/x", CE_DECISION_ALLOW, CE_REASON_NONE, 1);
+  req_is(p, "api.github.com:443", "HEAD", "/repos/myorg?x=1", CE_DECISION_ALLOW, CE_REASON_NONE, 1);
+  req_is(p, "api.github.com", "GET", "/user", CE_DECISION_ALLOW, CE_REASON_NONE, 1);
+  req_is(p, "api.github.com", "GET", "/user/", CE_DECISION_DENY, CE_REASON_DEFAULT_DENY, -1);
+  /* methods are case-sensitive */
+  req_is(p, "api.github.com", "get", "/repos/myorg/x", CE_DECISION_DENY, CE_REASON_DEFAULT_DENY, -1);
+  req_is(p, "api.github.com", "POST", "/repos/myorg/x", CE_DECISION_DENY, CE_REASON_DEFAULT_DENY, -1);
+  req_is(p, "api.github.com", "DELETE", "/repos/myorg/x", CE_DECISION_DENY, CE_REASON_DENIED_BY_RULE, 0);
+  /* unknown method or path: conditions do not match */
+  req_is(p, "api.github.com", NULL, "/repos/myorg/x", CE_DECISION_DENY, CE_REASON_DEFAULT_DENY, -1);
+  req_is(p, "api.github.com", "GET", NULL, CE_DECISION_DENY, CE_REASON_DEFAULT_DENY, -1);
+  /* paths are case-sensitive */
+  req_is(p, "api.github.com", "GET", "/Repos/myorg/x", CE_DECISION_DENY, CE_REASON_DEFAULT_DENY, -1);
+  req_is(p, "only-post.test", "POST", "/anything", CE_DECISION_ALLOW, CE_REASON_NONE, 3);
+  req_is(p, "only-post.test", "GET", "/anything", CE_DECISION_DENY, CE_REASON_DEFAULT_DENY, -1);
+  ce_policy_free(p);
+}
+
+Test(policy_conditions, escapes_fail) {
+  ce_policy_t *p = load_ok(MP);
+  req_is(p, "api.github.com", "GET", "/repos/myorg/../x", CE_DECISION_DENY, CE_REASON_DEFAULT_DENY, -1);
+  req_is(p, "api.github.com", "GET", "/repos/myorg/%2e%2e/x", CE_DECISION_DENY, CE_REASON_DEFAULT_DENY, -1);
+  req_is(p, "api.github.com", "GET", "/repos/myorg/%2E%2E%2Fx", CE_DECISION_DENY, CE_REASON_INVALID_PATH, 1);
+  req_is(p, "api.github.com", "GET", "/repos/myorg%2F..%2Fx", CE_DECISION_DENY, CE_REASON_INVALID_PATH, 1);
+  req_is(p, "api.github.com", "GET", "/repos/myorg/..;/x", CE_DECISION_DENY, CE_REASON_INVALID_PATH, 1);
+  req_is(p, "api.github.com", "GET", "/repos//myorg/x", CE_DECISION_DENY, CE_REASON_INVALID_PATH, 1);
+  req_is(p, "api.github.com", "GET", "/../repos/myorg/x", CE_DECISION_DENY, CE_REASON_INVALID_PATH, 1);
+  req_is(p, "api.github.com", "GET", "*", CE_DECISION_DENY, CE_REASON_INVALID_PATH, 1);
+  req_is(p, "api.github.com", "GET", "/repos/myorgx/y", CE_DECISION_DENY, CE_REASON_DEFAULT_DENY, -1);
+  /* the dot segments resolve inside the allowed tree: allowed */
+  req_is(p, "api.github.com", "GET", "/repos/x/../myorg/y", CE_DECISION_ALLOW, CE_REASON_NONE, 1);
+  /* A deny by path cannot be slipped with an encoding: the invalid path
+   * is denied at the deny rule, before the allow after it. */
+  req_is(p, "a.example.com", "GET", "/admin/x", CE_DECISION_DENY, CE_REASON_DENIED_BY_RULE, 2);
+  req_is(p, "a.example.com", "GET", "/x/../admin/x", CE_DECISION_DENY, CE_REASON_DENIED_BY_RULE, 2);
+  req_is(p, "a.example.com", "GET", "/%61dmin/x", CE_DECISION_DENY, CE_REASON_DENIED_BY_RULE, 2);
+  req_is(p, "a.example.com", "GET", "/admin", CE_DECISION_DENY, CE_REASON_DENIED_BY_RULE, 2);
+  req_is(p, "a.example.com", "GET", "//admin/x", CE_DECISION_DENY, CE_REASON_INVALID_PATH, 2);
+  req_is(p, "a.example.com", "GET", "/x/..%2Fadmin", CE_DECISION_DENY, CE_REASON_INVALID_PATH, 2);
+  req_is(p, "a.example.com", "GET", "/public", CE_DECISION_ALLOW, CE_REASON_NONE, 3);
+  /* a method condition that does not apply leaves the path alone */
+  req_is(p, "api.github.com", "POST", "/a//b", CE_DECISION_DENY, CE_REASON_DEFAULT_DENY, -1);
+  ce_policy_free(p);
+}
+
+Test(policy_conditions, host_level_answers) {
+  ce_policy_t *p = load_ok(MP);
+  ce_verdict_t v;
+  /* the most some request could get: the conditional allow counts, the
+   * conditional deny (DELETE only) does not refuse the host */
+  cr_assert_eq(ce_policy_eval_host(p, "api.github.com", 14, &v), 0);
+  cr_expect_eq(v.decision, CE_DECISION_ALLOW);
+  cr_expect_eq(v.rule_index, 1);
+  cr_expect_eq(ce_policy_could_allow(p, "api.github.com", 14, &v), CE_DECISION_ALLOW);
+  cr_expect_eq(ce_policy_could_allow(p, "only-post.test", 14, &v), CE_DECISION_ALLOW);
+  cr_expect_eq(ce_policy_could_allow(p, "a.example.com", 13, &v), CE_DECISION_ALLOW);
+  cr_expect_eq(v.rule_index, 3);
+  cr_expect_eq(ce_policy_could_allow(p, "b.test", 6, &v), CE_DECISION_DENY);
+  /* a dry run on a bare host has no path */
+  cr_assert_eq(ce_policy_eval_input(p, "api.github.com", 14, "GET", 3, &v), 0);
+  cr_expect_eq(v.decision, CE_DECISION_DENY);
+  cr_expect_eq(v.reason, CE_REASON_DEFAULT_DENY);
+  cr_assert_eq(ce_policy_eval_input(p, "https://api.github.com/user#x", 29, "GET", 3, &v), 0);
+  cr_expect_eq(v.decision, CE_DECISION_ALLOW);
+  cr_assert_eq(ce_policy_eval_input(p, "https://api.github.com?x", 24, "GET", 3, &v), 0);
+  cr_expect_eq(v.reason, CE_REASON_DEFAULT_DENY);
+  cr_expect_str_eq(ce_reason_name(CE_REASON_INVALID_PATH), "invalid_path");
+  ce_policy_free(p);
+}
+
+static void v2_rule_fails(const char *hosts, const char *message) {
+  char doc[4096];
+  snprintf(doc, sizeof(doc), "{\"version\":2,\"default\":\"allow\",\"rules\":[{\"index\":0,\"kind\":\"allow\","
+                             "\"hosts\":%s}]}", hosts);
+  load_fails(doc, CE_EINVAL, message);
+}
+
+Test(policy_conditions, load_errors) {
+  load_fails("{\"version\":1,\"default\":\"allow\",\"rules\":[{\"index\":0,\"kind\":\"allow\","
+             "\"hosts\":[{\"host\":\"a.com\",\"methods\":[\"GET\"]}]}]}",
+             CE_EINVAL, "$.rules[0].hosts[0]: an entry object (methods, paths) needs a version 2 document");
+  v2_rule_fails("[1]", "$.rules[0].hosts[0]: expected a string or an entry object");
+  v2_rule_fails("[{\"host\":\"a.com\"}]",
+                "$.rules[0].hosts[0]: an entry object names \"methods\" or \"paths\"; write a plain host string "
+                "otherwise");
+  v2_rule_fails("[{\"methods\":[\"GET\"]}]", "$.rules[0].hosts[0]: missing member \"host\"");
+  v2_rule_fails("[{\"host\":1,\"methods\":[\"GET\"]}]", "$.rules[0].hosts[0].host: expected a string");
+  v2_rule_fails("[{\"host\":\"a.com\",\"method\":[\"GET\"]}]", "$.rules[0].hosts[0].method: unknown member");
+  /* The host is checked before the conditions, as new/1 does. */
+  v2_rule_fails("[{\"host\":\"a.com/x\",\"methods\":[\"get\"]}]",
+                "$.rules[0].hosts[0].host: bad pattern \"a.com/x\" (path): write the host only, without a path, query or fragment");
+  v2_rule_fails("[{\"host\":\"a.com\",\"methods\":[]}]",
+                "$.rules[0].hosts[0].methods: expected a non-empty array of strings");
+  v2_rule_fails("[{\"host\":\"a.com\",\"methods\":\"GET\"}]",
+                "$.rules[0].hosts[0].methods: expected a non-empty array of strings");
+  v2_rule_fails("[{\"host\":\"a.com\",\"methods\":[1]}]", "$.rules[0].hosts[0].methods[0]: expected a string");
+  v2_rule_fails("[{\"host\":\"a.com\",\"methods\":[\"get\"]}]",
+                "$.rules[0].hosts[0].methods[0]: bad method \"get\": an upper-case token of A-Z, 0-9, '-' and '_', "
+                "at most 32 bytes");
+  v2_rule_fails("[{\"host\":\"a.com\",\"methods\":[\"\"]}]",
+                "$.rules[0].hosts[0].methods[0]: bad method \"\": an upper-case token of A-Z, 0-9, '-' and '_', "
+                "at most 32 bytes");
+  v2_rule_fails("[{\"host\":\"a.com\",\"paths\":[\"/a/../b\"]}]",
+                "$.rules[0].hosts[0].paths[0]: bad path pattern \"/a/../b\" (dot_segment): request paths are "
+                "matched with \".\" and \"..\" removed; write the path they lead to");
+  v2_rule_fails("[{\"host\":\"a.com\",\"paths\":[]}]",
+                "$.rules[0].hosts[0].paths: expected a non-empty array of strings");
+  char many[64 * 8 + 128], *w = many;
+  w += sprintf(w, "[{\"host\":\"a.com\",\"methods\":[");
+  for (int i = 0; i < 65; i++)
+    w += sprintf(w, "%s\"M%d\"", i ? "," : "", i);
+  sprintf(w, "]}]");
+  v2_rule_fails(many, "$.rules[0].hosts[0].methods: more than 64 entries");
 }

@@ -17,11 +17,22 @@ static const char doc[] =
     "{\"index\":1,\"kind\":\"deny\",\"hosts\":[\"evil.example\"]},"
     "{\"index\":2,\"kind\":\"decide\",\"timeout_ms\":500,\"cache\":true}]}";
 
+/* Version 2: entry objects whose methods and paths fill the text table
+ * past its first capacity (16). */
+static const char doc_v2[] =
+    "{\"version\":2,\"default\":\"deny\",\"rules\":["
+    "{\"index\":0,\"kind\":\"allow\",\"hosts\":[{\"host\":\"api.example.com\","
+    "\"methods\":[\"GET\",\"HEAD\",\"OPTIONS\",\"PROPFIND\",\"M-SEARCH\"],"
+    "\"paths\":[\"/a/**\",\"/b/*/c\",\"/%64/e\",\"/f\",\"/g\",\"/h\",\"/i\",\"/j\",\"/k\",\"/l\",\"/m\","
+    "\"/n\",\"/o\",\"/p\"]},\"b.example\"]},"
+    "{\"index\":1,\"kind\":\"deny\",\"hosts\":[{\"host\":\"*.example.org\",\"paths\":[\"/admin/**\"]}]},"
+    "{\"index\":2,\"kind\":\"allow\",\"hosts\":[\"*.example.org\"]}]}";
+
 static void expect_nomem(int rc, size_t n) {
   cr_assert_eq(rc, CE_ENOMEM, "allocation %zu failed: %s", n, ce_err_name(rc));
 }
 
-static void load_buffer_loop(bool from) {
+static void load_buffer_loop(const char *d, bool from) {
   size_t n;
   for (n = 0;; n++) {
     ce_policy_t *p = (ce_policy_t *)0x1;
@@ -30,11 +41,14 @@ static void load_buffer_loop(bool from) {
       ce_failalloc_arm_from(n);
     else
       ce_failalloc_arm(n);
-    int rc = ce_policy_load_buffer(doc, strlen(doc), &p, &err);
+    int rc = ce_policy_load_buffer(d, strlen(d), &p, &err);
     ce_failalloc_disarm();
     if (ce_failalloc_failures() == 0) {
       cr_assert_eq(rc, 0, "%s", err.message);
       cr_assert_eq(ce_policy_rule_count(p), 3);
+      ce_verdict_t v;
+      cr_assert_eq(ce_policy_eval_request(p, "api.example.com", 15, "HEAD", 4, "/d/e", 4, &v), 0);
+      cr_assert_eq(v.decision, CE_DECISION_ALLOW);
       ce_policy_free(p);
       break;
     }
@@ -51,8 +65,10 @@ static void load_buffer_loop(bool from) {
   cr_assert_gt(n, 5, "the load made only %zu allocations", n);
 }
 
-Test(policy_failalloc, load_buffer_each_allocation) { load_buffer_loop(false); }
-Test(policy_failalloc, load_buffer_from_each_allocation) { load_buffer_loop(true); }
+Test(policy_failalloc, load_buffer_each_allocation) { load_buffer_loop(doc, false); }
+Test(policy_failalloc, load_buffer_from_each_allocation) { load_buffer_loop(doc, true); }
+Test(policy_failalloc, load_v2_each_allocation) { load_buffer_loop(doc_v2, false); }
+Test(policy_failalloc, load_v2_from_each_allocation) { load_buffer_loop(doc_v2, true); }
 
 Test(policy_failalloc, load_file_each_allocation) {
   char path[] = "/tmp/ce-policy-failalloc-XXXXXX";

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "policy/host.h"
+#include "policy/path.h"
 #include "policy/policy.h"
 
 #define VECTOR_FILE CE_SOURCE_ROOT "/native_test/vectors/policy_vectors.json"
@@ -119,7 +120,10 @@ Test(vectors, groups) {
       total++;
 
       ce_verdict_t v;
-      rc = ce_policy_eval_input(p, input, json_string_length(ij), &v);
+      const json_t *mj = json_object_get(c, "method");
+      const char *method = json_string_value(mj);
+      rc = ce_policy_eval_input(p, input, json_string_length(ij), method, method != NULL ? json_string_length(mj) : 0,
+                                &v);
       cr_expect_eq(rc, 0, "group \"%s\" input \"%s\": %s", name, input, ce_err_name(rc));
 
       const char *want_decision = str_or_null(c, "decision");
@@ -178,6 +182,68 @@ Test(vectors, unreachable) {
               "unreachable \"%s\": expected a message starting %s, got %s", name, want,
               rc != 0 ? err.message : "none");
     ce_policy_free(p);
+  }
+  json_decref(root);
+}
+
+/* docs/path-matching.md §1: request targets and their normalised paths. */
+Test(vectors, paths) {
+  json_t *root = load_vectors();
+  const json_t *list = json_object_get(root, "paths");
+  cr_assert(json_is_array(list) && json_array_size(list) > 0, "\"paths\" must be a non-empty array");
+  size_t i;
+  const json_t *v;
+  json_array_foreach(list, i, v) {
+    const json_t *pj = json_object_get(v, "path");
+    cr_assert(json_is_string(pj), "paths[%zu]: no \"path\" string", i);
+    const char *want = str_or_null(v, "normalized");
+    char out[CE_PATH_MAX + 1];
+    size_t n = 0;
+    int rc = ce_path_normalize(json_string_value(pj), json_string_length(pj), out, sizeof(out), &n);
+    const char *got = rc == 0 ? out : NULL;
+    cr_expect(same(got, want), "paths[%zu] \"%s\": expected %s, got %s", i, json_string_value(pj), show(want),
+              show(got));
+  }
+  json_decref(root);
+}
+
+/* docs/path-matching.md §2: path patterns, normalised or refused. */
+Test(vectors, path_patterns) {
+  json_t *root = load_vectors();
+  const json_t *list = json_object_get(root, "path_patterns");
+  cr_assert(json_is_array(list) && json_array_size(list) > 0, "\"path_patterns\" must be a non-empty array");
+  size_t i;
+  const json_t *v;
+  json_array_foreach(list, i, v) {
+    const json_t *pj = json_object_get(v, "pattern");
+    cr_assert(json_is_string(pj), "path_patterns[%zu]: no \"pattern\" string", i);
+    char out[CE_PATH_PATTERN_MAX + 1];
+    size_t n = 0;
+    ce_path_pattern_err_t err;
+    int rc = ce_path_pattern_normalize(json_string_value(pj), json_string_length(pj), out, sizeof(out), &n, &err);
+    const char *got = rc == 0 ? out : NULL;
+    const char *got_err = rc != 0 ? ce_path_pattern_err_code(err) : NULL;
+    cr_expect(same(got, str_or_null(v, "normalized")) && same(got_err, str_or_null(v, "error")),
+              "path_patterns[%zu] \"%.40s\": expected %s/%s, got %s/%s", i, json_string_value(pj),
+              show(str_or_null(v, "normalized")), show(str_or_null(v, "error")), show(got), show(got_err));
+  }
+  json_decref(root);
+}
+
+/* docs/path-matching.md §3: the path glob. */
+Test(vectors, path_matches) {
+  json_t *root = load_vectors();
+  const json_t *list = json_object_get(root, "path_matches");
+  cr_assert(json_is_array(list) && json_array_size(list) > 0, "\"path_matches\" must be a non-empty array");
+  size_t i;
+  const json_t *v;
+  json_array_foreach(list, i, v) {
+    const char *pat = str_or_null(v, "pattern");
+    const char *path = str_or_null(v, "path");
+    cr_assert(pat != NULL && path != NULL, "path_matches[%zu]: pattern and path are strings", i);
+    bool want = json_is_true(json_object_get(v, "match"));
+    cr_expect_eq(ce_path_match(pat, strlen(pat), path, strlen(path)), want, "path_matches[%zu] %s ~ %s: expected %d",
+                 i, pat, path, want);
   }
   json_decref(root);
 }

@@ -19,8 +19,16 @@ defmodule Condukt.Test.Vectors do
             {:decide, [call: fn _ctx, _req -> :allow end, timeout: t, cache: c]}
 
           %{"kind" => kind, "hosts" => hosts} ->
-            {String.to_existing_atom(kind), hosts}
+            {String.to_existing_atom(kind), Enum.map(hosts, &entry/1)}
         end)
     }
   end
+
+  # A version 2 entry object as the Elixir {host, methods: ..., paths: ...}.
+  defp entry(%{"host" => host} = object) do
+    {host,
+     for({key, name} <- [methods: "methods", paths: "paths"], Map.has_key?(object, name), do: {key, object[name]})}
+  end
+
+  defp entry(host) when is_binary(host), do: host
 end

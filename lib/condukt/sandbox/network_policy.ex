@@ -22,6 +22,23 @@ defmodule Condukt.Sandbox.NetworkPolicy do
       and IP literals by address; `docs/host-matching.md` has the exact
       rules. An address range such as `"10.0.0.0/8"` is not a pattern
       (`new/1` says so): name single addresses, or the hosts.
+    * An entry of an `allow:` or `deny:` list may also be
+      `{host, methods: [...], paths: [...]}` (either list may be left
+      out): it matches a request to the host only when the method is one
+      of `methods` (upper case, compared exactly) and the path matches one
+      of the `paths` globs (`*` within one segment, `**` any number of
+      segments). The path is normalised first: escapes of unreserved
+      characters decoded, dot segments removed, and `%2F`, `%5C`, `%00`,
+      `//` and a climb above the root refused, so `/repos/myorg/../x`
+      cannot pass for `/repos/myorg/x`. A request that matches the host but
+      not the method or path falls through to the next rule; a path that
+      cannot be judged is denied at the first rule with a path entry for
+      the host (`:invalid_path`). `docs/path-matching.md` has the exact
+      rules.
+
+          allow: [{"api.github.com", methods: ["GET", "HEAD"], paths: ["/repos/myorg/**"]}],
+          deny: ["api.github.com"]
+
     * `decide: callable` defers to code (or to an agent). It matches every
       request that reaches it and is terminal: whatever the callable answers
       is the decision, so it comes last (a rule after it could never match
@@ -87,16 +104,22 @@ defmodule Condukt.Sandbox.NetworkPolicy do
 
   ## Dry runs and the sidecar form
 
-  `evaluate/2` runs the pipeline on a URL or a `Request` without calling any
-  decider. `to_sidecar_json/1` compiles the policy into the versioned JSON
+  `evaluate/3` runs the pipeline on a URL (with a `method:` option) or a
+  `Request` without calling any decider. `to_sidecar_json/1` compiles the policy into the versioned JSON
   document the `condukt-egress` sidecar evaluates (`docs/policy-json.md`);
   decide callables stay on the BEAM.
   """
 
-  alias Condukt.Sandbox.NetworkPolicy.{Context, Error, Host, Request, Schema}
+  alias Condukt.Sandbox.NetworkPolicy.{Context, Error, Host, Request, RequestPath, Schema}
 
   @typedoc "A host glob such as `\"api.github.com\"` or `\"*.openai.com\"`."
   @type host_pattern :: String.t()
+
+  @typedoc """
+  One entry of an `allow:` or `deny:` list: a host pattern, or a host
+  pattern with the methods and paths it covers.
+  """
+  @type entry :: host_pattern() | {host_pattern(), [methods: [String.t()], paths: [String.t()]]}
 
   @typedoc "The four shapes of a decide callable."
   @type callable ::
@@ -115,8 +138,8 @@ defmodule Condukt.Sandbox.NetworkPolicy do
         ]
 
   @type rule ::
-          {:allow, [host_pattern()]}
-          | {:deny, [host_pattern()]}
+          {:allow, [entry()]}
+          | {:deny, [entry()]}
           | {:decide, callable() | decide_options()}
 
   @type t :: %__MODULE__{
@@ -128,17 +151,22 @@ defmodule Condukt.Sandbox.NetworkPolicy do
         }
 
   @typedoc "Why `evaluate/2` denied a request."
-  @type deny_reason :: :denied_by_rule | :default_deny | :invalid_host | :invalid_url
+  @type deny_reason :: :denied_by_rule | :default_deny | :invalid_host | :invalid_url | :invalid_path
 
   @type decision :: :allow | {:deny, deny_reason()} | {:decide, non_neg_integer()}
 
   @type matched_rule :: %{index: non_neg_integer(), kind: :allow | :deny | :decide} | nil
 
-  @sidecar_version 1
+  # Version 2 adds entry objects (methods, paths); a policy without them
+  # still compiles to version 1, which every sidecar reads.
+  @sidecar_version 2
   # The sidecar's limits (docs/policy-json.md); new/1 enforces them so a
   # policy the sidecar would refuse never leaves the BEAM.
   @max_rules 4096
   @max_patterns 4096
+  @max_methods 64
+  @max_paths 256
+  @method_re ~r/\A[A-Z0-9_-]{1,32}\z/
   @max_document_bytes 4 * 1024 * 1024
 
   defstruct rules: [], default: :deny, body_preview: 0, redact_headers: [], redact_body: []
@@ -165,11 +193,17 @@ defmodule Condukt.Sandbox.NetworkPolicy do
 
   @doc """
   Dry-runs the policy on a URL (`"https://api.github.com/repos"`), a bare
-  `host[:port]`, or a `%Request{}` (its `:host`).
+  `host[:port]`, or a `%Request{}` (its `:host`, `:method` and `:path`).
+
+  `opts` takes `method: "POST"`, the method of a URL or host (a `Request`
+  carries its own). Without a method, entries with `methods:` do not match;
+  a bare host has no path, so entries with `paths:` do not match it.
 
   Returns `{decision, matched_rule}`. Decide rules are not called: they
   yield `{:decide, index}`. An invalid host or URL is denied before any rule
-  with reason `:invalid_host` or `:invalid_url`. Raises
+  with reason `:invalid_host` or `:invalid_url`; a path that path entries
+  cannot judge (`docs/path-matching.md`) is denied at the first rule with
+  such an entry for the host, with reason `:invalid_path`. Raises
   `Condukt.Sandbox.NetworkPolicy.Error` if the policy is invalid.
 
       iex> policy = Condukt.Sandbox.NetworkPolicy.new!(rules: [allow: ["*.github.com"]])
@@ -177,13 +211,19 @@ defmodule Condukt.Sandbox.NetworkPolicy do
       {:allow, %{index: 0, kind: :allow}}
       iex> Condukt.Sandbox.NetworkPolicy.evaluate(policy, "https://api.github.com.evil.net/")
       {{:deny, :default_deny}, nil}
+      iex> policy = Condukt.Sandbox.NetworkPolicy.new!(rules: [allow: [{"api.github.com", methods: ["GET"], paths: ["/repos/myorg/**"]}]])
+      iex> Condukt.Sandbox.NetworkPolicy.evaluate(policy, "https://api.github.com/repos/myorg/x", method: "GET")
+      {:allow, %{index: 0, kind: :allow}}
+      iex> Condukt.Sandbox.NetworkPolicy.evaluate(policy, "https://api.github.com/repos/myorg/../x", method: "GET")
+      {{:deny, :default_deny}, nil}
   """
-  @spec evaluate(t() | keyword() | map(), Request.t() | String.t()) :: {decision(), matched_rule()}
-  def evaluate(policy, target) do
+  @spec evaluate(t() | keyword() | map(), Request.t() | String.t(), [{:method, String.t()}]) ::
+          {decision(), matched_rule()}
+  def evaluate(policy, target, opts \\ []) do
     {rules, default} = compile!(policy)
 
     case target_host(target) do
-      {:ok, host} -> walk(rules, host, default)
+      {:ok, host} -> walk(rules, {host, target_method(target, opts), target_path(target)}, default)
       {:error, reason} -> {{:deny, reason}, nil}
     end
   end
@@ -216,12 +256,27 @@ defmodule Condukt.Sandbox.NetworkPolicy do
         {{:decide, opts}, i} ->
           {[{"index", i}, {"kind", "decide"}, {"timeout_ms", opts[:timeout]}, {"cache", opts[:cache]}]}
 
-        {{kind, patterns}, i} ->
-          {[{"index", i}, {"kind", Atom.to_string(kind)}, {"hosts", Enum.map(patterns, &Host.to_text/1)}]}
+        {{kind, entries}, i} ->
+          {[{"index", i}, {"kind", Atom.to_string(kind)}, {"hosts", Enum.map(entries, &json_entry/1)}]}
       end)
 
-    Condukt.JSON.encode!({[{"version", @sidecar_version}, {"default", Atom.to_string(default)}, {"rules", json_rules}]})
+    version = if Enum.any?(rules, &conditional?/1), do: @sidecar_version, else: 1
+    Condukt.JSON.encode!({[{"version", version}, {"default", Atom.to_string(default)}, {"rules", json_rules}]})
   end
+
+  defp json_entry({host, nil}), do: Host.to_text(host)
+
+  defp json_entry({host, conditions}) do
+    {[{"host", Host.to_text(host)}] ++
+       for(
+         {key, list} <- [methods: conditions.methods, paths: conditions.paths],
+         list != nil,
+         do: {Atom.to_string(key), list}
+       )}
+  end
+
+  defp conditional?({kind, entries}) when kind in [:allow, :deny], do: Enum.any?(entries, &match?({_, %{}}, &1))
+  defp conditional?(_rule), do: false
 
   ## Evaluation ---------------------------------------------------------------
 
@@ -244,10 +299,24 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   defp target_host(%Request{}), do: {:error, :invalid_host}
   defp target_host(url) when is_binary(url), do: Host.parse_target(url)
 
-  defp walk(rules, host, default) do
+  defp target_method(%Request{method: method}, opts), do: Keyword.get(opts, :method, method)
+  defp target_method(_url, opts), do: Keyword.get(opts, :method)
+
+  # nil: no path known; {:ok, normalised} or :error (refused).
+  defp target_path(%Request{path: nil}), do: nil
+  defp target_path(%Request{path: path}), do: RequestPath.normalize(path)
+
+  defp target_path(url) do
+    case RequestPath.url_path(url) do
+      nil -> nil
+      path -> RequestPath.normalize(path)
+    end
+  end
+
+  defp walk(rules, request, default) do
     rules
     |> Enum.with_index()
-    |> Enum.find_value(fn {rule, index} -> rule_decision(rule, index, host) end)
+    |> Enum.find_value(fn {rule, index} -> rule_decision(rule, index, request) end)
     |> case do
       nil when default == :allow -> {:allow, nil}
       nil -> {{:deny, :default_deny}, nil}
@@ -255,12 +324,37 @@ defmodule Condukt.Sandbox.NetworkPolicy do
     end
   end
 
-  defp rule_decision({:decide, _opts}, i, _host), do: {{:decide, i}, %{index: i, kind: :decide}}
+  defp rule_decision({:decide, _opts}, i, _request), do: {{:decide, i}, %{index: i, kind: :decide}}
 
-  defp rule_decision({kind, patterns}, i, host) do
-    if Enum.any?(patterns, &Host.match?(&1, host)) do
-      decision = if kind == :allow, do: :allow, else: {:deny, :denied_by_rule}
-      {decision, %{index: i, kind: kind}}
+  # An entry whose host matches but whose method or path does not lets the
+  # request fall through; a path that a path entry cannot judge is denied
+  # here rather than let through to a later rule (docs/path-matching.md).
+  defp rule_decision({kind, entries}, i, request) do
+    results = Enum.map(entries, &entry_match(&1, request))
+
+    cond do
+      :yes in results ->
+        decision = if kind == :allow, do: :allow, else: {:deny, :denied_by_rule}
+        {decision, %{index: i, kind: kind}}
+
+      :invalid_path in results ->
+        {{:deny, :invalid_path}, %{index: i, kind: kind}}
+
+      true ->
+        nil
+    end
+  end
+
+  defp entry_match({pattern, conditions}, {host, method, path}) do
+    cond do
+      not Host.match?(pattern, host) -> :no
+      conditions == nil -> :yes
+      conditions.methods != nil and method not in conditions.methods -> :no
+      conditions.paths == nil -> :yes
+      path == nil -> :no
+      path == :error -> :invalid_path
+      Enum.any?(conditions.paths, &RequestPath.match?(&1, elem(path, 1))) -> :yes
+      true -> :no
     end
   end
 
@@ -363,7 +457,7 @@ defmodule Condukt.Sandbox.NetworkPolicy do
       patterns == [] ->
         {:error, %Error{reason: :empty_host_list, rule_index: index, key: kind, value: []}}
 
-      not is_list(patterns) or not Enum.all?(patterns, &is_binary/1) ->
+      not is_list(patterns) or not Enum.all?(patterns, &entry_shape?/1) ->
         {:error, %Error{reason: :invalid_host_list, rule_index: index, key: kind, value: patterns}}
 
       length(patterns) > @max_patterns ->
@@ -378,11 +472,7 @@ defmodule Condukt.Sandbox.NetworkPolicy do
 
       true ->
         patterns
-        |> Condukt.Options.map_ok(fn pattern ->
-          with {:error, code} <- Host.normalize_pattern(pattern) do
-            {:error, %Error{reason: :invalid_pattern, rule_index: index, key: kind, value: pattern, detail: code}}
-          end
-        end)
+        |> Condukt.Options.map_ok(&validate_entry(&1, kind, index))
         |> case do
           {:ok, normalized} -> {:ok, {{kind, patterns}, {kind, normalized}}}
           error -> error
@@ -416,6 +506,98 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   end
 
   defp validate_rule(rule, index), do: {:error, %Error{reason: :invalid_rule, rule_index: index, value: rule}}
+
+  defp entry_shape?(pattern) when is_binary(pattern), do: true
+  defp entry_shape?({pattern, opts}) when is_binary(pattern) and is_list(opts), do: true
+  defp entry_shape?(_entry), do: false
+
+  # Compiled: {normalised host, nil | %{methods: list | nil, paths: list | nil}}.
+  defp validate_entry(pattern, kind, index) when is_binary(pattern) do
+    with {:ok, host} <- validate_host(pattern, kind, index), do: {:ok, {host, nil}}
+  end
+
+  defp validate_entry({pattern, opts} = entry, kind, index) do
+    with {:ok, host} <- validate_host(pattern, kind, index),
+         :ok <- check_entry_options(entry, opts, kind, index),
+         {:ok, methods} <- validate_methods(Keyword.get(opts, :methods), index),
+         {:ok, paths} <- validate_paths(Keyword.get(opts, :paths), index) do
+      {:ok, {host, %{methods: methods, paths: paths}}}
+    end
+  end
+
+  defp validate_host(pattern, kind, index) do
+    with {:error, code} <- Host.normalize_pattern(pattern) do
+      {:error, %Error{reason: :invalid_pattern, rule_index: index, key: kind, value: pattern, detail: code}}
+    end
+  end
+
+  @entry_options [:methods, :paths]
+
+  defp check_entry_options(entry, opts, kind, index) do
+    invalid = fn detail ->
+      {:error, %Error{reason: :invalid_entry, rule_index: index, key: kind, value: entry, detail: detail}}
+    end
+
+    cond do
+      not Keyword.keyword?(opts) ->
+        invalid.("the options of {host, options} are a keyword list")
+
+      key = Enum.find(Keyword.keys(opts), &(&1 not in @entry_options)) ->
+        {:error,
+         %Error{
+           reason: :unknown_entry_option,
+           rule_index: index,
+           key: key,
+           value: key,
+           detail: Condukt.Options.suggest(key, @entry_options)
+         }}
+
+      opts == [] ->
+        invalid.("name :methods or :paths, or write the host as a plain string")
+
+      length(Keyword.keys(opts)) != length(Enum.uniq(Keyword.keys(opts))) ->
+        invalid.("each of :methods and :paths is given once")
+
+      true ->
+        :ok
+    end
+  end
+
+  defp validate_methods(nil, _index), do: {:ok, nil}
+
+  defp validate_methods(methods, index) do
+    with :ok <- check_condition_list(methods, :methods, @max_methods, index) do
+      case Enum.find(methods, &(not (is_binary(&1) and Regex.match?(@method_re, &1)))) do
+        nil -> {:ok, methods}
+        bad -> {:error, %Error{reason: :invalid_method, rule_index: index, key: :methods, value: bad}}
+      end
+    end
+  end
+
+  defp validate_paths(nil, _index), do: {:ok, nil}
+
+  defp validate_paths(paths, index) do
+    with :ok <- check_condition_list(paths, :paths, @max_paths, index) do
+      Condukt.Options.map_ok(paths, fn path ->
+        with {:error, code} <- RequestPath.normalize_pattern(path) do
+          {:error, %Error{reason: :invalid_path_pattern, rule_index: index, key: :paths, value: path, detail: code}}
+        end
+      end)
+    end
+  end
+
+  defp check_condition_list(list, key, max, index) do
+    cond do
+      not is_list(list) or list == [] or not Enum.all?(list, &is_binary/1) ->
+        {:error, %Error{reason: :invalid_condition_list, rule_index: index, key: key, value: list}}
+
+      length(list) > max ->
+        {:error, %Error{reason: :too_many_conditions, rule_index: index, key: key, value: length(list), detail: max}}
+
+      true ->
+        :ok
+    end
+  end
 
   defp validate_decide_options(options, index) do
     case Condukt.Options.validate(options, Schema.decide()) do

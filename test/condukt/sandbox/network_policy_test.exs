@@ -342,4 +342,111 @@ defmodule Condukt.Sandbox.NetworkPolicyTest do
       assert_raise Error, fn -> NetworkPolicy.to_sidecar_json(rules: [allow: ["https://x"]]) end
     end
   end
+
+  describe "method and path entries" do
+    @gh {"api.github.com", methods: ["GET", "HEAD"], paths: ["/repos/myorg/**"]}
+
+    test "new/1 keeps the entries as written next to plain hosts" do
+      assert {:ok, %NetworkPolicy{rules: [allow: [@gh, "x.com"]]}} = NetworkPolicy.new(rules: [allow: [@gh, "x.com"]])
+      assert {:ok, _} = NetworkPolicy.new(rules: [deny: [{"a.com", methods: ["DELETE"]}], allow: ["a.com"]])
+      assert {:ok, _} = NetworkPolicy.new(rules: [allow: [{"a.com", paths: ["/**"]}]])
+    end
+
+    for {entry, reason, key, value} <- [
+          {{"a.com", []}, :invalid_entry, :allow, {"a.com", []}},
+          {{"a.com", [:methods]}, :invalid_entry, :allow, {"a.com", [:methods]}},
+          {{"a.com", methods: ["GET"], methods: ["PUT"]}, :invalid_entry, :allow,
+           {"a.com", methods: ["GET"], methods: ["PUT"]}},
+          {{"a.com", method: ["GET"]}, :unknown_entry_option, :method, :method},
+          {{"a.com", methods: []}, :invalid_condition_list, :methods, []},
+          {{"a.com", methods: "GET"}, :invalid_condition_list, :methods, "GET"},
+          {{"a.com", methods: [:get]}, :invalid_condition_list, :methods, [:get]},
+          {{"a.com", methods: ["get"]}, :invalid_method, :methods, "get"},
+          {{"a.com", methods: ["GET "]}, :invalid_method, :methods, "GET "},
+          {{"a.com", methods: [String.duplicate("A", 33)]}, :invalid_method, :methods, String.duplicate("A", 33)},
+          {{"a.com", paths: ["repos"]}, :invalid_path_pattern, :paths, "repos"},
+          {{"a.com", paths: ["/a/../b"]}, :invalid_path_pattern, :paths, "/a/../b"},
+          {{"a.com", paths: ["/a%2Fb"]}, :invalid_path_pattern, :paths, "/a%2Fb"},
+          {{"a.com", paths: ["/a**"]}, :invalid_path_pattern, :paths, "/a**"},
+          {{"a.com/x", methods: ["get"]}, :invalid_pattern, :allow, "a.com/x"},
+          {{:host, methods: ["GET"]}, :invalid_host_list, :allow, [{:host, methods: ["GET"]}]}
+        ] do
+      test "new/1 refuses #{inspect(entry)} (#{reason})" do
+        assert {:error, %Error{reason: unquote(reason), rule_index: 1, key: unquote(key), value: value} = e} =
+                 NetworkPolicy.new(rules: [deny: ["b.com"], allow: [unquote(Macro.escape(entry))]])
+
+        assert value == unquote(Macro.escape(value))
+        assert Exception.message(e) =~ "network policy rule 1 "
+      end
+    end
+
+    test "new/1 names the path pattern code and the sidecar's limits" do
+      assert {:error, %Error{detail: :dot_segment} = e} =
+               NetworkPolicy.new(rules: [allow: [{"a.com", paths: ["/a/./b"]}]])
+
+      assert Exception.message(e) =~ ~s[invalid path pattern "/a/./b" (dot_segment)]
+
+      many = for i <- 1..65, do: "M#{i}"
+
+      assert {:error, %Error{reason: :too_many_conditions, key: :methods, value: 65, detail: 64}} =
+               NetworkPolicy.new(rules: [allow: [{"a.com", methods: many}]])
+    end
+
+    test "evaluate/3: a GET-only rule, and what falls through" do
+      policy = NetworkPolicy.new!(rules: [allow: [@gh], deny: ["api.github.com"]])
+      url = "https://api.github.com/repos/myorg/x"
+      assert NetworkPolicy.evaluate(policy, url, method: "GET") == {:allow, %{index: 0, kind: :allow}}
+      assert NetworkPolicy.evaluate(policy, url, method: "HEAD") == {:allow, %{index: 0, kind: :allow}}
+      assert NetworkPolicy.evaluate(policy, url, method: "POST") == {{:deny, :denied_by_rule}, %{index: 1, kind: :deny}}
+      assert NetworkPolicy.evaluate(policy, url, method: "get") == {{:deny, :denied_by_rule}, %{index: 1, kind: :deny}}
+      # no method known: the method entry does not match
+      assert NetworkPolicy.evaluate(policy, url) == {{:deny, :denied_by_rule}, %{index: 1, kind: :deny}}
+      # a bare host has no path
+      assert NetworkPolicy.evaluate(policy, "api.github.com", method: "GET") ==
+               {{:deny, :denied_by_rule}, %{index: 1, kind: :deny}}
+    end
+
+    test "evaluate/3: dot segments and encodings cannot escape a path rule" do
+      policy = NetworkPolicy.new!(rules: [allow: [@gh]])
+
+      for path <- ["/repos/myorg/../x", "/repos/myorg/%2e%2e/x", "/repos/myorg/%2E%2E/x", "/repos/myorgx"] do
+        assert NetworkPolicy.evaluate(policy, "https://api.github.com" <> path, method: "GET") ==
+                 {{:deny, :default_deny}, nil},
+               path
+      end
+
+      for path <- ["/repos/myorg/%2E%2E%2Fx", "/repos/myorg//../x", "/../repos/myorg/x", "/repos/myorg/..;/x"] do
+        assert NetworkPolicy.evaluate(policy, "https://api.github.com" <> path, method: "GET") ==
+                 {{:deny, :invalid_path}, %{index: 0, kind: :allow}},
+               path
+      end
+
+      assert NetworkPolicy.evaluate(policy, "https://api.github.com/repos/%6Dyorg/x?a=../..", method: "GET") ==
+               {:allow, %{index: 0, kind: :allow}}
+    end
+
+    test "evaluate/3 on a Request takes its method and path" do
+      policy = NetworkPolicy.new!(rules: [deny: [{"a.com", paths: ["/admin/**"]}], allow: ["a.com"]])
+      req = %Request{host: "a.com", method: "GET", path: "/x/../admin/y"}
+      assert NetworkPolicy.evaluate(policy, req) == {{:deny, :denied_by_rule}, %{index: 0, kind: :deny}}
+
+      assert NetworkPolicy.evaluate(policy, %{req | path: "//admin"}) ==
+               {{:deny, :invalid_path}, %{index: 0, kind: :deny}}
+
+      assert NetworkPolicy.evaluate(policy, %{req | path: "/public"}) == {:allow, %{index: 1, kind: :allow}}
+    end
+
+    test "to_sidecar_json/1 writes version 2 only for entries with conditions" do
+      assert %{"version" => 1} = Condukt.JSON.decode!(NetworkPolicy.to_sidecar_json(rules: [allow: ["a.com"]]))
+
+      assert %{"version" => 2, "rules" => [%{"hosts" => [entry, "b.com"]}]} =
+               Condukt.JSON.decode!(
+                 NetworkPolicy.to_sidecar_json(
+                   rules: [allow: [{"A.com.", methods: ["GET"], paths: ["/%72/**"]}, "b.com"]]
+                 )
+               )
+
+      assert entry == %{"host" => "a.com", "methods" => ["GET"], "paths" => ["/r/**"]}
+    end
+  end
 end

@@ -15,8 +15,14 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
   | `:invalid_rule`          | a rule is not a `{kind, value}` pair |
   | `:unknown_rule_kind`     | a kind other than `:allow`, `:deny`, `:decide` |
   | `:empty_host_list`       | `allow: []` or `deny: []` |
-  | `:invalid_host_list`     | the value of `allow:`/`deny:` is not a list of strings |
+  | `:invalid_host_list`     | the value of `allow:`/`deny:` is not a list of host patterns and `{host, options}` entries |
   | `:invalid_pattern`       | a host pattern is malformed (`:detail` holds the code of docs/host-matching.md §2) |
+  | `:invalid_entry`         | a `{host, options}` entry whose options are not a keyword list, are empty, or repeat a key (`:detail` says which) |
+  | `:unknown_entry_option`  | an entry option other than `:methods` and `:paths` |
+  | `:invalid_condition_list`| `:methods` or `:paths` is not a non-empty list of strings |
+  | `:too_many_conditions`   | more methods (64) or paths (256) in one entry than the sidecar loads |
+  | `:invalid_method`        | a method that is not an upper-case token (`A-Z`, `0-9`, `-`, `_`; at most 32 bytes) |
+  | `:invalid_path_pattern`  | a path pattern is malformed (`:detail` holds the code of docs/path-matching.md §2) |
   | `:invalid_callable`      | a decide callable of the wrong shape or arity |
   | `:missing_call`          | a configured decide rule without `:call` |
   | `:unknown_decide_option` | a decide option other than the five documented ones |
@@ -38,6 +44,12 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
           | :empty_host_list
           | :invalid_host_list
           | :invalid_pattern
+          | :invalid_entry
+          | :unknown_entry_option
+          | :invalid_condition_list
+          | :too_many_conditions
+          | :invalid_method
+          | :invalid_path_pattern
           | :invalid_callable
           | :missing_call
           | :unknown_decide_option
@@ -90,7 +102,29 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
     do: "the host list is empty; a rule needs at least one host pattern"
 
   defp what(%{reason: :invalid_host_list, value: v}),
-    do: "expected a non-empty list of host pattern strings, got: #{inspect(v)}"
+    do:
+      "expected a non-empty list of host patterns (strings, or {host, methods: [...], paths: [...]}), " <>
+        "got: #{inspect(v)}"
+
+  defp what(%{reason: :invalid_entry, value: v, detail: detail}),
+    do: "invalid entry #{inspect(v)}: #{detail}"
+
+  defp what(%{reason: :unknown_entry_option, value: v, detail: hint}),
+    do: "unknown entry option #{inspect(v)}#{hint(hint)}; the options are :methods and :paths"
+
+  defp what(%{reason: :invalid_condition_list, value: v}),
+    do: "expected a non-empty list of strings, got: #{inspect(v)}"
+
+  defp what(%{reason: :too_many_conditions, value: n, detail: max}),
+    do: "#{n} entries, but the sidecar loads at most #{max}"
+
+  defp what(%{reason: :invalid_method, value: v}),
+    do:
+      "invalid method #{inspect(v)}: methods are matched case-sensitively and written as " <>
+        "upper-case tokens (A-Z, 0-9, \"-\", \"_\"; at most 32 bytes), such as \"GET\""
+
+  defp what(%{reason: :invalid_path_pattern, value: v, detail: code}),
+    do: "invalid path pattern #{inspect(v)} (#{code}): #{path_advice(code)}"
 
   defp what(%{reason: :invalid_pattern, value: v, detail: code}),
     do: "invalid host pattern #{inspect(v)} (#{code}): #{pattern_advice(code)}"
@@ -148,4 +182,23 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
   defp pattern_advice(:label_too_long), do: "a label is longer than 63 bytes (after IDN conversion)"
   defp pattern_advice(:name_too_long), do: "the host is longer than 253 bytes (after IDN conversion)"
   defp pattern_advice(:bad_ip), do: "not a valid IPv4 or IPv6 address"
+
+  # In the words of the sidecar (c_src/policy/path.c).
+  defp path_advice(:empty), do: "a path pattern cannot be empty; \"/**\" matches every path"
+  defp path_advice(:too_long), do: "a path pattern is at most 1024 bytes"
+  defp path_advice(:not_absolute), do: "a path pattern starts with \"/\""
+  defp path_advice(:query), do: "a path pattern has no query or fragment: the query is never matched"
+
+  defp path_advice(:invalid_byte),
+    do: "write visible ASCII only, no \"\\\", and %-escapes as \"%\" and two hex digits"
+
+  defp path_advice(:encoded_separator),
+    do: "%2F, %5C and %00 are refused in request paths, so a pattern cannot name them"
+
+  defp path_advice(:empty_segment), do: "\"//\" is refused in request paths, so a pattern cannot name it"
+
+  defp path_advice(:dot_segment),
+    do: "request paths are matched with \".\" and \"..\" removed; write the path they lead to"
+
+  defp path_advice(:stars), do: "\"**\" must be a whole segment (\"/a/**\"); use \"*\" inside a segment"
 end

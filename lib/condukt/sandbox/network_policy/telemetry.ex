@@ -47,7 +47,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   **Reasons.** The refusal reasons that the policy itself defines are atoms,
   the same atoms `Condukt.Sandbox.NetworkPolicy.evaluate/2` and the decide
   runtime use: `:default_deny`, `:denied_by_rule`, `:invalid_host`,
-  `:decider_timeout`, `:decider_error`, `:decider_bad_return` and
+  `:invalid_path`, `:decider_timeout`, `:decider_error`, `:decider_bad_return` and
   `:control_channel_unavailable`. Every other reason stays the sidecar's
   string: a decider's own words (`{:deny, :too_risky}` arrives as
   `"too_risky"`, since it crossed the wire as text), and the transport
@@ -145,7 +145,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.Telemetry do
   # Refusal reasons the policy layer itself defines (NetworkPolicy.evaluate/2,
   # the decide runtime, docs/proxy.md's policy refusals). Only these become
   # atoms; the table is fixed at compile time so the wire never mints atoms.
-  @atom_reasons ~w(default_deny denied_by_rule invalid_host decider_timeout decider_error
+  @atom_reasons ~w(default_deny denied_by_rule invalid_host invalid_path decider_timeout decider_error
                    decider_bad_return control_channel_unavailable)
   @reason_atoms Map.new(@atom_reasons, &{&1, String.to_atom(&1)})
 

@@ -249,6 +249,71 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntimeTest do
       end)
     end
 
+    test "a cached :path answer never covers another method or path, however the path is spelt",
+         %{session: s} do
+      me = self()
+
+      call = fn _ctx, req ->
+        send(me, {:called, req.method, req.path})
+        {:allow, scope: :path}
+      end
+
+      rt = DecideRuntime.new(policy: [rules: [decide: call]], session_id: s)
+
+      ask = fn rt, id, method, path ->
+        request = %{req("p.test") | method: method, path: path}
+
+        case DecideRuntime.request(rt, id, 0, request) do
+          {[], rt} -> drain(rt, 1)
+          {replies, rt} -> {replies, rt}
+        end
+      end
+
+      {[{:decision, "0", :allow, false}], rt} = ask.(rt, "0", "GET", "/repos/myorg")
+      assert_received {:called, "GET", "/repos/myorg"}
+
+      # Each of these is another request for the decider: a different
+      # method, a path below, beside or above, or the same path spelt with
+      # dot segments or escapes (the key holds the path as sent, so a new
+      # spelling is asked about, never matched to an old answer).
+      others = [
+        {"POST", "/repos/myorg"},
+        {"get", "/repos/myorg"},
+        {"GET", "/repos/myorg/x"},
+        {"GET", "/repos/myorgx"},
+        {"GET", "/repos"},
+        {"GET", "/repos/myorg/../other"},
+        {"GET", "/repos/myorg/%2e%2e/other"},
+        {"GET", "/repos/%6Dyorg"},
+        {"GET", "/REPOS/myorg"}
+      ]
+
+      Enum.reduce(Enum.with_index(others, 1), rt, fn {{method, path}, i}, rt ->
+        {[{:decision, _, :allow, false}], rt} = ask.(rt, "#{i}", method, path)
+        assert_received {:called, ^method, ^path}, "#{method} #{path} was answered from the cache"
+        rt
+      end)
+    end
+
+    test "a cached :host answer covers only the rule it was given under", %{session: s} do
+      me = self()
+
+      call = fn _ctx, req ->
+        send(me, {:called, req.method, req.path})
+        {:deny, "no", scope: :host}
+      end
+
+      rt = DecideRuntime.new(policy: [rules: [allow: [{"h.test", methods: ["GET"]}], decide: call]], session_id: s)
+      request = %{req("h.test") | method: "POST"}
+      {[], rt} = DecideRuntime.request(rt, "1", 1, request)
+      {[{:decision, "1", {:deny, "no"}, true}], rt} = drain(rt, 1)
+      assert_received {:called, "POST", "/"}
+      # The key names the rule: the same request asked under another
+      # index is not answered from the cache (rule 0 is no decide rule).
+      assert Map.keys(rt.cache) == [{1, :host, "h.test"}]
+      assert {[{:decision, "2", {:deny, :decider_error}, false}], _rt} = DecideRuntime.request(rt, "2", 0, request)
+    end
+
     test "the decider states the scope of its answer", %{session: s} do
       me = self()
 

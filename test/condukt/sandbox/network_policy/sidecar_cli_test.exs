@@ -99,7 +99,13 @@ defmodule Condukt.Sandbox.NetworkPolicy.SidecarCliTest do
       {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"decide","timeout_ms":5,"cache":true,"call":"x"}]}),
        "$.rules[0].call"},
       {~s({"version":1,"default":"drop","rules":[]}), "$.default"},
-      {~s({"version":2,"default":"deny","rules":[]}), "$.version"},
+      {~s({"version":3,"default":"deny","rules":[]}), "$.version"},
+      {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"allow","hosts":[{"host":"a.com","methods":["GET"]}]}]}),
+       "$.rules[0].hosts[0]"},
+      {~s({"version":2,"default":"deny","rules":[{"index":0,"kind":"allow","hosts":[{"host":"a.com","methods":["get"]}]}]}),
+       "$.rules[0].hosts[0].methods[0]"},
+      {~s({"version":2,"default":"deny","rules":[{"index":0,"kind":"allow","hosts":[{"host":"a.com","paths":["/a/../b"]}]}]}),
+       "$.rules[0].hosts[0].paths[0]"},
       {~s({"version":"1","default":"deny","rules":[]}), "$.version"},
       {~s({"version":1,"default":"deny","rules":[],"extra":1}), "$.extra"},
       {~s({"version":1,"default":"deny","rules":[{"index":1,"kind":"allow","hosts":["a.com"]}]}), "$.rules[0].index"}
@@ -112,6 +118,40 @@ defmodule Condukt.Sandbox.NetworkPolicy.SidecarCliTest do
         assert status == 1, out
         assert out =~ unquote(path) <> ":", out
       end
+    end
+  end
+
+  test "policy eval --method: the sidecar and evaluate/3 agree on methods and paths", %{tmp_dir: dir} do
+    policy =
+      NetworkPolicy.new!(
+        rules: [
+          allow: [{"api.github.com", methods: ["GET", "HEAD"], paths: ["/repos/myorg/**"]}],
+          deny: ["api.github.com"]
+        ]
+      )
+
+    file = write!(dir, "mp.json", NetworkPolicy.to_sidecar_json(policy))
+
+    for {method, url} <- [
+          {"GET", "https://api.github.com/repos/myorg/x"},
+          {"POST", "https://api.github.com/repos/myorg/x"},
+          {"GET", "https://api.github.com/repos/myorg/../x"},
+          {"GET", "https://api.github.com/repos/myorg/%2e%2e/x"},
+          {"GET", "https://api.github.com/repos/myorg/%2E%2E%2Fx"}
+        ] do
+      {out, 0} = egress(["policy", "eval", "--method", method, file, url])
+      sidecar = Condukt.JSON.decode!(out)
+      {decision, matched} = NetworkPolicy.evaluate(policy, url, method: method)
+
+      {name, reason} =
+        case decision do
+          :allow -> {"allow", nil}
+          {:deny, r} -> {"deny", Atom.to_string(r)}
+        end
+
+      assert sidecar["decision"] == name, "#{method} #{url}"
+      assert sidecar["reason"] == reason, "#{method} #{url}"
+      assert sidecar["matched_rule"] == (matched && %{"index" => matched.index, "kind" => Atom.to_string(matched.kind)})
     end
   end
 

@@ -5,6 +5,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.VectorsTest do
 
   alias Condukt.Sandbox.NetworkPolicy
   alias Condukt.Sandbox.NetworkPolicy.Host
+  alias Condukt.Sandbox.NetworkPolicy.RequestPath
   alias Condukt.Test.Vectors
 
   setup_all do
@@ -52,13 +53,54 @@ defmodule Condukt.Sandbox.NetworkPolicy.VectorsTest do
     assert failures == []
   end
 
+  test "paths: request targets normalise as the sidecar normalises them", %{vectors: vectors} do
+    assert vectors["paths"] != []
+
+    failures =
+      for %{"path" => path, "normalized" => want} <- vectors["paths"],
+          got =
+            (case RequestPath.normalize(path) do
+               {:ok, p} -> p
+               :error -> nil
+             end),
+          got != want,
+          do: "#{inspect(path)}: expected #{inspect(want)}, got #{inspect(got)}"
+
+    assert failures == []
+  end
+
+  test "path patterns: normalised or refused with the sidecar's code", %{vectors: vectors} do
+    assert vectors["path_patterns"] != []
+
+    failures =
+      for v <- vectors["path_patterns"],
+          got = RequestPath.normalize_pattern(v["pattern"]),
+          want = if(v["error"], do: {:error, String.to_atom(v["error"])}, else: {:ok, v["normalized"]}),
+          got != want,
+          do: "#{inspect(v["pattern"])}: expected #{inspect(want)}, got #{inspect(got)}"
+
+    assert failures == []
+  end
+
+  test "path matches", %{vectors: vectors} do
+    assert vectors["path_matches"] != []
+
+    failures =
+      for %{"pattern" => pat, "path" => path, "match" => want} <- vectors["path_matches"],
+          RequestPath.match?(pat, path) != want,
+          do: "#{pat} ~ #{path}: expected #{want}"
+
+    assert failures == []
+  end
+
   test "policy cases", %{vectors: vectors} do
     failures =
       Enum.flat_map(vectors["groups"], fn group ->
         policy = Vectors.elixir_policy(group["policy"])
 
         Enum.flat_map(group["cases"], fn c ->
-          got = summarize(NetworkPolicy.evaluate(policy, c["input"]), c["input"])
+          opts = if c["method"], do: [method: c["method"]], else: []
+          got = summarize(NetworkPolicy.evaluate(policy, c["input"], opts), c["input"])
           expected = Map.take(c, ["decision", "reason", "matched_rule", "host"])
 
           if got == expected,
@@ -76,7 +118,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.VectorsTest do
         Map.update!(group["policy"], "rules", fn rules ->
           Enum.map(rules, fn
             %{"hosts" => hosts} = rule ->
-              %{rule | "hosts" => Enum.map(hosts, &(&1 |> Host.normalize_pattern() |> elem(1) |> Host.to_text()))}
+              %{rule | "hosts" => Enum.map(hosts, &normalized_entry/1)}
 
             rule ->
               rule
@@ -104,6 +146,16 @@ defmodule Condukt.Sandbox.NetworkPolicy.VectorsTest do
       assert Exception.message(e) =~ "unreachable: rule #{decide} (:decide) before it answers every request"
     end
   end
+
+  defp normalized_entry(%{"host" => host} = object) do
+    object
+    |> Map.put("host", normalized_host(host))
+    |> Map.replace_lazy("paths", fn paths -> Enum.map(paths, &(&1 |> RequestPath.normalize_pattern() |> elem(1))) end)
+  end
+
+  defp normalized_entry(host), do: normalized_host(host)
+
+  defp normalized_host(host), do: host |> Host.normalize_pattern() |> elem(1) |> Host.to_text()
 
   defp summarize({decision, matched}, input) do
     {name, reason} =
