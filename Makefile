@@ -171,8 +171,10 @@ setup:
 	sh scripts/setup-rust.sh
 	sh scripts/setup-llm.sh
 
+# The demo has no use for the Virtual sandbox's NIF (minutes of Rust on a
+# cold cache): CONDUKT_VIRTUAL=0 leaves it out of mix's compile step.
 demo: $(BIN)
-	mix run scripts/demo.exs
+	CONDUKT_VIRTUAL=0 mix run scripts/demo.exs
 
 # Container images, from Debian packages, without a registry or a daemon
 # (scripts/image/build.sh, docs/image.md): `make image` writes the sidecar

@@ -42,8 +42,12 @@ defmodule Mix.Tasks.Compile.ConduktEgress do
   # Condukt.Sandbox.Virtual's NIF (Rust), only where cargo is installed.
   # Optional: a failed build is reported and the Virtual sandbox then says
   # :not_available; nothing else depends on it.
+  # CONDUKT_VIRTUAL=0 skips it (the demo, which has no use for it, sets
+  # that: on a cold cache the crate takes minutes).
   defp virtual_nif(make, args) do
-    if System.find_executable("cargo") || File.exists?(Path.expand("~/.cargo/bin/cargo")) do
+    wanted? = System.get_env("CONDUKT_VIRTUAL") != "0"
+
+    if wanted? and (System.find_executable("cargo") || File.exists?(Path.expand("~/.cargo/bin/cargo"))) do
       if elem(System.cmd(make, args ++ ["-q", "virtual-nif"], stderr_to_stdout: true), 1) != 0,
         do: Mix.shell().info("==> condukt: building priv/condukt_virtual.so (Rust; minutes on a cold cache)")
 
