@@ -181,7 +181,14 @@ defmodule Condukt.Test.Netns.Sidecar do
 
     ExUnit.Callbacks.on_exit({__MODULE__, dir}, fn -> kill(sc) end)
 
-    case Cmd.poll(fn -> File.read!(stderr) =~ "proxy ready" or not Cmd.alive?(pid) end, 15_000) do
+    # Ready as the Kubernetes startupProbe sees it: `condukt-egress ready`
+    # in the pod connects to every proxy listener (docs/cli.md), rather than
+    # a line of the proxy's stderr. Not to the control port: the proxy
+    # opens that before its listeners, and a connection that closes before
+    # the handshake is a refusal event some tests count.
+    ready = [Tier.tool!("ip"), "netns", "exec", tb.pod_ns, bin, "ready", "--timeout-ms", "500"] ++ listen_args(args)
+
+    case Cmd.poll(fn -> not Cmd.alive?(pid) or match?({_, 0}, Cmd.run(ready, timeout: 5_000)) end, 15_000, 100) do
       :ok -> :ok
       {:error, :timeout} -> raise "the sidecar did not start:\n" <> File.read!(stderr)
     end
@@ -189,6 +196,12 @@ defmodule Condukt.Test.Netns.Sidecar do
     unless Cmd.alive?(pid), do: raise("the sidecar exited at start:\n" <> File.read!(stderr))
     sc
   end
+
+  # The proxy's own --listen flags, which `ready` must check instead of its
+  # defaults.
+  defp listen_args(["--listen", addr | rest]), do: ["--listen", addr | listen_args(rest)]
+  defp listen_args([_ | rest]), do: listen_args(rest)
+  defp listen_args([]), do: []
 
   @doc """
   Stops the proxy with SIGTERM (it drains and exits 0) and returns its
