@@ -1,5 +1,8 @@
 defmodule Condukt.Native do
   @moduledoc """
+  **Internal.** Part of the library's plumbing, documented for those who
+  work on Condukt; its API may change in any release.
+
   The owner of one `condukt-egress port` process: the BEAM's native helper
   for tokens, session CAs, policy files, sidecar control channels and the
   Kubernetes API client (`kube_*`).

@@ -1,5 +1,8 @@
 defmodule Condukt.Options do
   @moduledoc """
+  **Internal.** Part of the library's plumbing, documented for those who
+  work on Condukt; its API may change in any release.
+
   A small declarative option schema, used both to validate options and to
   render their documentation (the idea of NimbleOptions, written here
   because Hex is not reachable on every build machine).

@@ -1,5 +1,8 @@
 defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
   @moduledoc """
+  **Internal.** Part of the library's plumbing, documented for those who
+  work on Condukt; its API may change in any release.
+
   The BEAM's end of one session's sidecar control channel
   (docs/control-channel.md, docs/beam-side.md).
 

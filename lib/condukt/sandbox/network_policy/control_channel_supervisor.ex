@@ -1,5 +1,8 @@
 defmodule Condukt.Sandbox.NetworkPolicy.ControlChannelSupervisor do
   @moduledoc """
+  **Internal.** Part of the library's plumbing, documented for those who
+  work on Condukt; its API may change in any release.
+
   The `DynamicSupervisor` (one_for_one) of every session's
   `Condukt.Sandbox.NetworkPolicy.ControlBridge`, started under the
   application root (`Condukt.Supervisor`).

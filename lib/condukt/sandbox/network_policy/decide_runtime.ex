@@ -5,6 +5,9 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
   @cache_max 4096
 
   @moduledoc """
+  **Internal.** Part of the library's plumbing, documented for those who
+  work on Condukt; its API may change in any release.
+
   Runs `:decide` rules: one session's deciders, their timeouts and their
   cache.
 

@@ -1,5 +1,8 @@
 defmodule Condukt.Sandbox.NetworkPolicy.Host do
   @moduledoc """
+  **Internal.** Part of the library's plumbing, documented for those who
+  work on Condukt; its API may change in any release.
+
   Host normalisation and glob matching, exactly as `docs/host-matching.md`
   specifies them.
 
