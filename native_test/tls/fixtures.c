@@ -150,3 +150,36 @@ long fx_time_diff(const ASN1_TIME *a, time_t t) {
   cr_assert_eq(ASN1_TIME_to_tm(a, &tm), 1);
   return (long)(timegm(&tm) - t);
 }
+
+X509 *fx_self_signed(const char *cn) {
+  EVP_PKEY *key = EVP_EC_gen("P-256");
+  cr_assert_not_null(key);
+  fx_cert_spec_t spec = {.cn = cn, .ca = true, .not_before_offset = -60, .not_after_offset = 86400};
+  X509 *x = fx_make_cert(key, &spec);
+  EVP_PKEY_free(key);
+  return x;
+}
+
+char *fx_pem_block(const char *type, const char *header, const unsigned char *data, long len) {
+  BIO *b = BIO_new(BIO_s_mem());
+  cr_assert_not_null(b);
+  cr_assert_gt(PEM_write_bio(b, type, header, data, len), 0);
+  char *p;
+  long n = BIO_get_mem_data(b, &p);
+  /* Not NUL-terminated: no strndup. */
+  char *s = malloc((size_t)n + 1);
+  cr_assert_not_null(s);
+  memcpy(s, p, (size_t)n);
+  s[n] = '\0';
+  BIO_free(b);
+  return s;
+}
+
+char *fx_cert_pem(X509 *cert) {
+  unsigned char *der = NULL;
+  int len = i2d_X509(cert, &der);
+  cr_assert_gt(len, 0);
+  char *s = fx_pem_block("CERTIFICATE", "", der, len);
+  OPENSSL_free(der);
+  return s;
+}

@@ -45,6 +45,14 @@ typedef struct {
 
 X509 *fx_make_cert(EVP_PKEY *key, const fx_cert_spec_t *spec);
 
+/* A self-signed P-256 CA named cn, valid from a minute ago for a day. */
+X509 *fx_self_signed(const char *cn);
+
+/* A PEM block of type `type` with `header` ("" for none) around data
+ * (len bytes), and a certificate's PEM: malloc'd strings. */
+char *fx_pem_block(const char *type, const char *header, const unsigned char *data, long len);
+char *fx_cert_pem(X509 *cert);
+
 /* A CA made by ce_ca_generate into fx_dir as ca.pem / ca.key. */
 void fx_generate_ca(unsigned days);
 

@@ -100,12 +100,17 @@ defmodule Condukt.K8s.KubernetesE2ETest do
 
     assert out == "200"
 
-    # The JVM's trust store, from the trust Secret, and the variable naming it.
-    {:ok, %{output: out}} =
-      Sandbox.exec(sb, ~S(head -c 1 /etc/condukt/trust-store.p12 | od -An -tx1; echo "$JAVA_TOOL_OPTIONS"))
+    # The JVM's trust store, written in the pod by the condukt-trust init
+    # container (read-only), byte for byte the store the BEAM builds for
+    # the session CA, and the variable naming it.
+    {:ok, %{output: out}} = Sandbox.exec(sb, ~S(stat -c %a /etc/condukt/trust-store.p12; echo "$JAVA_TOOL_OPTIONS"))
 
     assert out ==
-             " 30\n-Djavax.net.ssl.trustStore=/etc/condukt/trust-store.p12 -Djavax.net.ssl.trustStoreType=PKCS12\n"
+             "444\n-Djavax.net.ssl.trustStore=/etc/condukt/trust-store.p12 -Djavax.net.ssl.trustStoreType=PKCS12\n"
+
+    {:ok, %{output: ca_pem}} = Sandbox.exec(sb, "cat /etc/condukt/ca.pem")
+    {:ok, %{output: store}} = Sandbox.exec(sb, "base64 -w0 /etc/condukt/trust-store.p12")
+    assert Base.decode64!(store) == Condukt.Sandbox.NetworkPolicy.TrustStore.pkcs12(ca_pem)
 
     # deny
     assert curl(sb, "https://denied.test/") =~ ~r/ 403\n\z/

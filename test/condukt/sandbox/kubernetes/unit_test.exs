@@ -350,6 +350,12 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
                } = Enum.find(mounts, &(&1["mountPath"] == path))
       end
 
+      # /etc/condukt (the PEM files and the JVM's store) is the emptyDir the
+      # init container fills; no file of the session's Secret is mounted.
+      assert %{"name" => "condukt-trust", "mountPath" => "/etc/condukt", "readOnly" => true} in mounts
+      refute Enum.any?(mounts, &(&1["name"] == "condukt-session-ca")), "the store comes from the emptyDir"
+      refute Enum.any?(mounts, &(&1["subPath"] == "trust-store.p12"))
+
       vols = Map.new(spec["volumes"], &{&1["name"], &1})
       assert vols["condukt-egress-state"]["emptyDir"] == %{"medium" => "Memory", "sizeLimit" => "1Mi"}
 
@@ -412,14 +418,10 @@ defmodule Condukt.Sandbox.Kubernetes.UnitTest do
 
       trust = Manifests.trust_secret(@params)
       tdata = Map.new(trust["data"], fn {k, v} -> {k, Base.decode64!(v)} end)
-      # The session certificate and the JVM's trust store: the PEM bundle's
-      # Mozilla roots come from the sidecar image.
-      assert Map.keys(tdata) |> Enum.sort() == ["ca.pem", "trust-store.p12"]
+      # The session certificate only: the PEM bundle and the JVM's trust
+      # store are written in the pod from the sidecar image's roots.
+      assert Map.keys(tdata) == ["ca.pem"]
       assert tdata["ca.pem"] == @params.ca_cert_pem
-      # the JVM's store: a PKCS#12 PFX (version 3) holding the session CA's DER
-      assert <<0x30, _::binary>> = tdata["trust-store.p12"]
-      [{:Certificate, ca_der, _}] = :public_key.pem_decode(@params.ca_cert_pem)
-      assert :binary.match(tdata["trust-store.p12"], ca_der) != :nomatch
       refute Map.has_key?(tdata, "ca.key")
 
       np = Manifests.network_policy(@params)

@@ -34,6 +34,18 @@ defmodule Condukt.Sandbox.NetworkPolicy.TrustStoreTest do
     assert length(Regex.scan(~r/BEGIN CERTIFICATE/, out)) == n
   end
 
+  test "condukt-egress ca bundle writes the same store in the pod, byte for byte", %{tmp_dir: dir} do
+    {_der, pem} = ca_pem()
+    ca = Path.join(dir, "session.pem")
+    File.write!(ca, pem)
+    out = Path.join(dir, "out")
+    File.mkdir_p!(out)
+    roots = Condukt.Sandbox.NetworkPolicy.CA.mozilla_path()
+    args = ~w(ca bundle --ca-cert) ++ [ca, "--roots", roots, "--out-dir", out]
+    assert {"", 0} = System.cmd(Condukt.egress_binary(), args, stderr_to_stdout: true)
+    assert File.read!(Path.join(out, TrustStore.file_name())) == TrustStore.pkcs12(pem)
+  end
+
   test "a session CA that is not a PEM certificate is refused" do
     assert_raise ArgumentError, ~r/no PEM certificate/, fn -> TrustStore.pkcs12("not a certificate") end
 

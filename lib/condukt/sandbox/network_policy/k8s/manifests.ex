@@ -5,7 +5,8 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   sent as JSON: the sidecar's Secret, the trust Secret (the session
   certificate), the NetworkPolicy, and the pod's init containers
   (`condukt-netfilter`, `condukt-trust`, which writes the workspace's
-  trust bundle from the image's roots, and the `condukt-egress` sidecar),
+  trust bundle and the JVM's trust store from the image's roots, and the
+  `condukt-egress` sidecar),
   volumes, mounts and CA environment.
 
   `default_image/0` is the sidecar image matching this library's version
@@ -114,26 +115,14 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
   end
 
   @doc """
-  Secret `<pod>-trust`: the session CA certificate and the JVM's PKCS#12
-  trust store (Mozilla roots + session CA,
-  `Condukt.Sandbox.NetworkPolicy.TrustStore`). The PEM trust bundle is not
-  stored: the `condukt-trust` init container writes it into the pod from
-  the sidecar image's roots.
+  Secret `<pod>-trust`: the session CA certificate only. The PEM trust
+  bundle and the JVM's PKCS#12 trust store (the Mozilla roots + the
+  session CA) are not stored: the `condukt-trust` init container writes
+  both into the pod from the sidecar image's roots.
   """
   @spec trust_secret(params()) :: map()
   def trust_secret(p) do
-    secret(p.pod <> "-trust", p, %{
-      "ca.pem" => p.ca_cert_pem,
-      NetworkPolicy.TrustStore.file_name() => trust_store(p.ca_cert_pem)
-    })
-  end
-
-  # A dry run (`Condukt.Sandbox.Kubernetes.manifests/1`) has a placeholder
-  # where the session CA goes; its trust store is the same placeholder.
-  defp trust_store(ca_cert_pem) do
-    if String.contains?(ca_cert_pem, "-----BEGIN CERTIFICATE-----"),
-      do: NetworkPolicy.TrustStore.pkcs12(ca_cert_pem),
-      else: ca_cert_pem
+    secret(p.pod <> "-trust", p, %{"ca.pem" => p.ca_cert_pem})
   end
 
   defp secret(name, p, data) do
@@ -176,7 +165,8 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
 
   @doc """
   The init containers: `condukt-netfilter` (iptables), `condukt-trust`
-  (writes the workspace's trust bundle) and the native sidecar
+  (writes the workspace's trust bundle and the JVM's trust store) and the
+  native sidecar
   `condukt-egress`.
   """
   @spec init_containers(params()) :: [map()]
@@ -332,20 +322,13 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
 
   @doc """
   The workspace container's read-only mounts of the trust files:
-  `/etc/condukt` (`ca.pem`, `ca-certificates.crt`), and the bundle over
-  the two system trust-store paths (subPath).
+  `/etc/condukt` (`ca.pem`, `ca-certificates.crt`, `trust-store.p12`), and
+  the bundle over the two system trust-store paths (subPath).
   """
   @spec workspace_mounts() :: [map()]
   def workspace_mounts do
     [
       %{"name" => "condukt-trust", "mountPath" => @trust_dir, "readOnly" => true},
-      # The JVM's trust store comes from the session's Secret.
-      %{
-        "name" => "condukt-session-ca",
-        "mountPath" => "#{@trust_dir}/#{NetworkPolicy.TrustStore.file_name()}",
-        "subPath" => NetworkPolicy.TrustStore.file_name(),
-        "readOnly" => true
-      },
       %{
         "name" => "condukt-trust",
         "mountPath" => "/etc/ssl/certs/ca-certificates.crt",
