@@ -46,8 +46,15 @@ defmodule Condukt.Sandbox.Virtual.PolicyTest do
     %{ca: pki.ca_cert, port: port}
   end
 
+  # The request and decider events the sidecar also emits; the decide
+  # spans ([..., :decide, :start | :stop | :exception]) are counted apart.
   @doc false
-  def forward(event, measurements, metadata, pid), do: send(pid, {:event, List.last(event), measurements, metadata})
+  def forward(event, measurements, metadata, pid) do
+    case event do
+      [_, _, _, :decide, phase] -> send(pid, {:span, phase, metadata})
+      _ -> send(pid, {:event, List.last(event), measurements, metadata})
+    end
+  end
 
   defp sandbox(ctx, rules, extra \\ []) do
     session = "s-#{System.unique_integer([:positive])}"
@@ -139,6 +146,9 @@ defmodule Condukt.Sandbox.Virtual.PolicyTest do
              Sandbox.exec(sb, "curl -s #{url(ctx, "decide.test", "/x")}")
 
     assert_received {:asked, ^session, "decide.test", "/x"}
+    # The decider's call is a telemetry span, as with the sidecar.
+    assert_received {:span, :start, %{session_id: ^session, rule_index: 0}}
+    assert_received {:span, :stop, %{session_id: ^session}}
 
     assert [_, {:request_allowed, _, %{matched_rule: %{index: 0, kind: :decide}}}, {:request_closed, _, _}] =
              events(session)
