@@ -60,8 +60,8 @@ defmodule Condukt.Test.K8s.Node do
       not File.exists?("/usr/lib/cni/bridge") ->
         "the CNI plugins are not installed (containernetworking-plugins, make setup)"
 
-      not File.dir?(Path.join(@cgroup_base, "memory")) ->
-        "the node expects cgroup v1 hierarchies under #{@cgroup_base}"
+      cgroup_hierarchies() == [] ->
+        "no cgroup hierarchy under #{@cgroup_base}"
 
       true ->
         nil
@@ -257,7 +257,8 @@ defmodule Condukt.Test.K8s.Node do
     File.write!(config, """
     apiVersion: kubelet.config.k8s.io/v1beta1
     kind: KubeletConfiguration
-    # cgroup v1 here (the cgroup2 mount is empty), systemd is not PID 1.
+    # cgroup v1 on the machines the tier was written on (the cgroup2 mount
+    # is empty), and systemd is not PID 1.
     failCgroupV1: false
     cgroupDriver: cgroupfs
     cgroupRoot: #{n.cgroup_root}
@@ -433,12 +434,24 @@ defmodule Condukt.Test.K8s.Node do
     :ok
   end
 
+  # cgroup v2: the one unified hierarchy; v1: every mounted controller
+  # (the empty cgroup2 mount of a v1 machine has no controllers to use).
   defp cgroup_hierarchies do
-    @cgroup_base
-    |> File.ls!()
-    |> Enum.map(&Path.join(@cgroup_base, &1))
-    |> Enum.filter(&(File.dir?(&1) and not File.exists?(Path.join(&1, "cgroup.controllers"))))
-    |> Enum.filter(&File.exists?(Path.join(&1, "cgroup.procs")))
+    cond do
+      File.exists?(Path.join(@cgroup_base, "cgroup.controllers")) ->
+        [@cgroup_base]
+
+      File.dir?(@cgroup_base) ->
+        @cgroup_base
+        |> File.ls!()
+        |> Enum.map(&Path.join(@cgroup_base, &1))
+        |> Enum.filter(
+          &(File.exists?(Path.join(&1, "cgroup.procs")) and not File.exists?(Path.join(&1, "cgroup.controllers")))
+        )
+
+      true ->
+        []
+    end
   end
 
   defp pids_naming(dir) do
