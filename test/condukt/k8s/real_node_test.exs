@@ -64,6 +64,31 @@ defmodule Condukt.K8s.RealNodeTest do
     path
   end
 
+  # A Kubernetes sandbox with `policy` on the real node, as the
+  # ServiceAccount, names resolved by cluster DNS (no hostAliases);
+  # terminated on exit.
+  defp policy_sandbox!(ctx, id, policy) do
+    c = ctx.cluster
+    conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: c.token]
+
+    {:ok, sb} =
+      Sandbox.new(
+        {Kubernetes,
+         id: id,
+         namespace: c.namespace,
+         conn: conn,
+         image: @tools_image,
+         heartbeat_interval: false,
+         network_policy: policy,
+         network_policy_image: ctx.egress_image,
+         network_policy_upstream_ca: ctx.upstream_ca_pem,
+         network_policy_allow_private: ctx.allow_private}
+      )
+
+    on_exit(fn -> Kubernetes.terminate(id, namespace: c.namespace, conn: conn) end)
+    sb
+  end
+
   defp pod_path(c, name), do: "/api/v1/namespaces/#{c.namespace}/pods/#{name}"
 
   defp run_pod!(c, node, name, spec, labels \\ %{}) do
@@ -160,23 +185,7 @@ defmodule Condukt.K8s.RealNodeTest do
     on_exit(fn -> :telemetry.detach(handler) end)
     c = ctx.cluster
     id = "real-#{System.unique_integer([:positive])}"
-    conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: c.token]
-
-    {:ok, sb} =
-      Sandbox.new(
-        {Kubernetes,
-         id: id,
-         namespace: c.namespace,
-         conn: conn,
-         image: @tools_image,
-         heartbeat_interval: false,
-         network_policy: [rules: [deny: ["denied.test"], allow: ["allowed.test"]], default: :deny],
-         network_policy_image: ctx.egress_image,
-         network_policy_upstream_ca: ctx.upstream_ca_pem,
-         network_policy_allow_private: ctx.allow_private}
-      )
-
-    on_exit(fn -> Kubernetes.terminate(id, namespace: c.namespace, conn: conn) end)
+    sb = policy_sandbox!(ctx, id, rules: [deny: ["denied.test"], allow: ["allowed.test"]], default: :deny)
     assert_receive {:event, :control_connected, %{session_id: ^id}}, 30_000
 
     curl = fn url ->
@@ -211,7 +220,7 @@ defmodule Condukt.K8s.RealNodeTest do
     %{"containerID" => "containerd://" <> cid, "restartCount" => 0} = sidecar_status(before)
     # The kubelet is held (SIGSTOP) meanwhile, so the outage is certain
     # to last while the workspace tries.
-    kubelet = ctx.node.pids.kubelet
+    kubelet = Node.kubelet_pid(ctx.node)
     {_, 0} = System.cmd("kill", ["-STOP", "#{kubelet}"])
 
     try do
@@ -366,5 +375,42 @@ defmodule Condukt.K8s.RealNodeTest do
     assert {403, %{"message" => msg}} = Cluster.request(c, :admin, "POST", "/api/v1/namespaces/#{other}/pods", pod)
     assert msg =~ "violates PodSecurity"
     assert msg =~ "NET_ADMIN"
+  end
+
+  test "a kubelet restart: the pod keeps running, exec and the control channel come back", ctx do
+    me = self()
+    handler = "real-node-restart-#{System.unique_integer([:positive])}"
+
+    :telemetry.attach(
+      handler,
+      [:condukt, :sandbox, :network_policy, :control_connected],
+      fn _, _, meta, _ -> send(me, {:connected, meta.session_id}) end,
+      nil
+    )
+
+    on_exit(fn -> :telemetry.detach(handler) end)
+    c = ctx.cluster
+    id = "restart-#{System.unique_integer([:positive])}"
+    sb = policy_sandbox!(ctx, id, rules: [allow: ["allowed.test"]], default: :deny)
+    assert_receive {:connected, ^id}, 30_000
+    :ok = Sandbox.write(sb, "before.txt", "kept\n")
+    {200, before} = Cluster.request(c, :admin, "GET", pod_path(c, Kubernetes.Names.pod_name(id)))
+
+    Node.restart_kubelet!(ctx.node, c, 3_000)
+
+    # The same containers (no restart), the same files; exec works again
+    # and the control channel is re-dialled through a new port-forward.
+    {200, after_} = Cluster.request(c, :admin, "GET", pod_path(c, Kubernetes.Names.pod_name(id)))
+    assert workspace_id(after_) == workspace_id(before)
+    assert sidecar_status(after_)["containerID"] == sidecar_status(before)["containerID"]
+
+    :ok = Cluster.wait_until(fn -> match?({:ok, %{output: "kept\n"}}, Sandbox.exec(sb, "cat before.txt")) end, 60_000)
+
+    assert_receive {:connected, ^id}, 60_000
+
+    {:ok, %{output: out}} =
+      Sandbox.exec(sb, "curl -sS --max-time 15 -o /dev/null -w '%{http_code}' https://allowed.test/")
+
+    assert out == "200"
   end
 end

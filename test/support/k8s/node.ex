@@ -35,7 +35,7 @@ defmodule Condukt.Test.K8s.Node do
   alias Condukt.Test.K8s.{Cluster, Tier}
   alias Condukt.Dev.Netns.Cmd
 
-  defstruct [:name, :dir, :netns, :ip, :socket, :cgroup_root, :port, :pod_cidr, :images, pids: %{}]
+  defstruct [:name, :dir, :netns, :ip, :socket, :cgroup_root, :port, :pod_cidr, :images, :kubelet_argv, pids: %{}]
   @type t :: %__MODULE__{}
 
   @name "localhost"
@@ -290,10 +290,7 @@ defmodule Condukt.Test.K8s.Node do
     registerNode: true
     """)
 
-    spawn!(
-      n,
-      c,
-      :kubelet,
+    argv =
       in_node(n, [
         Path.join(c.bin_dir, "kubelet"),
         "--config=#{config}",
@@ -303,7 +300,34 @@ defmodule Condukt.Test.K8s.Node do
         "--node-ip=#{n.ip}",
         "--v=2"
       ])
-    )
+
+    spawn!(%{n | kubelet_argv: argv}, c, :kubelet, argv)
+  end
+
+  @doc "The pid of the node's running kubelet (`restart_kubelet!/3` replaces it), or nil."
+  @spec kubelet_pid(t()) :: pos_integer() | nil
+  def kubelet_pid(%__MODULE__{} = n), do: Enum.at(pids_naming("--config=#{n.dir}/kubelet.yaml"), 0)
+
+  @doc """
+  Restarts the kubelet as an upgrade or a crash would: TERM (KILL after
+  5 s), `outage_ms` without it (the containers keep running; exec,
+  port-forward and logs through it fail), then the same command again,
+  returning once it listens again.
+  """
+  @spec restart_kubelet!(t(), Cluster.t(), non_neg_integer()) :: t()
+  def restart_kubelet!(%__MODULE__{} = n, %Cluster{} = c, outage_ms) do
+    Cmd.kill(Enum.reject([kubelet_pid(n)], &is_nil/1), 5_000)
+    Process.sleep(outage_ms)
+    n = spawn!(n, c, :kubelet, n.kubelet_argv)
+
+    # Listening on its port again. (The API server's node proxy would
+    # tell more, but it refuses a loopback address: the tier's relay.)
+    wait!(n, :kubelet, 60_000, fn ->
+      {out, _} = Cmd.run(["ip", "netns", "exec", n.netns, "ss", "-ltnH", "sport = :#{n.port}"], timeout: 5_000)
+      out =~ "LISTEN"
+    end)
+
+    n
   end
 
   # The TaintNodesByCondition admission plugin gives the new node the
@@ -402,7 +426,7 @@ defmodule Condukt.Test.K8s.Node do
   """
   @spec stop(t(), Cluster.t()) :: :ok
   def stop(%__MODULE__{} = n, %Cluster{} = c) do
-    kubelet = n.pids[:kubelet]
+    kubelet = kubelet_pid(n)
 
     if kubelet && Cmd.alive?(kubelet) do
       for ns <- [c.namespace, c.other_namespace, "kube-system", "default"] do
