@@ -413,4 +413,41 @@ defmodule Condukt.K8s.RealNodeTest do
 
     assert out == "200"
   end
+
+  test "a Service: kube-proxy's rules and cluster DNS lead a pod to another pod", %{cluster: c, node: node} do
+    run_pod!(
+      c,
+      node,
+      "web",
+      %{
+        automountServiceAccountToken: false,
+        containers: [
+          %{
+            name: "workspace",
+            image: @tools_image,
+            command: [
+              "sh",
+              "-c",
+              "mkdir -p /srv && echo served-by-web >/srv/index.html && exec python3 -m http.server -d /srv 8000"
+            ]
+          }
+        ]
+      },
+      %{"app" => "web"}
+    )
+
+    Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{c.namespace}/services", %{
+      metadata: %{name: "web"},
+      spec: %{selector: %{"app" => "web"}, ports: [%{port: 80, targetPort: 8000}]}
+    })
+
+    tools_pod!(c, node, "web-client", %{})
+    url = "http://web.#{c.namespace}.svc.cluster.local/"
+
+    :ok =
+      Cluster.wait_until(
+        fn -> exec(c, "web-client", ["curl", "-sS", "--max-time", "3", url])["stdout"] == "served-by-web\n" end,
+        60_000
+      )
+  end
 end

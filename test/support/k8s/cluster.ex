@@ -426,7 +426,7 @@ defmodule Condukt.Test.K8s.Cluster do
         "--leader-elect=false",
         "--bind-address=127.0.0.1",
         "--secure-port=#{hd(free_ports(1))}",
-        "--controllers=garbagecollector,namespace,serviceaccount,root-ca-cert-publisher",
+        "--controllers=garbagecollector,namespace,serviceaccount,root-ca-cert-publisher,endpointslice",
         "--service-account-private-key-file=#{p.("sa.key")}",
         "--root-ca-file=#{p.("ca.crt")}",
         "--use-service-account-credentials=false"

@@ -106,6 +106,7 @@ defmodule Condukt.Test.K8s.Node do
         |> start_kubelet!(c)
         |> wait_ready!(c)
         |> start_network_policy!(c)
+        |> start_proxy!(c)
         |> start_dns!(c, Keyword.get(opts, :upstream_hosts))
 
       # The same key: replaces the callback above, now with every pid.
@@ -365,6 +366,42 @@ defmodule Condukt.Test.K8s.Node do
       ],
       ["iptables", "-S", "FORWARD"],
       "KUBE-ROUTER-FORWARD"
+    )
+  end
+
+  # Services: kube-proxy in iptables mode in the node's namespace.
+  # masqueradeAll: a pod reaching a Service backed by a pod on the same
+  # bridge gets the reply through the node (no br_netfilter needed); the
+  # conntrack settings are left as the kernel has them (0 = do not set).
+  defp start_proxy!(n, c) do
+    config = Path.join(n.dir, "kube-proxy.yaml")
+
+    File.write!(config, """
+    apiVersion: kubeproxy.config.k8s.io/v1alpha1
+    kind: KubeProxyConfiguration
+    clientConnection:
+      kubeconfig: #{node_kubeconfig(n, c)}
+    hostnameOverride: #{n.name}
+    mode: iptables
+    clusterCIDR: #{n.pod_cidr}
+    iptables:
+      masqueradeAll: true
+    conntrack:
+      maxPerCore: 0
+      min: 0
+      tcpEstablishedTimeout: 0s
+      tcpCloseWaitTimeout: 0s
+    healthzBindAddress: ""
+    metricsBindAddress: ""
+    """)
+
+    start_addon!(
+      n,
+      c,
+      :kube_proxy,
+      [Path.join(c.bin_dir, "kube-proxy"), "--config=#{config}", "--v=1"],
+      ["iptables", "-t", "nat", "-S", "PREROUTING"],
+      "KUBE-SERVICES"
     )
   end
 
