@@ -4,7 +4,7 @@ defmodule Condukt.K8s.RealNodeTest do
   # pods from the images of scripts/k8s/images.sh imported into containerd
   # (no registry: IfNotPresent finds them). Exec, logs and port-forward go
   # through the API server to the real kubelet.
-  use Condukt.Test.K8s.Case, async: false, pods: true
+  use Condukt.Test.K8s.Case, async: false, node: true
 
   alias Condukt.Dev.Netns.{Cmd, Testbed}
   alias Condukt.Sandbox
@@ -13,55 +13,10 @@ defmodule Condukt.K8s.RealNodeTest do
   alias Condukt.Test.K8s.Node
 
   @client Path.expand("../../support/k8s/ws_client.py", __DIR__)
-  @images Path.expand("../../../scripts/k8s/images.sh", __DIR__)
   @tools_image "condukt.test/workspace-tools:bookworm"
 
-  if reason = Node.skip_reason() do
-    @moduletag skip: "kubernetes tier (real node): " <> reason
-  end
-
   setup_all do
-    {out, status} = Cmd.run(["sh", @images], timeout: 1_800_000, stderr: :stdout)
-    assert status == 0, "scripts/k8s/images.sh failed:\n#{out}"
-    dir = out |> String.split("\n", trim: true) |> List.last()
-    images = for f <- ~w(pause workspace workspace-tools condukt-egress), do: Path.join(dir, "#{f}.oci.tar")
-
-    tb = Testbed.start(big_size: 1024 * 1024)
-    c = Cluster.start(kwok: false, kubelet_address_types: Node.kubelet_address_types())
-    # The Pod Security level the user guide asks for with :network_policy.
-    Cluster.request!(
-      c,
-      :admin,
-      "PATCH",
-      "/api/v1/namespaces/#{c.namespace}",
-      %{
-        metadata: %{labels: %{"pod-security.kubernetes.io/enforce" => "privileged"}}
-      },
-      content_type: "application/merge-patch+json"
-    )
-
-    node = Node.start(c, tb.pod_ns, tb.pod.v4, images, upstream_hosts: v4_hosts(tb))
-    names = Testbed.names()
-
-    %{
-      cluster: c,
-      node: node,
-      testbed: tb,
-      host_aliases: [%{"ip" => tb.inet.v4, "hostnames" => names}],
-      upstream_ca_pem: File.read!(tb.ca_cert),
-      allow_private: [String.replace(tb.inet.v4, ~r/\.\d+$/, ".0/24"), tb.inet.v6 <> "/128"],
-      egress_image: "ghcr.io/tuist/condukt-egress:#{Application.spec(:condukt, :vsn)}"
-    }
-  end
-
-  # The "internet" has no DNS server: its names are in the testbed's hosts
-  # file, which cluster DNS serves in its stead (IPv4 only: the pod network
-  # is IPv4).
-  defp v4_hosts(tb) do
-    path = Path.join(tb.dir, "hosts.v4")
-    text = File.read!(Path.join("/etc/netns", tb.pod_ns) |> Path.join("hosts"))
-    File.write!(path, text |> String.split("\n") |> Enum.reject(&String.contains?(&1, ":")) |> Enum.join("\n"))
-    path
+    Condukt.Test.K8s.Case.start_node_tier!()
   end
 
   # A Kubernetes sandbox with `policy` on the real node, as the
