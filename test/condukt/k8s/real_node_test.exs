@@ -22,25 +22,25 @@ defmodule Condukt.K8s.RealNodeTest do
   # A Kubernetes sandbox with `policy` on the real node, as the
   # ServiceAccount, names resolved by cluster DNS (no hostAliases);
   # terminated on exit.
-  defp policy_sandbox!(ctx, id, policy) do
+  defp policy_sandbox!(ctx, id, policy, extra \\ []) do
     c = ctx.cluster
     conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: c.token]
 
-    {:ok, sb} =
-      Sandbox.new(
-        {Kubernetes,
-         id: id,
-         namespace: c.namespace,
-         conn: conn,
-         image: @tools_image,
-         heartbeat_interval: false,
-         network_policy: policy,
-         network_policy_image: ctx.egress_image,
-         network_policy_upstream_ca: ctx.upstream_ca_pem,
-         network_policy_allow_private: ctx.allow_private}
-      )
+    opts = [
+      id: id,
+      namespace: c.namespace,
+      conn: conn,
+      image: @tools_image,
+      heartbeat_interval: false,
+      network_policy: policy,
+      network_policy_image: ctx.egress_image,
+      network_policy_upstream_ca: ctx.upstream_ca_pem,
+      network_policy_allow_private: ctx.allow_private
+    ]
 
-    on_exit(fn -> Kubernetes.terminate(id, namespace: c.namespace, conn: conn) end)
+    {:ok, sb} = Sandbox.new({Kubernetes, opts ++ extra})
+
+    on_exit({:terminate, id}, fn -> Kubernetes.terminate(id, namespace: c.namespace, conn: conn) end)
     sb
   end
 
@@ -392,5 +392,27 @@ defmodule Condukt.K8s.RealNodeTest do
         fn -> exec(c, "web-client", ["curl", "-sS", "--max-time", "3", url])["stdout"] == "served-by-web\n" end,
         60_000
       )
+  end
+
+  test "workspace_source clones through the sidecar into the pod's emptyDir; a reattach keeps the checkout", ctx do
+    git = ctx.testbed.git
+    id = "git-#{System.unique_integer([:positive])}"
+    policy = [rules: [allow: ["git.test"]], default: :deny]
+    source = [workspace_source: [git: git.url, ref: "main"]]
+    sb = policy_sandbox!(ctx, id, policy, source)
+
+    assert {:ok, %{output: head, exit_code: 0}} = Sandbox.exec(sb, "git rev-parse HEAD")
+    assert String.trim(head) == git.head
+    assert {:ok, "# repo.git\n" <> _} = Sandbox.read(sb, "README.md")
+    assert {:ok, [%{path: "data.txt", line_number: 42, line: "line 42"}]} = Sandbox.grep(sb, "^line 42$")
+
+    :ok = Sandbox.write(sb, "notes/wip.md", "- half done\n")
+    :ok = Sandbox.shutdown(sb)
+
+    sb = policy_sandbox!(ctx, id, policy, source)
+    assert {:ok, "- half done\n"} = Sandbox.read(sb, "notes/wip.md")
+    assert {:ok, %{output: head}} = Sandbox.exec(sb, "git rev-parse HEAD")
+    assert String.trim(head) == git.head
+    :ok = Sandbox.shutdown(sb)
   end
 end
