@@ -12,7 +12,9 @@ defmodule Condukt.Test.K8s.Case do
   skips it with the netns tier's reason (root, nginx, ...) when that tier
   cannot run. `node: true` is the same for tests on the real node
   (`start_node_tier!/1`), which also needs containerd, runc and the CNI
-  plugins (`Condukt.Test.K8s.Node.skip_reason/0`).
+  plugins (`Condukt.Test.K8s.Node.skip_reason/0`); under
+  CONDUKT_REQUIRE_ALL_TIERS=1 a machine that cannot run the node fails
+  the run instead.
   """
   use ExUnit.CaseTemplate
 
@@ -41,6 +43,10 @@ defmodule Condukt.Test.K8s.Case do
 
       if unquote(node) do
         if reason = Condukt.Test.K8s.Node.skip_reason() do
+          if System.get_env("CONDUKT_REQUIRE_ALL_TIERS") == "1" and is_nil(Condukt.Test.K8s.Tier.skip_reason()) do
+            raise "the real Kubernetes node is required (CONDUKT_REQUIRE_ALL_TIERS=1) but cannot run: " <> reason
+          end
+
           @moduletag skip: "kubernetes tier (real node): " <> reason
         end
       end
