@@ -128,7 +128,18 @@ defmodule Condukt.K8s.RealNodeTest do
     on_exit(fn -> :telemetry.detach(handler) end)
     c = ctx.cluster
     id = "real-#{System.unique_integer([:positive])}"
-    sb = policy_sandbox!(ctx, id, rules: [deny: ["denied.test"], allow: ["allowed.test"]], default: :deny)
+
+    decider = fn sctx, req ->
+      send(me, {:asked, req.host, sctx.session_id})
+      if req.host == "decide.test", do: :allow, else: {:deny, "the decider said no"}
+    end
+
+    sb =
+      policy_sandbox!(ctx, id,
+        rules: [deny: ["denied.test"], allow: ["allowed.test"], decide: [call: decider, cache: false]],
+        default: :deny
+      )
+
     assert_receive {:event, :control_connected, %{session_id: ^id}}, 30_000
 
     curl = fn url ->
@@ -139,10 +150,23 @@ defmodule Condukt.K8s.RealNodeTest do
     end
 
     assert_allowed!(c, sb, id, curl)
-    # A denied name does not even resolve: the sidecar answers the
-    # workspace's DNS (redirected to it) with NXDOMAIN and says why.
-    assert curl.("https://denied.test/") == " 000\n"
-    assert_receive {:event, :request_denied, %{request: %{host: "denied.test"}, reason: "dns: " <> _}}, 10_000
+    # deny: refused by the sidecar (at the workspace's DNS, which is
+    # redirected to it, or at the request), never asked of the decider.
+    assert curl.("https://denied.test/") =~ ~r/\A( 000\n|.*refused by: rule 0 \(deny\).* 403\n)\z/s
+    assert_receive {:event, :request_denied, %{request: %{host: "denied.test"}}}, 10_000
+    refute_received {:asked, "denied.test", _}
+
+    # decide, on the BEAM: the name gets the synthetic address, the
+    # request is redirected to the sidecar, which asks the decider here
+    # through the control channel and resolves the name itself.
+    assert curl.("https://decide.test/") =~ ~r/ 200\n\z/
+    assert_receive {:asked, "decide.test", ^id}, 10_000
+
+    assert_receive {:event, :request_allowed, %{request: %{host: "decide.test"}, matched_rule: %{kind: :decide}}},
+                   10_000
+
+    assert curl.("https://other.test/") =~ ~r/ 403\n\z/
+    assert_receive {:asked, "other.test", ^id}, 10_000
 
     # The sidecar's secrets (CA key, token, policy) are not in the
     # workspace's file system, and it cannot change the pod's rules.
@@ -189,7 +213,10 @@ defmodule Condukt.K8s.RealNodeTest do
       System.cmd("kill", ["-CONT", "#{kubelet}"])
     end
 
-    refute_received {:event, :request_allowed, _}
+    # (DNS events aside: with the pod's search path, a catch-all decide
+    # rule answers every search-expanded name with the synthetic address.)
+    refute_received {:event, :request_allowed, %{request: %{scheme: :https}}}
+    refute_received {:event, :request_allowed, %{request: %{scheme: :http}}}
 
     assert_receive {:event, :control_connected, %{session_id: ^id}}, 60_000
 
@@ -414,5 +441,29 @@ defmodule Condukt.K8s.RealNodeTest do
     assert {:ok, %{output: head}} = Sandbox.exec(sb, "git rev-parse HEAD")
     assert String.trim(head) == git.head
     :ok = Sandbox.shutdown(sb)
+  end
+
+  test "a sidecar image the node does not have: init gives up at :ready_timeout naming the container", ctx do
+    c = ctx.cluster
+    id = "bad-#{System.unique_integer([:positive])}"
+    conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: c.token]
+
+    # No registry is reachable: the kubelet cannot pull it (ErrImagePull).
+    assert {:error, %Sandbox.Error{reason: :timeout, op: :new} = e} =
+             Sandbox.new({
+               Kubernetes,
+               id: id,
+               namespace: c.namespace,
+               conn: conn,
+               image: @tools_image,
+               ready_timeout: 15_000,
+               network_policy: [rules: [allow: ["allowed.test"]]],
+               network_policy_image: "registry.example/not-the-sidecar:1"
+             })
+
+    Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
+    message = Exception.message(e)
+    assert message =~ "did not reach Running within 15000 ms"
+    assert message =~ "condukt-netfilter"
   end
 end
