@@ -34,7 +34,9 @@ esac
 log() { echo "k8s-binaries: $*" >&2; }
 
 CACHE=${CONDUKT_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/condukt/k8s}
-tag="k8s-$K8S_VERSION-etcd-$K8S_ETCD_VERSION-kwok-$K8S_KWOK_VERSION-$K8S_GO_TOOLCHAIN"
+tag="k8s-$K8S_VERSION-etcd-$K8S_ETCD_VERSION-kwok-$K8S_KWOK_VERSION-coredns-$K8S_COREDNS_VERSION-kr-$K8S_KUBE_ROUTER_VERSION-$K8S_GO_TOOLCHAIN"
+# The node's add-ons (cluster DNS, the NetworkPolicy controller).
+ADDONS="coredns kube-router"
 if [ -n "${KUBEBUILDER_ASSETS:-}" ]; then
   assets=$(cd "$KUBEBUILDER_ASSETS" && pwd)
   for b in etcd kube-apiserver; do
@@ -47,9 +49,9 @@ else
   OUT="$CACHE/$tag/bin"
 fi
 
-K8S_COMPONENTS="kube-apiserver kube-scheduler kube-controller-manager"
+K8S_COMPONENTS="kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy"
 complete() {
-  for b in etcd $K8S_COMPONENTS kwok; do [ -x "$OUT/$b" ] || return 1; done
+  for b in etcd $K8S_COMPONENTS kwok $ADDONS; do [ -x "$OUT/$b" ] || return 1; done
 }
 
 if complete; then
@@ -162,6 +164,19 @@ if [ ! -x "$OUT/kwok" ]; then
   (cd "$work/mod" && $NICE "$GO" get "sigs.k8s.io/kwok@$K8S_KWOK_VERSION" >&2)
   build kwok sigs.k8s.io/kwok/cmd/kwok \
     "-X sigs.k8s.io/kwok/pkg/consts.Version=$K8S_KWOK_VERSION"
+fi
+
+if [ ! -x "$OUT/coredns" ]; then
+  new_module
+  (cd "$work/mod" && $NICE "$GO" get "github.com/coredns/coredns@$K8S_COREDNS_VERSION" >&2)
+  build coredns github.com/coredns/coredns \
+    "-X github.com/coredns/coredns/coremain.GitCommit=$K8S_COREDNS_VERSION"
+fi
+if [ ! -x "$OUT/kube-router" ]; then
+  new_module
+  (cd "$work/mod" && $NICE "$GO" get "github.com/cloudnativelabs/kube-router/v2@$K8S_KUBE_ROUTER_VERSION" >&2)
+  build kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
+    "-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$K8S_KUBE_ROUTER_VERSION"
 fi
 
 complete || { log "incomplete: $OUT"; exit 1; }

@@ -18,6 +18,12 @@ K8S_ETCD_VERSION=v3.6.8
 # kwok (nodes, pod status, exec and port-forward), from sigs.k8s.io/kwok.
 K8S_KWOK_VERSION=v0.8.0
 
+# The node's add-ons: cluster DNS (CoreDNS, github.com/coredns/coredns) and
+# the NetworkPolicy controller (kube-router's firewall, run alone:
+# github.com/cloudnativelabs/kube-router/v2).
+K8S_COREDNS_VERSION=v1.15.0
+K8S_KUBE_ROUTER_VERSION=v2.1.0
+
 # Debian's Go, used only to bootstrap K8S_GO_TOOLCHAIN.
 K8S_DEBIAN_GO_PACKAGE=golang-1.23-go
 K8S_DEBIAN_GO=/usr/lib/go-1.23/bin/go

@@ -1,40 +1,38 @@
 defmodule Condukt.K8s.KubernetesOpsTest do
   # The operations of Condukt.Sandbox.Kubernetes (exec, read, write, edit,
-  # glob, grep) through real pods/exec WebSockets: the pod is bound to a
-  # node whose kwok runs commands in a network namespace of its own
-  # (Cluster.add_netns_node!/2). Without the tier's pod runtime those
-  # commands see the host's file system, so the workspace (`:cwd`) is a
-  # private temporary directory.
-  use Condukt.Test.K8s.Case, async: false
+  # glob, grep) through real pods/exec WebSockets to a real kubelet
+  # (docs/k8s-tier.md, "The real node"): the workspace is the pod's
+  # emptyDir at `:cwd` in the default image (debian:bookworm-slim, imported
+  # into the node's containerd); what the tests check there they read
+  # through the pod, never on the host.
+  use Condukt.Test.K8s.Case, async: false, node: true
 
   alias Condukt.Sandbox
   alias Condukt.Sandbox.Error
   alias Condukt.Sandbox.Kubernetes
 
-  if System.cmd("id", ["-u"]) != {"0\n", 0} do
-    @moduletag skip: "kubernetes tier: exec into a node's network namespace needs root"
-  end
+  @ws "/workspace"
 
   setup_all do
-    c = Cluster.start()
-    {c, node} = Cluster.add_netns_node!(c)
-    ws = Path.join(node.dir, "workspace")
-    File.mkdir_p!(ws)
+    tier = Condukt.Test.K8s.Case.start_node_tier!()
+    c = tier.cluster
     conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: c.token]
 
     {:ok, sb} =
       Sandbox.new(
-        {Kubernetes,
-         namespace: c.namespace,
-         conn: conn,
-         cwd: ws,
-         node_selector: %{"kubernetes.io/hostname" => node.name},
-         heartbeat_interval: false,
-         ready_timeout: 30_000}
+        {Kubernetes, namespace: c.namespace, conn: conn, cwd: @ws, heartbeat_interval: false, ready_timeout: 60_000}
       )
 
     on_exit(fn -> Sandbox.shutdown(sb) end)
-    %{cluster: c, sb: sb, ws: ws}
+    %{cluster: c, sb: sb, ws: @ws}
+  end
+
+  # What is at `path` in the pod, through a command of its own.
+  defp pod_file(sb, path) do
+    case Sandbox.exec(sb, ~S(if [ -e "$P" ]; then base64 -w0 < "$P"; else echo MISSING; fi), env: %{"P" => path}) do
+      {:ok, %{output: "MISSING\n"}} -> :missing
+      {:ok, %{output: b64}} -> Base.decode64!(b64)
+    end
   end
 
   test "exec: output interleaved, exit code, cwd, env, stateless", %{sb: sb, ws: ws} do
@@ -42,7 +40,7 @@ defmodule Condukt.K8s.KubernetesOpsTest do
     assert {:ok, %{output: "a\nb\nc\n", exit_code: 3}} = Sandbox.exec(sb, "echo a; echo b >&2; echo c; exit 3")
     assert {:ok, %{output: out}} = Sandbox.exec(sb, "pwd")
     assert String.trim(out) == ws
-    File.mkdir_p!(Path.join(ws, "sub dir"))
+    assert {:ok, %{exit_code: 0}} = Sandbox.exec(sb, "mkdir -p 'sub dir'")
     assert {:ok, %{output: out}} = Sandbox.exec(sb, "pwd", cwd: "sub dir")
     assert String.trim(out) == Path.join(ws, "sub dir")
     assert {:ok, %{output: "v $x\n"}} = Sandbox.exec(sb, "echo \"$V\" '$x'", env: %{"V" => "v"})
@@ -72,8 +70,8 @@ defmodule Condukt.K8s.KubernetesOpsTest do
     weird = "d ir/$(touch pwned)/'q\"; rm -rf x/-n.txt"
     content = :crypto.strong_rand_bytes(100_000) <> "tail\n"
     assert :ok = Sandbox.write(sb, weird, content)
-    assert File.read!(Path.join(ws, weird)) == content
-    refute File.exists?(Path.join(ws, "pwned"))
+    assert pod_file(sb, Path.join(ws, weird)) == content
+    assert pod_file(sb, Path.join(ws, "pwned")) == :missing
     assert {:ok, ^content} = Sandbox.read(sb, weird)
 
     assert :ok = Sandbox.write(sb, "empty", "")
@@ -92,21 +90,19 @@ defmodule Condukt.K8s.KubernetesOpsTest do
   end
 
   @tag timeout: 600_000
-  test "write and read: content over one exec's stream goes in pieces", %{sb: sb, ws: ws} do
+  test "write and read: content over one exec's stream goes in pieces", %{sb: sb} do
     big = :binary.copy(:crypto.strong_rand_bytes(1024 * 1024), 17) <> "end"
     assert :ok = Sandbox.write(sb, "big.bin", big)
-    assert File.read!(Path.join(ws, "big.bin")) == big
+    {:ok, %{output: sum}} = Sandbox.exec(sb, "sha256sum big.bin | cut -d' ' -f1")
+    assert String.trim(sum) == Base.encode16(:crypto.hash(:sha256, big), case: :lower)
     assert {:ok, ^big} = Sandbox.read(sb, "big.bin")
   end
 
-  test "glob and grep: Local's semantics and result shapes", %{sb: sb, ws: ws} do
-    root = Path.join(ws, "proj")
-    File.mkdir_p!(Path.join(root, "lib/y"))
-    File.mkdir_p!(Path.join(root, ".git"))
-    File.write!(Path.join(root, "lib/a.ex"), "defmodule A do\n  # TODO: one\nend\n")
-    File.write!(Path.join(root, "lib/y/b.ex"), "todo two\n")
-    File.write!(Path.join(root, ".git/c.ex"), "TODO hidden\n")
-    File.write!(Path.join(root, "bin.dat"), <<"TODO", 0, 1, 2>>)
+  test "glob and grep: Local's semantics and result shapes", %{sb: sb} do
+    :ok = Sandbox.write(sb, "proj/lib/a.ex", "defmodule A do\n  # TODO: one\nend\n")
+    :ok = Sandbox.write(sb, "proj/lib/y/b.ex", "todo two\n")
+    :ok = Sandbox.write(sb, "proj/.git/c.ex", "TODO hidden\n")
+    :ok = Sandbox.write(sb, "proj/bin.dat", <<"TODO", 0, 1, 2>>)
 
     assert {:ok, ["proj/lib/a.ex", "proj/lib/y/b.ex"]} = Sandbox.glob(sb, "proj/**/*.ex")
 

@@ -35,6 +35,7 @@ defmodule Condukt.Test.K8s.Cluster do
     :kubeconfig,
     :admin,
     :node,
+    kubelet_address_types: "InternalIP",
     pids: %{},
     keep_dir: false
   ]
@@ -90,7 +91,9 @@ defmodule Condukt.Test.K8s.Cluster do
   `:kwok` (start kwok, default true), `:kwok_config` (extra YAML documents
   for kwok's --config: ClusterExec, ClusterPortForward, ...),
   `:controllers` (scheduler and controller manager when built, default
-  true), `:keep_dir` (default env CONDUKT_K8S_KEEP=1).
+  true), `:kubelet_address_types` (the API server's
+  --kubelet-preferred-address-types, default "InternalIP"), `:keep_dir`
+  (default env CONDUKT_K8S_KEEP=1).
   """
   @spec start(keyword()) :: t()
   def start(opts \\ []) do
@@ -106,6 +109,7 @@ defmodule Condukt.Test.K8s.Cluster do
       other_namespace: "other-#{id}",
       service_account: "condukt",
       node: "kwok-#{id}",
+      kubelet_address_types: Keyword.get(opts, :kubelet_address_types, "InternalIP"),
       keep_dir: Keyword.get(opts, :keep_dir, System.get_env("CONDUKT_K8S_KEEP") == "1")
     }
 
@@ -378,7 +382,7 @@ defmodule Condukt.Test.K8s.Cluster do
       # (kwok) for exec, attach and port-forward.
       "--kubelet-client-certificate=#{p.("admin.crt")}",
       "--kubelet-client-key=#{p.("admin.key")}",
-      "--kubelet-preferred-address-types=InternalIP",
+      "--kubelet-preferred-address-types=#{c.kubelet_address_types}",
       "--profiling=false",
       "--v=1"
     ]
@@ -422,7 +426,7 @@ defmodule Condukt.Test.K8s.Cluster do
         "--leader-elect=false",
         "--bind-address=127.0.0.1",
         "--secure-port=#{hd(free_ports(1))}",
-        "--controllers=garbagecollector,namespace,serviceaccount,root-ca-cert-publisher",
+        "--controllers=garbagecollector,namespace,serviceaccount,root-ca-cert-publisher,endpointslice",
         "--service-account-private-key-file=#{p.("sa.key")}",
         "--root-ca-file=#{p.("ca.crt")}",
         "--use-service-account-credentials=false"
@@ -652,17 +656,26 @@ defmodule Condukt.Test.K8s.Cluster do
   # kwok reports Ready. That controller also evicts, so the tier does not
   # run it: the administrator lifts the taint instead.
   defp wait_node_ready!(c, proc, node) do
-    wait!(c, proc, fn ->
-      case request(c, :admin, "GET", "/api/v1/nodes/#{node}") do
-        {200, %{"status" => %{"conditions" => conds}}} ->
-          Enum.any?(conds, &match?(%{"type" => "Ready", "status" => "True"}, &1))
+    wait!(c, proc, fn -> node_ready?(c, node) end)
+    untaint_node!(c, node)
+  end
 
-        _ ->
-          false
-      end
-    end)
+  @doc "Whether node `name` reports the Ready condition."
+  @spec node_ready?(t(), String.t()) :: boolean()
+  def node_ready?(c, name) do
+    case request(c, :admin, "GET", "/api/v1/nodes/#{name}") do
+      {200, %{"status" => %{"conditions" => conds}}} ->
+        Enum.any?(conds, &match?(%{"type" => "Ready", "status" => "True"}, &1))
 
-    request!(c, :admin, "PATCH", "/api/v1/nodes/#{node}", %{spec: %{taints: :null}},
+      _ ->
+        false
+    end
+  end
+
+  @doc "Removes every taint of node `name` (the not-ready taint admission put there)."
+  @spec untaint_node!(t(), String.t()) :: map()
+  def untaint_node!(c, name) do
+    request!(c, :admin, "PATCH", "/api/v1/nodes/#{name}", %{spec: %{taints: :null}},
       content_type: "application/merge-patch+json"
     )
   end
@@ -889,7 +902,9 @@ defmodule Condukt.Test.K8s.Cluster do
     end
   end
 
-  defp free_ports(n) do
+  @doc "`n` TCP ports free on 127.0.0.1 right now."
+  @spec free_ports(pos_integer()) :: [pos_integer()]
+  def free_ports(n) do
     socks =
       for _ <- 1..n do
         {:ok, s} = :gen_tcp.listen(0, ip: {127, 0, 0, 1}, reuseaddr: true)
