@@ -151,6 +151,7 @@ elixir-test: $(BIN) $(SAN_BIN)
 	MIX_ENV=test mix compile --warnings-as-errors --force
 	mix format --check-formatted
 	sh scripts/k8s/binaries.sh >/dev/null
+	sh scripts/k8s/images.sh >/dev/null
 	$(SAN_ENV) CONDUKT_EGRESS_SAN_BIN=$(ROOT)/$(SAN_BIN) MIX_ENV=test mix test
 
 test: c-test fuzz-smoke virtual-test elixir-test
