@@ -1084,7 +1084,9 @@ defmodule Condukt.Netns.SidecarH2Test do
       assert peak["held"] <= @held_bound, "the proxy held #{inspect(peak)}, over #{@held_bound} bytes"
       # The stall was seen (the reader's bytes waited in the proxy), so the
       # bound above was tested against a full pipe, not an idle one.
-      assert Enum.any?(samples, &(&1["queued"] > 0 and &1["h2_streams"] > 0)), inspect(samples)
+      # (The stream itself may already be gone from the proxy's count while
+      # its last bytes wait in the queue: the queue is what shows the stall.)
+      assert Enum.any?(samples, &(&1["queued"] > 0)), inspect(samples)
     end
   end
 
