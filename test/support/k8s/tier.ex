@@ -57,20 +57,7 @@ defmodule Condukt.Test.K8s.Tier do
   CONDUKT_REQUIRE_ALL_TIERS=1.
   """
   @spec configure_exunit() :: :ok
-  def configure_exunit do
-    case check() do
-      :ok ->
-        :ok
-
-      {:skip, reason} ->
-        if System.get_env("CONDUKT_REQUIRE_ALL_TIERS") == "1" do
-          Mix.raise("the :kubernetes tier is required (CONDUKT_REQUIRE_ALL_TIERS=1) but cannot run: #{reason}")
-        end
-
-        IO.puts(:stderr, "kubernetes tier skipped: #{reason}")
-        ExUnit.configure(exclude: Enum.uniq([:kubernetes | Keyword.get(ExUnit.configuration(), :exclude, [])]))
-    end
-  end
+  def configure_exunit, do: SystemTools.configure_tier(:kubernetes, check())
 
   defp compute do
     with :ok <- SystemTools.require(@programs),

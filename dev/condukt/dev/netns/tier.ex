@@ -61,20 +61,7 @@ defmodule Condukt.Dev.Netns.Tier do
   same reason: they are reported as skipped, never run.)
   """
   @spec configure_exunit() :: :ok
-  def configure_exunit do
-    case check() do
-      :ok ->
-        :ok
-
-      {:skip, reason} ->
-        if System.get_env("CONDUKT_REQUIRE_ALL_TIERS") == "1" do
-          Mix.raise("the :netns tier is required (CONDUKT_REQUIRE_ALL_TIERS=1) but cannot run: #{reason}")
-        end
-
-        IO.puts(:stderr, "netns tier skipped: #{reason}")
-        ExUnit.configure(exclude: Enum.uniq([:netns | Keyword.get(ExUnit.configuration(), :exclude, [])]))
-    end
-  end
+  def configure_exunit, do: SystemTools.configure_tier(:netns, check())
 
   defp compute do
     with :ok <- check_root(),
