@@ -149,6 +149,8 @@ typedef struct {
 typedef enum { OUT_NONE, OUT_FILE, OUT_STREAM } out_kind_t;
 
 struct ce_control {
+  int (*on_credential)(void *data, const char *name, const char *value, size_t value_len);
+  void *credential_data;
   uv_loop_t *loop;
 
   stream_u listeners[2];     /* TCP: the given family and the other loopback */
@@ -854,6 +856,19 @@ static void peer_frame(peer_t *p, const char *s, size_t n) {
                  f.cacheable);
     break;
   }
+  case CE_FRAME_CREDENTIAL: {
+    /* A rotated secret: the proxy takes it for its next request, or
+     * refuses it (no such secret, a bad value) as a violation. */
+    int taken = ctl->on_credential != NULL
+                    ? ctl->on_credential(ctl->credential_data, f.secret_name, f.secret_value, f.secret_value_len)
+                    : CE_EINVAL;
+    explicit_bzero(f.secret_value, f.secret_value_len);
+    if (taken != 0)
+      peer_fail(p, "credential: refused (no such secret, or a value that is not a header value)");
+    else
+      ctl_log(ctl, CE_TRACE_INFO, "peer %llu: secret %s rotated", (unsigned long long)p->num, f.secret_name);
+    break;
+  }
   case CE_FRAME_HELLO:
   case CE_FRAME_AUTH:
   default:
@@ -1231,6 +1246,8 @@ int ce_control_start(uv_loop_t *loop, const ce_control_opts_t *opts,
     goto fail_alloc;
   memcpy(ctl->token, opts->token, opts->token_len);
   ctl->token_len = opts->token_len;
+  ctl->on_credential = opts->on_credential;
+  ctl->credential_data = opts->credential_data;
   ctl->log_window = uv_now(loop);
 
   /* Raw descriptors first: everything that can fail for an ordinary reason

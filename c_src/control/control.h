@@ -49,6 +49,8 @@
 #define CE_CONTROL_NONCE_LEN 32u                 /* handshake nonces (control/handshake.h) */
 #define CE_CONTROL_PROOF_LEN 32u                 /* HMAC-SHA256 */
 #define CE_CONTROL_SESSION_ID_MAX 256u           /* bytes of UTF-8 */
+#define CE_CONTROL_SECRET_NAME_MAX 128u          /* credential frame: secret name bytes */
+#define CE_CONTROL_SECRET_VALUE_MAX 8192u        /* credential frame: value bytes */
 
 typedef struct ce_control ce_control_t;
 
@@ -60,6 +62,12 @@ typedef struct {
   size_t buffer_events;        /* 0 = CE_CONTROL_DEFAULT_BUFFER_EVENTS */
   int stdout_fd;               /* where JSON lines go; -1 = none (tests) */
   uint32_t hello_timeout_ms;   /* handshake deadline; 0 = CE_CONTROL_HELLO_TIMEOUT_MS (tests shorten it) */
+  /* A "credential" frame of the authenticated peer (a rotated secret):
+   * returns 0 when the value was taken, anything else to refuse the frame
+   * as a protocol violation. NULL: every such frame is one. value is
+   * valid during the call only, and wiped after it. */
+  int (*on_credential)(void *data, const char *name, const char *value, size_t value_len);
+  void *credential_data;
 } ce_control_opts_t;
 
 /* Parsed peer → sidecar frames (the fuzz target's unit). */
@@ -67,7 +75,8 @@ typedef enum {
   CE_FRAME_HELLO = 1,          /* {"type":"hello","version":2,"session_id":"..","nonce":"<64 hex>"} */
   CE_FRAME_AUTH,               /* {"type":"auth","proof":"<64 hex>"} */
   CE_FRAME_DECISION,           /* {"type":"decision","id":"..","decision":"allow"|"deny","reason":"..","cache":true} */
-  CE_FRAME_PING                /* {"type":"ping"} → {"type":"pong"} */
+  CE_FRAME_PING,               /* {"type":"ping"} → {"type":"pong"} */
+  CE_FRAME_CREDENTIAL          /* {"type":"credential","name":"..","value":".."} */
 } ce_frame_type_t;
 
 typedef struct {
@@ -80,6 +89,9 @@ typedef struct {
   bool allow;                  /* decision */
   char reason[CE_CONTROL_MAX_REASON + 1]; /* decision: NUL-terminated UTF-8, may be empty */
   bool cacheable;              /* decision: may the sidecar cache it (default true) */
+  char secret_name[CE_CONTROL_SECRET_NAME_MAX + 1];   /* credential: NUL-terminated */
+  char secret_value[CE_CONTROL_SECRET_VALUE_MAX + 1]; /* credential: NUL-terminated, 1 to 8192 bytes */
+  size_t secret_value_len;
 } ce_frame_t;
 
 /*

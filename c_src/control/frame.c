@@ -175,6 +175,28 @@ static int parse_decision(json_t *root, ce_frame_t *f, const char **why) {
   return CE_OK;
 }
 
+/* {"type":"credential","name":..,"value":..}: a rotated secret. The
+ * value's bytes are checked by the proxy (policy/credential.h); here only
+ * that both are strings of a bounded length. */
+static int parse_credential(json_t *root, ce_frame_t *f, const char **why) {
+  json_t *name = json_object_get(root, "name");
+  json_t *value = json_object_get(root, "value");
+  if (name == NULL || !json_is_string(name))
+    return refuse(why, "credential: \"name\" must be a string");
+  if (value == NULL || !json_is_string(value))
+    return refuse(why, "credential: \"value\" must be a string");
+  size_t nl = json_string_length(name), vl = json_string_length(value);
+  if (nl == 0 || nl > CE_CONTROL_SECRET_NAME_MAX)
+    return refuse(why, "credential: \"name\" must be 1 to 128 bytes");
+  if (vl == 0 || vl > CE_CONTROL_SECRET_VALUE_MAX)
+    return refuse(why, "credential: \"value\" must be 1 to 8192 bytes");
+  memcpy(f->secret_name, json_string_value(name), nl + 1);
+  memcpy(f->secret_value, json_string_value(value), vl + 1);
+  f->secret_value_len = vl;
+  f->type = CE_FRAME_CREDENTIAL;
+  return CE_OK;
+}
+
 int ce__frame_load(const char *line, size_t len, json_t **root, const char **why) {
   if (why != NULL)
     *why = NULL;
@@ -229,6 +251,9 @@ int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
   f.allow = false;
   f.reason[0] = '\0';
   f.cacheable = false;
+  f.secret_name[0] = '\0';
+  f.secret_value[0] = '\0';
+  f.secret_value_len = 0;
 
   json_t *type = json_object_get(root, "type");
   const char *t = json_string_value(type);
@@ -242,6 +267,8 @@ int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
     rc = parse_auth(root, &f, why);
   } else if (strcmp(t, "decision") == 0) {
     rc = parse_decision(root, &f, why);
+  } else if (strcmp(t, "credential") == 0) {
+    rc = parse_credential(root, &f, why);
   } else if (strcmp(t, "ping") == 0) {
     f.type = CE_FRAME_PING;
     rc = CE_OK;
@@ -264,6 +291,10 @@ int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
   out->allow = f.allow;
   memcpy(out->reason, f.reason, strlen(f.reason) + 1);
   out->cacheable = f.cacheable;
+  memcpy(out->secret_name, f.secret_name, strlen(f.secret_name) + 1);
+  memcpy(out->secret_value, f.secret_value, f.secret_value_len + 1);
+  out->secret_value_len = f.secret_value_len;
+  explicit_bzero(f.secret_value, f.secret_value_len);
   return CE_OK;
 }
 

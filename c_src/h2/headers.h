@@ -23,12 +23,9 @@
 #include "http1/parser.h"
 #include "http1/writer.h"
 
-typedef struct {
-  const char *name;
-  size_t name_len;
-  const char *value;
-  size_t value_len;
-} ce_h2h_field_t;
+/* A field as name and value spans: the parser's own type, so that one
+ * header block passes between the HTTP/1.1 and h2 code unchanged. */
+typedef ce_h1_field_t ce_h2h_field_t;
 
 /* Is name (any case) a field that never crosses between HTTP/2 and
  * HTTP/1.1 (connection-specific, te, trailer, proxy-authorization)? */

@@ -28,6 +28,7 @@
 #include "common/error.h"
 #include "common/json.h"
 #include "common/text.h"
+#include "policy/credential.h"
 #include "policy/glob.h"
 #include "policy/path.h"
 #include "policy/url.h"
@@ -66,8 +67,18 @@ typedef struct {
   size_t count;
 } policy_rule_t;
 
+/* A credential entry (version 3): its host and conditions are a pattern
+ * of policy->patterns that belongs to no rule. */
+typedef struct {
+  size_t pattern;
+  char header[CE_CRED_HEADER_MAX + 1];
+  char secret[CE_CRED_NAME_MAX + 1];
+} policy_cred_t;
+
 struct ce_policy {
   ce_decision_t default_decision;
+  policy_cred_t *creds;
+  size_t cred_count;
   policy_rule_t *rules;
   size_t rule_count;
   policy_pattern_t *patterns;
@@ -453,9 +464,11 @@ static int load_rule(ce_policy_t *p, const json_t *obj, size_t i, int version,
   return 0;
 }
 
+static int load_credentials(ce_policy_t *p, const json_t *list, ce_policy_error_t *err);
+
 static int load_document(ce_policy_t *p, const json_t *root,
                          ce_policy_error_t *err) {
-  static const char *const members[] = {"version", "default", "rules"};
+  static const char *const members[] = {"version", "default", "rules", "credentials"};
   int rc;
 
   if (!json_is_object(root))
@@ -521,6 +534,93 @@ static int load_document(ce_policy_t *p, const json_t *root,
     }
     if (terminal == n && p->rules[i].kind == CE_RULE_DECIDE)
       terminal = i;
+  }
+  const json_t *creds = json_object_get(root, "credentials");
+  if (creds == NULL)
+    return 0;
+  if (vnum < 3)
+    return fail(err, CE_EINVAL, "$.credentials", "credentials need a version 3 document");
+  return load_credentials(p, creds, err);
+}
+
+/* One credential entry: {"host", "methods"?, "paths"?, "header", "secret"}
+ * (docs/policy-json.md). Its host and conditions are loaded as an entry
+ * object's are, into a pattern of no rule. */
+static int load_credential(ce_policy_t *p, const json_t *obj, size_t i, ce_policy_error_t *err) {
+  static const char *const members[] = {"host", "methods", "paths", "header", "secret"};
+  char epath[PATH_MAX_LEN], mpath[PATH_MAX_LEN], q[CE_TEXT_QUOTE_MAX * 4 + 8];
+  format_into(epath, sizeof(epath), "$.credentials[%zu]", i);
+  if (!json_is_object(obj))
+    return fail(err, CE_EINVAL, epath, "expected an object");
+  int rc = check_members(obj, epath, members, sizeof(members) / sizeof(members[0]), err);
+  if (rc != 0)
+    return rc;
+  const json_t *host = json_object_get(obj, "host");
+  const json_t *header = json_object_get(obj, "header");
+  const json_t *secret = json_object_get(obj, "secret");
+  if (host == NULL)
+    return missing(err, epath, "host");
+  if (header == NULL)
+    return missing(err, epath, "header");
+  if (secret == NULL)
+    return missing(err, epath, "secret");
+
+  policy_cred_t *c = &p->creds[i];
+  format_into(mpath, sizeof(mpath), "%s.header", epath);
+  if (!json_is_string(header))
+    return fail(err, CE_EINVAL, mpath, "expected a string");
+  const char *why = ce_credential_header_check(json_string_value(header), json_string_length(header), c->header);
+  if (why != NULL) {
+    quote(q, sizeof(q), json_string_value(header), json_string_length(header));
+    return fail(err, CE_EINVAL, mpath, "bad header \"%s\": %s", q, why);
+  }
+  format_into(mpath, sizeof(mpath), "%s.secret", epath);
+  if (!json_is_string(secret))
+    return fail(err, CE_EINVAL, mpath, "expected a string");
+  if (!ce_credential_name_ok(json_string_value(secret), json_string_length(secret))) {
+    quote(q, sizeof(q), json_string_value(secret), json_string_length(secret));
+    return fail(err, CE_EINVAL, mpath, "bad secret name \"%s\": 1 to %d bytes of A-Z, a-z, 0-9, '.', '_' and '-'",
+                q, CE_CRED_NAME_MAX);
+  }
+  memcpy(c->secret, json_string_value(secret), json_string_length(secret) + 1);
+
+  format_into(mpath, sizeof(mpath), "%s.host", epath);
+  if (!json_is_string(host))
+    return fail(err, CE_EINVAL, mpath, "expected a string");
+  ce_host_t norm;
+  ce_pattern_err_t perr = CE_PATTERN_OK;
+  rc = ce_pattern_normalize(json_string_value(host), json_string_length(host), &norm, &perr);
+  if (rc == CE_ENOMEM)
+    return fail(err, CE_ENOMEM, mpath, "%s", ce_strerror(CE_ENOMEM));
+  if (rc != 0) {
+    quote(q, sizeof(q), json_string_value(host), json_string_length(host));
+    err->pattern_err = perr;
+    return fail(err, CE_EINVAL, mpath, "bad pattern \"%s\" (%s): %s", q, ce_pattern_err_code(perr),
+                ce_pattern_err_hint(perr));
+  }
+  rc = add_pattern(p, &norm);
+  if (rc != 0)
+    return fail(err, rc, mpath, "%s", ce_strerror(rc));
+  c->pattern = p->pattern_count - 1;
+  return entry_conditions(p, obj, epath, &p->patterns[c->pattern], err);
+}
+
+static int load_credentials(ce_policy_t *p, const json_t *list, ce_policy_error_t *err) {
+  if (!json_is_array(list))
+    return fail(err, CE_EINVAL, "$.credentials", "expected an array");
+  size_t n = json_array_size(list);
+  if (n > CE_POLICY_MAX_CREDENTIALS)
+    return fail(err, CE_EINVAL, "$.credentials", "more than %d entries", CE_POLICY_MAX_CREDENTIALS);
+  if (n == 0)
+    return 0;
+  p->creds = calloc(n, sizeof(policy_cred_t));
+  if (p->creds == NULL)
+    return fail(err, CE_ENOMEM, "$.credentials", "%s", ce_strerror(CE_ENOMEM));
+  for (size_t i = 0; i < n; i++) {
+    int rc = load_credential(p, json_array_get(list, i), i, err);
+    if (rc != 0)
+      return rc;
+    p->cred_count = i + 1;
   }
   return 0;
 }
@@ -657,6 +757,7 @@ void ce_policy_free(ce_policy_t *policy) {
   free(policy->texts);
   free(policy->patterns);
   free(policy->rules);
+  free(policy->creds);
   free(policy);
 }
 
@@ -848,6 +949,41 @@ ce_decision_t ce_policy_could_allow(const ce_policy_t *policy, const char *name,
     return CE_DECISION_DENY;
   }
   return out->decision;
+}
+
+size_t ce_policy_credential_count(const ce_policy_t *policy) {
+  return policy->cred_count;
+}
+
+int ce_policy_credential(const ce_policy_t *policy, size_t index, ce_credential_info_t *out) {
+  if (index >= policy->cred_count)
+    return CE_EINVAL;
+  out->header = policy->creds[index].header;
+  out->secret = policy->creds[index].secret;
+  return 0;
+}
+
+int ce_policy_credentials_match(const ce_policy_t *policy, const char *host, size_t len, const char *method,
+                                size_t method_len, const char *target, size_t target_len, size_t *idx, size_t cap) {
+  if (policy->cred_count == 0)
+    return 0;
+  ce_host_t h;
+  int rc = ce_host_normalize(host, len, &h);
+  if (rc != 0)
+    return rc == CE_ENOMEM ? CE_ENOMEM : 0;
+  request_t rq = {.method = method, .method_len = method_len, .target = target, .target_len = target_len};
+  size_t k = 0;
+  for (size_t i = 0; i < policy->cred_count && k < cap; i++) {
+    const policy_cred_t *c = &policy->creds[i];
+    if (entry_matches(policy, &policy->patterns[c->pattern], &h, &rq) != ENTRY_YES)
+      continue;
+    bool taken = false;
+    for (size_t j = 0; j < k && !taken; j++)
+      taken = strcmp(policy->creds[idx[j]].header, c->header) == 0;
+    if (!taken)
+      idx[k++] = i;
+  }
+  return (int)k;
 }
 
 ce_decision_t ce_policy_default(const ce_policy_t *policy) {

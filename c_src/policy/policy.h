@@ -1,7 +1,8 @@
 /*
  * The sidecar policy: loading the JSON document of docs/policy-json.md
- * (versions 1 and 2) with strict validation, and evaluating a request
+ * (versions 1 to 3) with strict validation, and evaluating a request
  * against it per docs/host-matching.md §5 and docs/path-matching.md.
+ * Version 3 adds credential entries (policy/credential.h).
  *
  * Ownership: ce_policy_load_*() allocate a ce_policy_t that the caller
  * frees with ce_policy_free(). A loaded policy is immutable, so any number
@@ -18,9 +19,10 @@
 #include "policy/host.h"
 
 /* The document versions this build reads (docs/policy-json.md): version 2
- * adds entry objects with methods and paths; version 1 is read as before. */
+ * adds entry objects with methods and paths, version 3 credentials;
+ * version 1 is read as before. */
 #define CE_POLICY_VERSION_MIN 1
-#define CE_POLICY_VERSION 2
+#define CE_POLICY_VERSION 3
 /* docs/policy-json.md: a document is at most 4 MiB. */
 #define CE_POLICY_MAX_BYTES (4u * 1024u * 1024u)
 /* docs/policy-json.md: at most 4096 rules, and 4096 patterns per rule. */
@@ -155,6 +157,32 @@ int ce_policy_eval_input(const ce_policy_t *policy, const char *input, size_t le
  * Allocation-free for ASCII input; on CE_ENOMEM (non-ASCII input) the
  * answer is CE_DECISION_DENY. */
 ce_decision_t ce_policy_could_allow(const ce_policy_t *policy, const char *name, size_t len, ce_verdict_t *out);
+
+/* One credential entry as loaded (policy/credential.h): the header it
+ * sets (lower case) and the secret it takes the value of, both
+ * NUL-terminated and owned by the policy. */
+typedef struct {
+  const char *header;
+  const char *secret;
+} ce_credential_info_t;
+
+/* The number of credential entries (0 before version 3). */
+size_t ce_policy_credential_count(const ce_policy_t *policy);
+
+/* Fills *out with entry index. Returns 0, or CE_EINVAL when index is out
+ * of range (then *out is untouched). */
+int ce_policy_credential(const ce_policy_t *policy, size_t index, ce_credential_info_t *out);
+
+/* The credential entries that match a request (host, method, target as
+ * ce_policy_eval_request() takes them; an entry's methods and paths
+ * match as an allow entry's do, and a target they cannot judge matches
+ * none): their indices, in document order, at most one per header (the
+ * first entry wins), into idx[0..cap). Returns the count (at most
+ * CE_POLICY_MAX_CREDENTIALS), or CE_ENOMEM (non-ASCII host, out of
+ * memory). Allocation-free for ASCII hosts. */
+#define CE_POLICY_MAX_CREDENTIALS 256
+int ce_policy_credentials_match(const ce_policy_t *policy, const char *host, size_t len, const char *method,
+                                size_t method_len, const char *target, size_t target_len, size_t *idx, size_t cap);
 
 /* The document's default: CE_DECISION_ALLOW or CE_DECISION_DENY. */
 ce_decision_t ce_policy_default(const ce_policy_t *policy);

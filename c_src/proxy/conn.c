@@ -625,14 +625,30 @@ static void reject_head(ce_conn_t *c, int status, const char *why) {
  * Written in the proxy's head scratch (CE_CONN_HEAD_OUT_MAX: the parsed
  * head's own bound plus the few fields the proxy adds), kept as an
  * exact-size copy. */
-static int build_upstream_head(ce_conn_t *c, const ce_h1_head_t *h) {
+static int build_upstream_head(ce_conn_t *c, const ce_h1_head_t *h, const ce_credential_request_t *cred) {
   ce_h1_writer_t w;
   ce_h1_writer_init(&w, c->proxy->head_buf, CE_CONN_HEAD_OUT_MAX);
   unsigned flags = (h->framing == CE_H1_BODY_CHUNKED ? CE_H1_W_CHUNKED : 0) |
                    (h->upgrade && h->upgrade_websocket ? CE_H1_W_UPGRADE : 0);
-  int rc = ce_h1_write_request_head(&w, h, NULL, 0, flags);
+  /* The credentials of a request that may go upstream (policy/credential.h),
+   * on a copy of the head: the event record keeps what the workspace sent.
+   * An HTTP/1.1 upstream gets this head, an h2 one its fields (h1h2.c). */
+  ce_h1_head_t *hc = NULL;
+  int rc = CE_OK;
+  if (cred != NULL && ce_policy_credential_count(c->proxy->policy) > 0) {
+    hc = malloc(sizeof(*hc));
+    if (hc == NULL)
+      return CE_ENOMEM;
+    *hc = *h;
+    rc = ce_credential_apply(c->proxy->policy, c->proxy->secrets, cred, hc->fields, &hc->field_count,
+                             CE_H1_MAX_FIELDS);
+    h = hc;
+  }
+  if (rc >= 0)
+    rc = ce_h1_write_request_head(&w, h, NULL, 0, flags);
+  free(hc);
   if (rc != CE_OK)
-    return rc;
+    return rc < 0 ? rc : CE_OK;
   char *copy = malloc(w.len);
   if (copy == NULL)
     return CE_ENOMEM;
@@ -1227,7 +1243,8 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
     return;
   }
   ce_verdict_t v = t.verdict;
-  int built = build_upstream_head(c, h);
+  ce_credential_request_t cred = {c->req.host, strlen(c->req.host), h->method, h->method_len, target, target_len, c->tls};
+  int built = build_upstream_head(c, h, v.decision != CE_DECISION_DENY ? &cred : NULL);
   if (built == CE_ETOOBIG) {
     refuse_request(c, 431, "request_header_too_large", "the request head is too large to forward");
     return;

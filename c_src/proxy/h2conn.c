@@ -768,12 +768,39 @@ static void stream_allowed(h2s_t *s) {
   stream_event(s, "request_allowed", NULL);
 }
 
+/* The fields of an allowed stream as they go upstream (h2 or HTTP/1.1):
+ * its request's, with the credentials the policy gives it
+ * (policy/credential.h; the event record keeps what the workspace sent).
+ * Values may point into the secrets: used within this loop turn. Returns
+ * the count, or CE_ETOOBIG / CE_EINVAL / CE_ENOMEM (refuse the stream). */
+static long rq_fields(h2s_t *s, ce_h1_field_t *f, size_t cap) {
+  size_t n = 0;
+  for (size_t i = 0; i < s->rq.n && n < cap; i++, n++)
+    f[n] = (ce_h1_field_t){s->rq.buf + s->rq.f[i].no, s->rq.f[i].nl, s->rq.buf + s->rq.f[i].vo, s->rq.f[i].vl};
+  size_t ml = 0, pl = 0;
+  const char *method = hset_get(&s->rq, ":method", &ml);
+  const char *path = hset_get(&s->rq, ":path", &pl);
+  ce_credential_request_t cred = {s->req.host, strlen(s->req.host), method, ml, path, pl, true};
+  int rc = ce_credential_apply(s->h->c->proxy->policy, s->h->c->proxy->secrets, &cred, f, &n, cap);
+  return rc < 0 ? rc : (long)n;
+}
+
 /* A new stream on the h2 upstream connection sl. */
 static void stream_submit(h2s_t *s, h1slot_t *sl) {
   /* Pseudo-headers first, as received (nghttp2 checked them), then the
    * rest: nghttp2 already refused connection-specific fields. */
   nghttp2_nv nva[CE_H2_MAX_FIELDS];
-  size_t k = hset_nva(&s->rq, nva, CE_H2_MAX_FIELDS, false);
+  ce_h1_field_t f[CE_H2_MAX_FIELDS];
+  long n = rq_fields(s, f, CE_H2_MAX_FIELDS);
+  size_t k = n < 0 ? 0 : (size_t)n;
+  for (size_t i = 0; i < k; i++)
+    nva[i] = (nghttp2_nv){(uint8_t *)(uintptr_t)f[i].name, (uint8_t *)(uintptr_t)f[i].value, f[i].name_len,
+                          f[i].value_len, NGHTTP2_NV_FLAG_NONE};
+  if (n < 0) {
+    stream_allowed(s);
+    fail_502(s, "bad_request: the request's credential cannot be added");
+    return;
+  }
   nghttp2_data_provider prd = {.source.ptr = s, .read_callback = up_read};
   bool body = !(s->up.eof && s->up.len == 0) || s->rq_trailers;
   int32_t uid = nghttp2_submit_request(sl->sess, NULL, nva, k, body ? &prd : NULL, s);
@@ -1439,15 +1466,10 @@ static bool h1_start(h2s_t *s) {
   bool body = !(s->up.eof && s->up.len == 0);
   s->h1_chunked = body && !has_len;
   ce_h2h_field_t f[CE_H2_MAX_FIELDS];
-  for (size_t i = 0; i < s->rq.n; i++) {
-    f[i].name = s->rq.buf + s->rq.f[i].no;
-    f[i].name_len = s->rq.f[i].nl;
-    f[i].value = s->rq.buf + s->rq.f[i].vo;
-    f[i].value_len = s->rq.f[i].vl;
-  }
+  long n = rq_fields(s, f, CE_H2_MAX_FIELDS);
   ce_h1_writer_t w;
   ce_h1_writer_init(&w, c->proxy->head_buf, CE_CONN_HEAD_OUT_MAX);
-  int rc = ce_h2h_write_request(&w, f, s->rq.n, s->h1_chunked);
+  int rc = n < 0 ? (int)n : ce_h2h_write_request(&w, f, (size_t)n, s->h1_chunked);
   if (rc != CE_OK) {
     fail_with(s, 400, "bad_request: the request cannot be expressed in HTTP/1.1");
     return false;

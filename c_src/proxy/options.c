@@ -37,6 +37,8 @@ static const opt_spec_t specs[] = {
     {"ca-cert", "CONDUKT_EGRESS_CA_CERT", OPT_STR, 0, 0, "session CA certificate (PEM), required"},
     {"ca-key", "CONDUKT_EGRESS_CA_KEY", OPT_STR, 0, 0, "session CA private key (PEM), required"},
     {"session-id", "CONDUKT_EGRESS_SESSION_ID", OPT_STR, 0, 0, "session id echoed to the control peer, required"},
+    {"credentials", "CONDUKT_EGRESS_CREDENTIALS", OPT_STR, 0, 0,
+     "secrets file the policy's credentials take their values from (docs/credentials.md)"},
     {"token-file", "CONDUKT_EGRESS_TOKEN_FILE", OPT_STR, 0, 0,
      "file holding the control token as hex (at least 32 digits), required"},
     {"trust-bundle", "CONDUKT_EGRESS_TRUST_BUNDLE", OPT_STR, 0, 0,
@@ -183,6 +185,7 @@ static int apply(const opt_spec_t *spec, const char *value, ce_proxy_options_t *
     else if (strcmp(f, "ca-key") == 0) o->ca_key_path = value;
     else if (strcmp(f, "session-id") == 0) o->session_id = value;
     else if (strcmp(f, "token-file") == 0) o->token_path = value;
+    else if (strcmp(f, "credentials") == 0) o->credentials_path = value;
     else if (strcmp(f, "trust-bundle") == 0) o->trust_bundle_path = value;
     else if (strcmp(f, "upstream-extra-ca") == 0) o->upstream_extra_ca_path = value;
     else if (strcmp(f, "hosts") == 0) o->hosts_path = value;

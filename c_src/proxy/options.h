@@ -48,6 +48,7 @@ typedef struct {
   const char *ca_key_path;
   const char *session_id;
   const char *token_path;
+  const char *credentials_path; /* the secrets of the policy's credentials, or NULL */
   const char *trust_bundle_path;
   const char *upstream_extra_ca_path;
   uint32_t mark;

@@ -21,6 +21,7 @@
 #include "control/control.h"
 #include "dns/hosts.h"
 #include "dns/stub.h"
+#include "policy/credential.h"
 #include "policy/policy.h"
 #include "proxy/bufpool.h"
 #include "proxy/options.h"
@@ -45,6 +46,7 @@ typedef struct ce_proxy {
   uv_loop_t *loop;
   const ce_proxy_options_t *opts;
   ce_policy_t *policy;
+  ce_secrets_t *secrets;     /* the credentials' values (policy/credential.h), or NULL */
   ce_ca_t *ca;
   ce_leaf_cache_t *leaves;
   SSL_CTX *server_ctx;

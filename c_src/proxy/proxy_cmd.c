@@ -19,6 +19,7 @@
 #include "dns/stub.h"
 #include "netfilter/ctflush.h"
 #include "proxy/conn.h"
+#include "proxy/event.h"
 #include "proxy/netaddr.h"
 #include "proxy/privdrop.h"
 #include "proxy/proxy.h"
@@ -200,6 +201,51 @@ static int read_token(const char *path, uint8_t *out, size_t cap, size_t *len) {
   return CE_EXIT_OK;
 }
 
+/* The control channel's "credential" frame: a rotated secret replaces the
+ * value of one the policy's credentials name; the next request that gets
+ * it carries the new value. A name no credential uses is refused. */
+_Static_assert(CE_CONTROL_SECRET_NAME_MAX == CE_CRED_NAME_MAX, "credential frame limits");
+_Static_assert(CE_CONTROL_SECRET_VALUE_MAX == CE_CRED_VALUE_MAX, "credential frame limits");
+
+static int on_credential(void *data, const char *name, const char *value, size_t value_len) {
+  ce_proxy_t *p = data;
+  size_t nl = strlen(name);
+  if (p->secrets == NULL || ce_secrets_get(p->secrets, name, nl, &(size_t){0}) == NULL)
+    return CE_EINVAL;
+  return ce_secrets_set(p->secrets, name, nl, value, value_len);
+}
+
+/* The credentials' secrets (docs/credentials.md): read once, before the
+ * privileges go; every secret the policy names must have a value. The
+ * credentials' headers are redacted in events like Authorization. */
+static int load_secrets(ce_proxy_t *p, ce_proxy_options_t *opts) {
+  char err[CE_SECRETS_ERROR_MAX];
+  if (opts->credentials_path != NULL && ce_secrets_load_file(opts->credentials_path, &p->secrets, err) != 0) {
+    fprintf(stderr, PROG ": %s: %s\n", opts->credentials_path, err);
+    return CE_EXIT_FAIL;
+  }
+  if (ce_policy_credential_count(p->policy) > 0 && p->secrets == NULL) {
+    fprintf(stderr, PROG ": the policy has credentials: pass their values with --credentials FILE\n");
+    return CE_EXIT_FAIL;
+  }
+  if (ce_secrets_check(p->secrets, p->policy, err) != 0) {
+    fprintf(stderr, PROG ": %s: %s\n", opts->credentials_path, err);
+    return CE_EXIT_FAIL;
+  }
+  for (size_t i = 0; i < ce_policy_credential_count(p->policy); i++) {
+    ce_credential_info_t info;
+    ce_policy_credential(p->policy, i, &info);
+    if (ce_header_redacted(info.header, strlen(info.header), opts))
+      continue;
+    if (opts->redact_count == CE_PROXY_MAX_REDACT) {
+      fprintf(stderr, PROG ": more than %d headers to redact with the credentials'\n", CE_PROXY_MAX_REDACT);
+      return CE_EXIT_FAIL;
+    }
+    opts->redact[opts->redact_count++] = info.header;
+  }
+  return CE_EXIT_OK;
+}
+
 static int start_listeners(ce_proxy_t *p) {
   for (size_t i = 0; i < p->opts->listen_count; i++) {
     const char *text = p->opts->listen[i];
@@ -354,6 +400,8 @@ int ce_cmd_proxy(int argc, char **argv) {
     fprintf(stderr, PROG ": %s: %s\n", opts.policy_path, perr.message);
     goto fail;
   }
+  if (load_secrets(p, &opts) != CE_EXIT_OK)
+    goto fail;
   if (ce_ca_load(opts.ca_cert_path, opts.ca_key_path, &p->ca, err, sizeof(err)) != CE_OK) {
     fprintf(stderr, PROG ": %s\n", err);
     goto fail;
@@ -408,6 +456,8 @@ int ce_cmd_proxy(int argc, char **argv) {
       .token_len = token_len,
       .session_id = opts.session_id,
       .stdout_fd = STDOUT_FILENO,
+      .on_credential = on_credential,
+      .credential_data = p,
   };
   if (ce_control_start(p->loop, &copts, &p->control, err, sizeof(err)) != CE_OK) {
     fprintf(stderr, PROG ": control channel: %s\n", err);
@@ -480,6 +530,7 @@ fail:
   ce_leaf_cache_free(p->leaves);
   ce_ca_free(p->ca);
   ce_policy_free(p->policy);
+  ce_secrets_free(p->secrets);
   ce_hosts_free(p->hosts);
   ce_proxy_options_free(&opts);
   return exit_code;

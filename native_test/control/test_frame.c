@@ -414,3 +414,37 @@ Test(frame, frame_written_as_text_fails_closed) {
                CE_ETOOBIG);
   cr_assert_eq(line, (ce__line_t *)0x1, "*out written on failure");
 }
+
+Test(frame, credential_accepted_and_refused) {
+  ce_frame_t f = parse_ok("{\"type\":\"credential\",\"name\":\"github-token\",\"value\":\"Bearer x y\",\"extra\":1}");
+  cr_assert_eq(f.type, CE_FRAME_CREDENTIAL);
+  cr_assert_str_eq(f.secret_name, "github-token");
+  cr_assert_str_eq(f.secret_value, "Bearer x y");
+  cr_assert_eq(f.secret_value_len, 10);
+
+  refused("{\"type\":\"credential\",\"value\":\"v\"}", CE_EPARSE, "\"name\" must be a string");
+  refused("{\"type\":\"credential\",\"name\":1,\"value\":\"v\"}", CE_EPARSE, "\"name\" must be a string");
+  refused("{\"type\":\"credential\",\"name\":\"n\"}", CE_EPARSE, "\"value\" must be a string");
+  refused("{\"type\":\"credential\",\"name\":\"n\",\"value\":null}", CE_EPARSE, "\"value\" must be a string");
+  refused("{\"type\":\"credential\",\"name\":\"\",\"value\":\"v\"}", CE_EPARSE, "1 to 128 bytes");
+  refused("{\"type\":\"credential\",\"name\":\"n\",\"value\":\"\"}", CE_EPARSE, "1 to 8192 bytes");
+
+  /* The longest of each is taken; one byte more is not. */
+  size_t cap = 64 + CE_CONTROL_SECRET_NAME_MAX + CE_CONTROL_SECRET_VALUE_MAX + 2;
+  char *doc = malloc(cap);
+  char name[CE_CONTROL_SECRET_NAME_MAX + 2], value[CE_CONTROL_SECRET_VALUE_MAX + 2];
+  memset(name, 'n', sizeof(name));
+  memset(value, 'v', sizeof(value));
+  snprintf(doc, cap, "{\"type\":\"credential\",\"name\":\"%.*s\",\"value\":\"%.*s\"}", CE_CONTROL_SECRET_NAME_MAX, name,
+           CE_CONTROL_SECRET_VALUE_MAX, value);
+  f = parse_ok(doc);
+  cr_assert_eq(f.secret_value_len, CE_CONTROL_SECRET_VALUE_MAX);
+  cr_assert_eq(strlen(f.secret_name), CE_CONTROL_SECRET_NAME_MAX);
+  snprintf(doc, cap, "{\"type\":\"credential\",\"name\":\"%.*s\",\"value\":\"v\"}", CE_CONTROL_SECRET_NAME_MAX + 1,
+           name);
+  refused(doc, CE_EPARSE, "1 to 128 bytes");
+  snprintf(doc, cap, "{\"type\":\"credential\",\"name\":\"n\",\"value\":\"%.*s\"}", CE_CONTROL_SECRET_VALUE_MAX + 1,
+           value);
+  refused(doc, CE_EPARSE, "1 to 8192 bytes");
+  free(doc);
+}

@@ -124,12 +124,12 @@ Test(cli, check_reports_the_first_error) {
            p);
   cr_assert_str_eq(r.err, expected);
 
-  write_file("bad.json", "{\"version\":3}");
+  write_file("bad.json", "{\"version\":4}");
   run(&r, (const char *[]){"policy", "check", p, NULL});
   cr_assert_eq(r.status, 1);
   snprintf(expected, sizeof(expected),
-           "condukt-egress: %s: $.version: unsupported version 3 (this build reads "
-           "versions 1 to 2)\n",
+           "condukt-egress: %s: $.version: unsupported version 4 (this build reads "
+           "versions 1 to 3)\n",
            p);
   cr_assert_str_eq(r.err, expected);
 

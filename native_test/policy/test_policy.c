@@ -88,12 +88,12 @@ Test(policy_load, document_level_errors) {
   load_fails("{\"version\":1e0}", CE_EINVAL, "$.version: expected an integer");
   load_fails("{\"version\":true}", CE_EINVAL, "$.version: expected an integer");
   load_fails("{\"version\":null}", CE_EINVAL, "$.version: expected an integer");
-  load_fails("{\"version\":3}", CE_EVERSION,
-             "$.version: unsupported version 3 (this build reads versions 1 to 2)");
+  load_fails("{\"version\":4}", CE_EVERSION,
+             "$.version: unsupported version 4 (this build reads versions 1 to 3)");
   load_fails("{\"version\":0,\"bogus\":1}", CE_EVERSION,
-             "$.version: unsupported version 0 (this build reads versions 1 to 2)");
+             "$.version: unsupported version 0 (this build reads versions 1 to 3)");
   load_fails("{\"version\":-1}", CE_EVERSION,
-             "$.version: unsupported version -1 (this build reads versions 1 to 2)");
+             "$.version: unsupported version -1 (this build reads versions 1 to 3)");
   load_fails("{\"version\":1,\"default\":\"deny\",\"rules\":[],\"extra\":0}",
              CE_EINVAL, "$.extra: unknown member");
   load_fails("{\"version\":1,\"default\":\"deny\",\"rules\":[],\"a b\":0}",
@@ -495,9 +495,9 @@ Test(policy_file, load_file_paths) {
   free(doc);
 
   snprintf(path, sizeof(path), "%s/bad.json", tmpdir);
-  write_file(path, "{\"version\":3}", 13);
+  write_file(path, "{\"version\":4}", 13);
   cr_expect_eq(ce_policy_load_file(path, &p, &err), CE_EVERSION);
-  cr_expect_str_eq(err.message, "$.version: unsupported version 3 (this build reads versions 1 to 2)");
+  cr_expect_str_eq(err.message, "$.version: unsupported version 4 (this build reads versions 1 to 3)");
   cr_expect_eq(ce_policy_load_file(path, &p, NULL), CE_EVERSION);
   unlink(path);
 

@@ -99,7 +99,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.SidecarCliTest do
       {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"decide","timeout_ms":5,"cache":true,"call":"x"}]}),
        "$.rules[0].call"},
       {~s({"version":1,"default":"drop","rules":[]}), "$.default"},
-      {~s({"version":3,"default":"deny","rules":[]}), "$.version"},
+      {~s({"version":4,"default":"deny","rules":[]}), "$.version"},
       {~s({"version":1,"default":"deny","rules":[{"index":0,"kind":"allow","hosts":[{"host":"a.com","methods":["GET"]}]}]}),
        "$.rules[0].hosts[0]"},
       {~s({"version":2,"default":"deny","rules":[{"index":0,"kind":"allow","hosts":[{"host":"a.com","methods":["get"]}]}]}),
