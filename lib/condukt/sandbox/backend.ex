@@ -30,6 +30,44 @@ defmodule Condukt.Sandbox.Backend do
     end
   end
 
+  @doc """
+  The values of the policy's secrets (`NetworkPolicy.Credentials.values/1`),
+  resolved when a sandbox starts; `%{}` without a policy or credentials.
+  """
+  @spec credential_values(NetworkPolicy.t() | nil) :: {:ok, %{String.t() => String.t()}} | {:error, Error.t()}
+  def credential_values(%NetworkPolicy{secrets: secrets}) when map_size(secrets) > 0 do
+    case NetworkPolicy.Credentials.values(secrets) do
+      {:ok, values} -> {:ok, values}
+      {:error, error} -> {:error, %Error{reason: :invalid_network_policy, op: :new, detail: error}}
+    end
+  end
+
+  def credential_values(_policy), do: {:ok, %{}}
+
+  @doc """
+  The bridge's half of `NetworkPolicy.rotate_credential/3`, once the
+  backend replaced the sidecar's stored copy.
+  """
+  @spec rotate_in_sidecar(pid() | nil, String.t(), String.t()) :: :ok | {:error, NetworkPolicy.Error.t()}
+  def rotate_in_sidecar(nil, name, _value),
+    do: {:error, %NetworkPolicy.Error{reason: :rotation_failed, key: :secrets, value: name, detail: "no sidecar runs"}}
+
+  def rotate_in_sidecar(bridge, name, value) do
+    case NetworkPolicy.ControlBridge.rotate_credential(bridge, name, value) do
+      :ok ->
+        :ok
+
+      {:error, :timeout} ->
+        {:error,
+         %NetworkPolicy.Error{
+           reason: :rotation_failed,
+           key: :secrets,
+           value: name,
+           detail: "the sidecar did not confirm in time; it takes the value when its control channel is back"
+         }}
+    end
+  end
+
   @doc "Refuses a command that cannot be passed to a shell (it contains a NUL byte)."
   @spec check_command(String.t()) :: :ok | {:error, Error.t()}
   def check_command(command) do

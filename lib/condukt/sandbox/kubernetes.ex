@@ -102,7 +102,7 @@ defmodule Condukt.Sandbox.Kubernetes do
 
   @behaviour Condukt.Sandbox
 
-  import Condukt.Sandbox.Backend, only: [validate: 3, network_policy: 1]
+  import Condukt.Sandbox.Backend, only: [validate: 3, network_policy: 1, credential_values: 1, rotate_in_sidecar: 3]
 
   require Logger
 
@@ -428,9 +428,11 @@ defmodule Condukt.Sandbox.Kubernetes do
   defp policy_params(state, cfg) do
     native = state.kube.native
 
-    with {:ok, ca} <- native_ok(Native.ca_new(native, common_name: "condukt session #{state.pod}")),
+    with {:ok, values} <- credential_values(state.network_policy),
+         {:ok, ca} <- native_ok(Native.ca_new(native, common_name: "condukt session #{state.pod}")),
          {:ok, token} <- native_ok(Native.token_new(native)) do
-      {:ok, session_params(state, cfg, %{cert_pem: ca.cert_pem, key_pem: ca.key_pem, token: token})}
+      {:ok,
+       session_params(state, cfg, %{cert_pem: ca.cert_pem, key_pem: ca.key_pem, token: token, credentials: values})}
     end
   end
 
@@ -445,6 +447,7 @@ defmodule Condukt.Sandbox.Kubernetes do
       ca_key_pem: secrets.key_pem,
       token: secrets.token,
       policy_json: NetworkPolicy.to_sidecar_json(state.network_policy),
+      credentials_json: credentials_json(secrets.credentials),
       upstream_ca: cfg.network_policy_upstream_ca,
       allow_private: cfg.network_policy_allow_private,
       sidecar_resources: cfg.sidecar_resources,
@@ -453,6 +456,10 @@ defmodule Condukt.Sandbox.Kubernetes do
       host_aliases: cfg[:host_aliases] || []
     }
   end
+
+  # The sidecar's secrets file, in its Secret only (nil: no credentials).
+  defp credentials_json(values) when map_size(values) == 0, do: nil
+  defp credentials_json(values), do: NetworkPolicy.Credentials.sidecar_secrets_json(values)
 
   defp native_ok({:ok, v}), do: {:ok, v}
   defp native_ok({:error, e}), do: {:error, %Error{reason: :backend, op: :new, detail: e}}
@@ -533,7 +540,9 @@ defmodule Condukt.Sandbox.Kubernetes do
 
     * the Secrets' values (the session CA certificate and key, the control
       token) are the placeholder `"#{@placeholder}"`, base64-encoded;
-      the policy is the real one;
+      the policy is the real one; the credentials' secrets file names
+      each secret with the value `"[redacted]"` (no secret is resolved:
+      no function is called, no environment variable read);
     * the heartbeat annotation is the time of the call;
     * without an `:id`, a random id is used, as `init/1` does.
 
@@ -568,7 +577,9 @@ defmodule Condukt.Sandbox.Kubernetes do
             session_params(state, cfg, %{
               cert_pem: @placeholder,
               key_pem: @placeholder,
-              token: @placeholder
+              token: @placeholder,
+              # Secret values are never resolved here: names only.
+              credentials: Map.new(policy.secrets, fn {name, _} -> {name, "[redacted]"} end)
             })
 
       {:ok, Enum.map(objects(state, cfg, params), &elem(&1, 1))}
@@ -773,6 +784,44 @@ defmodule Condukt.Sandbox.Kubernetes do
   end
 
   ## shutdown -------------------------------------------------------------------
+
+  @doc """
+  `Condukt.Sandbox.NetworkPolicy.rotate_credential/3`: replaces the value
+  in the sidecar's Secret (what a restarted sidecar reads), then sends it
+  over the control channel.
+  """
+  @spec rotate_credential(t(), String.t(), String.t()) :: :ok | {:error, NetworkPolicy.Error.t()}
+  def rotate_credential(%__MODULE__{} = state, name, value) do
+    with :ok <- NetworkPolicy.check_rotation(state.network_policy, name),
+         :ok <- patch_credentials(state, name, value) do
+      rotate_in_sidecar(state.bridge, name, value)
+    end
+  end
+
+  defp patch_credentials(state, name, value) do
+    secret = Names.egress_secret(state.pod)
+
+    with {:ok, %{"data" => %{"credentials.json" => b64}}} <- Kube.get(state.kube, :secrets, state.namespace, secret),
+         {:ok, text} <- Base.decode64(b64),
+         %{"secrets" => values} <- decode_json(text),
+         json = NetworkPolicy.Credentials.sidecar_secrets_json(Map.put(values, name, value)),
+         patch = %{"data" => %{"credentials.json" => Base.encode64(json)}},
+         {:ok, _} <- Kube.patch(state.kube, :secrets, state.namespace, secret, patch) do
+      :ok
+    else
+      {:error, %{__exception__: true} = e} -> rotation_failed(name, "the sidecar's Secret: " <> Exception.message(e))
+      _ -> rotation_failed(name, "the sidecar's Secret has no readable credentials")
+    end
+  end
+
+  defp decode_json(text) do
+    Condukt.JSON.decode!(text)
+  rescue
+    _ -> nil
+  end
+
+  defp rotation_failed(name, why),
+    do: {:error, %NetworkPolicy.Error{reason: :rotation_failed, key: :secrets, value: name, detail: why}}
 
   @impl true
   @spec shutdown(t()) :: :ok | {:error, Error.t()}

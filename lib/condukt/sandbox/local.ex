@@ -120,7 +120,8 @@ defmodule Condukt.Sandbox.Local do
 
   @behaviour Condukt.Sandbox
 
-  import Condukt.Sandbox.Backend, only: [validate: 3, network_policy: 1, check_command: 1]
+  import Condukt.Sandbox.Backend,
+    only: [credential_values: 1, rotate_in_sidecar: 3, validate: 3, network_policy: 1, check_command: 1]
 
   require Logger
 
@@ -184,7 +185,9 @@ defmodule Condukt.Sandbox.Local do
 
     net_opts = Keyword.merge(opts[:network], policy: state.network_policy, session_id: session_id(state.id))
 
-    with :ok <- Network.available?(net_opts),
+    with {:ok, values} <- credential_values(state.network_policy),
+         net_opts = Keyword.put(net_opts, :credential_values, values),
+         :ok <- Network.available?(net_opts),
          {:ok, pid, net} <- Network.start(net_opts),
          {:ok, bridge} <- start_bridge(state, net, pid, opts) do
       warn_unwritable(state.cwd, net.user)
@@ -203,6 +206,22 @@ defmodule Condukt.Sandbox.Local do
 
       {:error, %NetworkError{} = error} ->
         {:error, %Error{reason: :network_policy_unenforceable, op: :new, detail: error}}
+
+      {:error, %Error{}} = error ->
+        error
+    end
+  end
+
+  @doc """
+  `Condukt.Sandbox.NetworkPolicy.rotate_credential/3` for an enforced
+  session: replaces the value in the sidecar's file, then sends it over
+  the control channel.
+  """
+  @spec rotate_credential(t(), String.t(), String.t()) :: :ok | {:error, Condukt.Sandbox.NetworkPolicy.Error.t()}
+  def rotate_credential(%__MODULE__{} = state, name, value) do
+    with :ok <- Condukt.Sandbox.NetworkPolicy.check_rotation(state.network_policy, name),
+         :ok <- Network.rotate_credential(state.network, name, value) do
+      rotate_in_sidecar(state.bridge, name, value)
     end
   end
 

@@ -110,7 +110,7 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   decide callables stay on the BEAM.
   """
 
-  alias Condukt.Sandbox.NetworkPolicy.{Context, Error, Host, Request, RequestPath, Schema}
+  alias Condukt.Sandbox.NetworkPolicy.{Context, Credentials, Error, Host, Request, RequestPath, Schema}
 
   @typedoc "A host glob such as `\"api.github.com\"` or `\"*.openai.com\"`."
   @type host_pattern :: String.t()
@@ -147,7 +147,9 @@ defmodule Condukt.Sandbox.NetworkPolicy do
           default: :allow | :deny,
           body_preview: 0..65_536,
           redact_headers: [String.t()],
-          redact_body: [Regex.t() | String.t()]
+          redact_body: [Regex.t() | String.t()],
+          credentials: [Credentials.entry()],
+          secrets: %{String.t() => Credentials.source()}
         }
 
   @typedoc "Why `evaluate/2` denied a request."
@@ -157,9 +159,10 @@ defmodule Condukt.Sandbox.NetworkPolicy do
 
   @type matched_rule :: %{index: non_neg_integer(), kind: :allow | :deny | :decide} | nil
 
-  # Version 2 adds entry objects (methods, paths); a policy without them
-  # still compiles to version 1, which every sidecar reads.
-  @sidecar_version 2
+  # Version 2 adds entry objects (methods, paths), version 3 credentials;
+  # a policy without them compiles to the lowest version that holds it, so
+  # an older sidecar reads every policy it can enforce.
+  @sidecar_version 3
   # The sidecar's limits (docs/policy-json.md); new/1 enforces them so a
   # policy the sidecar would refuse never leaves the BEAM.
   @max_rules 4096
@@ -169,7 +172,13 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   @method_re ~r/\A[A-Z0-9_-]{1,32}\z/
   @max_document_bytes 4 * 1024 * 1024
 
-  defstruct rules: [], default: :deny, body_preview: 0, redact_headers: [], redact_body: []
+  defstruct rules: [],
+            default: :deny,
+            body_preview: 0,
+            redact_headers: [],
+            redact_body: [],
+            credentials: [],
+            secrets: %{}
 
   @doc """
   Validates a policy given as a keyword list, a map or a struct.
@@ -220,7 +229,7 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   @spec evaluate(t() | keyword() | map(), Request.t() | String.t(), [{:method, String.t()}]) ::
           {decision(), matched_rule()}
   def evaluate(policy, target, opts \\ []) do
-    {rules, default} = compile!(policy)
+    {rules, default, _credentials} = compile!(policy)
 
     case target_host(target) do
       {:ok, host} -> walk(rules, {host, target_method(target, opts), target_path(target)}, default)
@@ -239,6 +248,48 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   def ca_env(path), do: Enum.map(@ca_env_vars, &{&1, path})
 
   @doc """
+  Gives a running sandbox a new value for the secret `name` of its
+  policy's `:secrets` (`Condukt.Sandbox.NetworkPolicy.Credentials`). The
+  sidecar uses it from its next request on; the sidecar's stored copy
+  (Kubernetes: its Secret; Local: its file) is replaced too, so a
+  restarted sidecar keeps it.
+
+  Returns `:ok`, or `{:error, %Condukt.Sandbox.NetworkPolicy.Error{}}`
+  with reason `:unknown_secret` (the policy has no such secret),
+  `:secret_unavailable` (the value is not a header value; the message
+  never shows it) or `:rotation_failed` (the sandbox has no network policy
+  or no sidecar, or the sidecar did not confirm in time: `:detail` says
+  which).
+  """
+  @spec rotate_credential(Condukt.Sandbox.t(), String.t(), String.t()) :: :ok | {:error, Error.t()}
+  def rotate_credential(%Condukt.Sandbox{module: module, state: state}, name, value) do
+    cond do
+      (why = Credentials.value_problem(value)) != nil ->
+        {:error, %Error{reason: :secret_unavailable, key: :secrets, value: name, detail: why}}
+
+      not function_exported?(module, :rotate_credential, 3) ->
+        {:error,
+         %Error{reason: :rotation_failed, key: :secrets, value: name, detail: "#{inspect(module)} has no sidecar"}}
+
+      true ->
+        module.rotate_credential(state, name, value)
+    end
+  end
+
+  @doc false
+  # For the backends: the policy's secret has that name, or the error.
+  @spec check_rotation(t() | nil, term()) :: :ok | {:error, Error.t()}
+  def check_rotation(%__MODULE__{secrets: secrets}, name) when is_map_key(secrets, name), do: :ok
+
+  def check_rotation(%__MODULE__{}, name),
+    do: {:error, %Error{reason: :unknown_secret, key: :secrets, value: name}}
+
+  def check_rotation(nil, name),
+    do:
+      {:error,
+       %Error{reason: :rotation_failed, key: :secrets, value: name, detail: "the sandbox has no network policy"}}
+
+  @doc """
   Compiles the policy into the sidecar's JSON document (version
   #{@sidecar_version}, `docs/policy-json.md`): patterns normalised, decide
   rules reduced to their index, timeout and cache flag. Raises
@@ -248,7 +299,7 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   def to_sidecar_json(policy), do: policy |> compile!() |> sidecar_document()
 
   # From compiled rules (patterns already normalised).
-  defp sidecar_document({rules, default}) do
+  defp sidecar_document({rules, default, credentials}) do
     json_rules =
       rules
       |> Enum.with_index()
@@ -260,8 +311,16 @@ defmodule Condukt.Sandbox.NetworkPolicy do
           {[{"index", i}, {"kind", Atom.to_string(kind)}, {"hosts", Enum.map(entries, &json_entry/1)}]}
       end)
 
-    version = if Enum.any?(rules, &conditional?/1), do: @sidecar_version, else: 1
-    Condukt.JSON.encode!({[{"version", version}, {"default", Atom.to_string(default)}, {"rules", json_rules}]})
+    version =
+      cond do
+        credentials != [] -> 3
+        Enum.any?(rules, &conditional?/1) -> 2
+        true -> 1
+      end
+
+    extra = if credentials == [], do: [], else: [{"credentials", Credentials.sidecar_entries(credentials)}]
+
+    Condukt.JSON.encode!({[{"version", version}, {"default", Atom.to_string(default)}, {"rules", json_rules}] ++ extra})
   end
 
   defp json_entry({host, nil}), do: Host.to_text(host)
@@ -360,7 +419,7 @@ defmodule Condukt.Sandbox.NetworkPolicy do
 
   ## Validation ---------------------------------------------------------------
 
-  @policy_keys [:rules, :default, :body_preview, :redact_headers, :redact_body]
+  @policy_keys [:rules, :default, :body_preview, :redact_headers, :redact_body, :credentials, :secrets]
 
   defp fields(%__MODULE__{} = policy), do: {:ok, Map.from_struct(policy)}
 
@@ -371,10 +430,14 @@ defmodule Condukt.Sandbox.NetworkPolicy do
   defp fields(policy) when is_list(policy) do
     if Keyword.keyword?(policy),
       do: check_policy_keys(policy),
-      else: {:error, %Error{reason: :invalid_policy, value: policy}}
+      else: {:error, %Error{reason: :invalid_policy, value: Enum.map(policy, &hide_secrets/1)}}
   end
 
   defp fields(policy), do: {:error, %Error{reason: :invalid_policy, value: policy}}
+
+  # An error shows the value it refused: never a secret's.
+  defp hide_secrets({:secrets, secrets}), do: {:secrets, Credentials.redact_secrets(secrets)}
+  defp hide_secrets(other), do: other
 
   defp check_policy_keys(pairs) do
     case Enum.find(pairs, fn {key, _} -> key not in @policy_keys end) do
@@ -399,10 +462,27 @@ defmodule Condukt.Sandbox.NetworkPolicy do
          {:ok, default} <- validate_default(Map.get(fields, :default, :deny)),
          {:ok, validated} <- validate_rules(Map.get(fields, :rules, [])),
          {rules, compiled_rules} = Enum.unzip(validated),
-         compiled = {compiled_rules, default},
+         {:ok, credentials, secrets, compiled_creds} <-
+           Credentials.validate(
+             Map.get(fields, :credentials, []),
+             Map.get(fields, :secrets, %{}),
+             &credential_conditions/3
+           ),
+         compiled = {compiled_rules, default, compiled_creds},
          :ok <- check_document_size(compiled),
          {:ok, capture} <- validate_capture(fields) do
-      {:ok, struct!(%__MODULE__{rules: rules, default: default}, capture), compiled}
+      {:ok, struct!(%__MODULE__{rules: rules, default: default, credentials: credentials, secrets: secrets}, capture),
+       compiled}
+    end
+  end
+
+  # A credential's methods and paths, checked as an allow entry's are.
+  defp credential_conditions(key, list, index) do
+    result = if key == :methods, do: validate_methods(list, index), else: validate_paths(list, index)
+
+    case result do
+      {:error, error} -> {:error, %{error | rule_index: nil, credential_index: index}}
+      ok -> ok
     end
   end
 
@@ -661,4 +741,14 @@ defmodule Condukt.Sandbox.NetworkPolicy do
         nil
     end
   end
+end
+
+defimpl Inspect, for: Condukt.Sandbox.NetworkPolicy do
+  # A literal secret value never appears in inspect output (logs, crash
+  # reports, the state of processes that hold a policy).
+  def inspect(%{secrets: secrets} = policy, opts) when is_map(secrets) do
+    Inspect.Any.inspect(%{policy | secrets: Condukt.Sandbox.NetworkPolicy.Credentials.redact_secrets(secrets)}, opts)
+  end
+
+  def inspect(policy, opts), do: Inspect.Any.inspect(policy, opts)
 end

@@ -120,12 +120,32 @@ defmodule Condukt.Sandbox.Virtual do
   @spec available() :: :ok | {:error, String.t()}
   def available, do: Native.available()
 
+  # Credential injection needs a sidecar that holds the secrets apart from
+  # the workspace; here the scripts' HTTP client and the secrets would share
+  # one process, so a policy with credentials is refused rather than run
+  # without them.
+  defp no_credentials(%Condukt.Sandbox.NetworkPolicy{credentials: [_ | _]}) do
+    {:error,
+     %Error{
+       reason: :invalid_network_policy,
+       op: :new,
+       detail: %Condukt.Sandbox.NetworkPolicy.Error{
+         reason: :credentials_unsupported,
+         key: :credentials,
+         value: __MODULE__
+       }
+     }}
+  end
+
+  defp no_credentials(_policy), do: :ok
+
   @impl true
   @spec init(keyword()) :: {:ok, t()} | {:error, Error.t()}
   def init(opts) do
     with :ok <- check_available(),
          {:ok, opts} <- validate(opts, Schema.init(), :new),
          {:ok, policy} <- network_policy(opts[:network_policy]),
+         :ok <- no_credentials(policy),
          {:ok, http} <- http_options(opts, policy),
          {:ok, pid, link} <- start_policy(policy, opts),
          {:ok, fs} <- native_new(opts, link, http, pid) do

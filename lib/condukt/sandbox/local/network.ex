@@ -7,6 +7,8 @@ defmodule Condukt.Sandbox.Local.Network do
   # by netfilter-setup from beside iptables and ip6tables.
   @tools ~w(ip setpriv unshare mount mkdir iptables iptables-restore ip6tables ip6tables-restore sh env bash)
 
+  @secrets_file "credentials.json"
+
   @schema [
     policy: [type: {:custom, &__MODULE__.check_policy/1}, required: true, doc: "the `%NetworkPolicy{}` to enforce."],
     session_id: [
@@ -49,6 +51,13 @@ defmodule Condukt.Sandbox.Local.Network do
           "sidecar's uid or the BEAM's own: those could replace what the BEAM runs or read the sidecar's secrets."
     ],
     proxy_args: [type: {:list, :string}, default: [], doc: "more `condukt-egress proxy` flags."],
+    credential_values: [
+      type: :map,
+      default: %{},
+      doc:
+        "the values of the policy's secrets (`NetworkPolicy.Credentials.values/1`), written into a file " <>
+          "only the sidecar's uid can read (`--credentials`)."
+    ],
     binary: [type: :string, doc: "the `condukt-egress` binary (default: priv/)."],
     tool_path: [
       type: :string,
@@ -260,6 +269,47 @@ defmodule Condukt.Sandbox.Local.Network do
     end
   end
 
+  @doc """
+  Replaces the value of one secret in the sidecar's file (the running
+  sidecar gets it over the control channel; this copy is what a restart
+  reads). `net` nil (the policy is not enforced): an error.
+  """
+  @spec rotate_credential(t() | nil, String.t(), String.t()) :: :ok | {:error, NetworkPolicy.Error.t()}
+  def rotate_credential(nil, name, _value) do
+    {:error,
+     %NetworkPolicy.Error{
+       reason: :rotation_failed,
+       key: :secrets,
+       value: name,
+       detail: "the network policy is not enforced"
+     }}
+  end
+
+  def rotate_credential(%__MODULE__{dir: dir}, name, value) do
+    path = Path.join(dir, @secrets_file)
+
+    with {:ok, text} <- File.read(path),
+         %{"secrets" => values} <- decode(text) do
+      # Truncated in place: the file keeps its owner and mode 0600.
+      File.write!(path, NetworkPolicy.Credentials.sidecar_secrets_json(Map.put(values, name, value)))
+    else
+      _ ->
+        {:error,
+         %NetworkPolicy.Error{
+           reason: :rotation_failed,
+           key: :secrets,
+           value: name,
+           detail: "the sidecar's file is unreadable"
+         }}
+    end
+  end
+
+  defp decode(text) do
+    Condukt.JSON.decode!(text)
+  rescue
+    _ -> nil
+  end
+
   @doc "Tears the network down (sidecar drained, namespace deleted). Idempotent."
   @spec stop(pid()) :: :ok
   def stop(pid) do
@@ -433,6 +483,17 @@ defmodule Condukt.Sandbox.Local.Network do
     File.write!(bundle, NetworkPolicy.CA.trust_bundle(File.read!(ca_cert)))
     store = Path.join(net.dir, TrustStore.file_name())
     File.write!(store, TrustStore.pkcs12(File.read!(ca_cert)))
+
+    # The credentials' values: the file is the sidecar's alone before a
+    # byte of a secret is written into it.
+    secrets = Path.join(net.dir, @secrets_file)
+
+    if opts[:credential_values] != %{} do
+      File.touch!(secrets)
+      File.chmod!(secrets, 0o600)
+      File.chown!(secrets, uid)
+      File.write!(secrets, NetworkPolicy.Credentials.sidecar_secrets_json(opts[:credential_values]))
+    end
 
     for f <- [ca_key, token_file, policy], do: File.chmod!(f, 0o600)
     for f <- [mozilla, ca_cert, bundle, store], do: File.chmod!(f, 0o644)
@@ -614,7 +675,9 @@ defmodule Condukt.Sandbox.Local.Network do
         ["--hosts", Path.join(net.dir, "hosts")] ++
         dns_upstream_args(opts, net) ++
         Enum.flat_map(opts[:allow_private], &["--allow-private", &1]) ++
-        Capture.sidecar_args(opts[:policy]) ++ opts[:proxy_args]
+        Capture.sidecar_args(opts[:policy]) ++
+        if(opts[:credential_values] != %{}, do: ["--credentials", Path.join(net.dir, @secrets_file)], else: []) ++
+        opts[:proxy_args]
 
     argv =
       [net.tools["ip"], "netns", "exec", net.name, net.tools["setpriv"], "--reuid=#{uid}", "--regid=#{uid}"] ++

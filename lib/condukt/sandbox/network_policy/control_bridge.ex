@@ -133,6 +133,25 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
   def info(bridge), do: GenServer.call(bridge, :info)
 
   @doc """
+  Sends the sidecar a new value for the secret `name`
+  (`Condukt.Sandbox.NetworkPolicy.Credentials`). Returns `:ok` once the
+  sidecar has taken it (its answer to a `ping` sent after the value), so
+  the next request gets the new value; `{:error, :timeout}` when no
+  channel took it within `timeout` ms. The bridge keeps the newest value
+  of every rotated secret and sends them again after each reconnection,
+  so a sidecar that restarted from its stored copy is brought up to date.
+  The caller checks the name and the value first.
+  """
+  @spec rotate_credential(t(), String.t(), String.t(), timeout()) :: :ok | {:error, :timeout}
+  def rotate_credential(bridge, name, value, timeout \\ 10_000) do
+    # The value travels inside a closure: a crash report or a state dump
+    # of the bridge shows a function, not the secret.
+    GenServer.call(bridge, {:rotate_credential, name, fn -> value end}, timeout)
+  catch
+    :exit, {:timeout, _} -> {:error, :timeout}
+  end
+
+  @doc """
   Starts a bridge linked to the caller, outside the supervisor (tests,
   custom trees). Options as for `start/1`; raises
   `Condukt.Options.Error` on bad options.
@@ -182,7 +201,15 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
       # Liveness (:ping_interval): the timer of the next ping or of the
       # pong deadline, and a counter that tells stale timers apart.
       ping_timer: nil,
-      ping_ref: 0
+      ping_ref: 0,
+      # Rotated secrets (name => a closure returning the value), pings sent
+      # and pongs received on the current channel, and the callers of
+      # rotate_credential/4 waiting for the pong that confirms their value
+      # ({from, ping number}, or :pending until a channel exists).
+      rotated: %{},
+      pings: 0,
+      pongs: 0,
+      rotations: []
     }
 
     {:ok, state, {:continue, :dial}}
@@ -192,6 +219,18 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
   def handle_continue(:dial, state), do: dial(state)
 
   @impl true
+  def handle_call({:rotate_credential, name, value}, from, state) do
+    state = %{state | rotated: Map.put(state.rotated, name, value)}
+
+    if state.chan do
+      send_credential(state, name, value)
+      state = send_ping(state)
+      {:noreply, %{state | rotations: [{from, state.pings} | state.rotations]}}
+    else
+      {:noreply, %{state | rotations: [{from, :pending} | state.rotations]}}
+    end
+  end
+
   def handle_call(:info, _from, state) do
     os_pid =
       try do
@@ -223,11 +262,11 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
   def handle_info({:condukt_control, native, chan, {:closed, reason}}, %{native: native, chan: chan} = state) do
     Logger.info("network policy (session #{inspect(state.session_id)}): control channel closed: #{reason}")
     Telemetry.control_disconnected(state.session_id, reason)
-    {:noreply, schedule_dial(%{disarm_ping(state) | chan: nil, unacked: 0})}
+    {:noreply, schedule_dial(lost_channel(%{disarm_ping(state) | chan: nil, unacked: 0}))}
   end
 
   def handle_info({:ping, ref}, %{ping_ref: ref, chan: chan} = state) when chan != nil do
-    send_ping(state)
+    state = send_ping(state)
     timer = Process.send_after(self(), {:pong_deadline, ref}, state.opts[:ping_timeout])
     {:noreply, %{state | ping_timer: timer}}
   end
@@ -245,7 +284,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
     end
 
     Telemetry.control_disconnected(state.session_id, :ping_timeout)
-    {:noreply, schedule_dial(%{disarm_ping(state) | chan: nil, unacked: 0})}
+    {:noreply, schedule_dial(lost_channel(%{disarm_ping(state) | chan: nil, unacked: 0}))}
   end
 
   def handle_info({tag, _ref}, state) when tag in [:ping, :pong_deadline] do
@@ -319,7 +358,8 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
          {:ok, {chan, welcome}} <- attach(state) do
       attempt = state.failures + 1
       Telemetry.control_connected(state.session_id, attempt, welcome_dropped(welcome))
-      {:noreply, arm_ping(%{state | chan: chan, failures: 0, unacked: 0, held: expire_held(state.held)})}
+      state = %{state | chan: chan, failures: 0, unacked: 0, held: expire_held(state.held)}
+      {:noreply, state |> resend_credentials() |> arm_ping()}
     else
       {:error, reason, state} ->
         refused(state, reason)
@@ -388,10 +428,47 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
     %{state | ping_timer: nil, ping_ref: state.ping_ref + 1}
   end
 
+  # Counts the pings of the channel: the pongs come back in order, so
+  # pong number n confirms every frame sent before ping number n.
   defp send_ping(state) do
-    Native.control_send(state.native, state.chan, %{type: "ping"})
+    try do
+      Native.control_send(state.native, state.chan, %{type: "ping"})
+    catch
+      :exit, _ -> :error
+    end
+
+    %{state | pings: state.pings + 1}
+  end
+
+  ## Credentials ---------------------------------------------------------------
+
+  defp send_credential(state, name, value) do
+    Native.control_send(state.native, state.chan, %{type: "credential", name: name, value: value.()})
   catch
     :exit, _ -> :error
+  end
+
+  # A channel that went away confirms nothing more: its waiters wait for
+  # the next one, which is sent every rotated value again.
+  defp lost_channel(state) do
+    %{state | pings: 0, pongs: 0, rotations: Enum.map(state.rotations, fn {from, _} -> {from, :pending} end)}
+  end
+
+  defp resend_credentials(%{rotated: rotated} = state) when map_size(rotated) == 0, do: state
+
+  defp resend_credentials(state) do
+    for {name, value} <- state.rotated, do: send_credential(state, name, value)
+    state = send_ping(state)
+    %{state | rotations: Enum.map(state.rotations, fn {from, _} -> {from, state.pings} end)}
+  end
+
+  defp pong(state) do
+    pongs = state.pongs + 1
+
+    {done, waiting} = Enum.split_with(state.rotations, fn {_from, n} -> is_integer(n) and n <= pongs end)
+
+    for {from, _} <- done, do: GenServer.reply(from, :ok)
+    %{state | pongs: pongs, rotations: waiting}
   end
 
   defp schedule_dial(%{dial_timer: nil} = state) do
@@ -460,6 +537,8 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
         send_decisions(%{state | runtime: runtime}, replies)
     end
   end
+
+  defp frame(%{"type" => "pong"}, state), do: pong(state)
 
   defp frame(_other, state), do: state
 

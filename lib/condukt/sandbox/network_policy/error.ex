@@ -3,14 +3,16 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
   A policy that `Condukt.Sandbox.NetworkPolicy.new/1` refused.
 
   Every error names its culprit: `:rule_index` (the position in `:rules`,
-  `nil` for a policy-level key), `:key` (the rule kind, decide option or
-  policy key at fault) and `:value` (the offending value). `:reason` is one
-  of the atoms below; `message/1` renders a sentence.
+  `nil` for a policy-level key), `:credential_index` (the position in
+  `:credentials`, or `nil`), `:key` (the rule kind, decide option or
+  policy key at fault) and `:value` (the offending value; a secret's name,
+  never its value). `:reason` is one of the atoms below; `message/1`
+  renders a sentence.
 
   | reason                   | meaning |
   |--------------------------|---------|
   | `:invalid_policy`        | not a keyword list, map or `%NetworkPolicy{}` |
-  | `:unknown_key`           | a policy key other than `:rules`, `:default`, `:body_preview`, `:redact_headers` and `:redact_body` |
+  | `:unknown_key`           | a policy key other than `:rules`, `:default`, `:body_preview`, `:redact_headers`, `:redact_body`, `:credentials` and `:secrets` |
   | `:invalid_rules`         | `:rules` is not a list |
   | `:invalid_rule`          | a rule is not a `{kind, value}` pair |
   | `:unknown_rule_kind`     | a kind other than `:allow`, `:deny`, `:decide` |
@@ -33,6 +35,19 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
   | `:document_too_large`    | the sidecar document would exceed 4 MiB |
   | `:invalid_capture_option` | `:body_preview`, `:redact_headers` or `:redact_body` of the wrong type or range (`:detail` says what is expected) |
   | `:unreachable_rule`      | a rule after a decide rule, which answers every request that reaches it: the rule would never be consulted (`:detail` is the decide rule's index) |
+  | `:invalid_credentials`   | `:credentials` is not a list |
+  | `:invalid_credential`    | a credential entry of the wrong shape, without `:header` or `:value`, or whose `:value` is not `{:secret, name}` (`:detail` says which) |
+  | `:unknown_credential_option` | a credential option other than `:header`, `:value`, `:methods` and `:paths` |
+  | `:invalid_credential_header` | a header name that is not a token, or a field the proxy owns (`:detail` says which) |
+  | `:too_many_credentials`  | more than 256 credentials or secrets |
+  | `:invalid_secrets`       | `:secrets` is not a map |
+  | `:invalid_secret_name`   | a secret name that is not 1 to 128 bytes of `A-Z`, `a-z`, `0-9`, `.`, `_`, `-` |
+  | `:invalid_secret`        | a secret's source is not a 0-arity function, `{:env, var}` or a valid header value (`:detail` says why, without the value) |
+  | `:unknown_secret`        | a credential names a secret that `:secrets` does not define |
+  | `:unused_secret`         | a secret that no credential names |
+  | `:credentials_unsupported` | a sandbox without a sidecar (`Condukt.Sandbox.Virtual`) was given a policy with credentials (`:value` is the sandbox module) |
+  | `:rotation_failed`       | `rotate_credential/3` on a sandbox without a policy or sidecar, or a sidecar that did not confirm in time (`:detail` says which) |
+  | `:secret_unavailable`    | when a sandbox starts or a credential is rotated: a secret's environment variable is not set, its function failed, or its value is not a header value |
   """
 
   @type reason ::
@@ -60,19 +75,36 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
           | :document_too_large
           | :unreachable_rule
           | :invalid_capture_option
+          | :invalid_credentials
+          | :invalid_credential
+          | :unknown_credential_option
+          | :invalid_credential_header
+          | :too_many_credentials
+          | :invalid_secrets
+          | :invalid_secret_name
+          | :invalid_secret
+          | :unknown_secret
+          | :unused_secret
+          | :secret_unavailable
+          | :rotation_failed
+          | :credentials_unsupported
 
   @type t :: %__MODULE__{
           reason: reason(),
           rule_index: non_neg_integer() | nil,
+          credential_index: non_neg_integer() | nil,
           key: atom() | nil,
           value: term(),
           detail: term()
         }
 
-  defexception [:reason, :rule_index, :key, :value, :detail]
+  defexception [:reason, :rule_index, :credential_index, :key, :value, :detail]
 
   @impl true
   def message(%__MODULE__{} = error), do: where(error) <> what(error)
+
+  defp where(%{credential_index: i, key: key}) when is_integer(i),
+    do: "network policy credential #{i} (#{inspect(key)}): "
 
   defp where(%{rule_index: nil, key: nil}), do: "network policy: "
   defp where(%{rule_index: nil, key: key}), do: "network policy #{inspect(key)}: "
@@ -84,7 +116,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
   defp what(%{reason: :unknown_key, value: v, detail: hint}),
     do:
       "unknown key #{inspect(v)}#{hint(hint)}; the keys are :rules, :default, :body_preview, " <>
-        ":redact_headers and :redact_body"
+        ":redact_headers, :redact_body, :credentials and :secrets"
 
   defp what(%{reason: :invalid_capture_option, value: v, detail: expected}),
     do: "expected #{expected}, got: #{inspect(v)}"
@@ -159,6 +191,47 @@ defmodule Condukt.Sandbox.NetworkPolicy.Error do
     do:
       "unreachable: rule #{decide} (:decide) before it answers every request that reaches it, " <>
         "so this rule is never consulted; move it before rule #{decide}, or remove it"
+
+  defp what(%{reason: :invalid_credentials, value: v}),
+    do: "expected :credentials to be a list of {host, header: ..., value: {:secret, name}}, got: #{inspect(v)}"
+
+  defp what(%{reason: :invalid_credential, value: v, detail: detail}),
+    do: "invalid credential #{inspect(v)}: #{detail}"
+
+  defp what(%{reason: :unknown_credential_option, value: v, detail: hint}),
+    do: "unknown credential option #{inspect(v)}#{hint(hint)}; the options are :header, :value, :methods and :paths"
+
+  defp what(%{reason: :invalid_credential_header, value: v, detail: detail}),
+    do: "invalid header #{inspect(v)}: #{detail}"
+
+  defp what(%{reason: :too_many_credentials, value: n, detail: max}),
+    do: "#{n} entries, but the sidecar loads at most #{max}"
+
+  defp what(%{reason: :invalid_secrets, value: v}),
+    do: "expected :secrets to be a map of secret names to sources, got: #{inspect(v)}"
+
+  defp what(%{reason: :invalid_secret_name, value: v}),
+    do: "invalid secret name #{inspect(v)}: 1 to 128 bytes of A-Z, a-z, 0-9, \".\", \"_\" and \"-\""
+
+  defp what(%{reason: :invalid_secret, value: name, detail: why}),
+    do: "secret #{inspect(name)}: #{why}"
+
+  defp what(%{reason: :unknown_secret, value: name}),
+    do: "the credential names the secret #{inspect(name)}, which :secrets does not define"
+
+  defp what(%{reason: :unused_secret, value: name}),
+    do: "the secret #{inspect(name)} is not named by any credential (a misspelt name?)"
+
+  defp what(%{reason: :secret_unavailable, value: name, detail: why}),
+    do: "the value of the secret #{inspect(name)} is not available: #{why}"
+
+  defp what(%{reason: :credentials_unsupported, value: module}),
+    do:
+      "#{inspect(module)} has no sidecar to hold secrets apart from the workspace, so it cannot inject " <>
+        "credentials; run the session in Condukt.Sandbox.Local or Condukt.Sandbox.Kubernetes, or drop :credentials"
+
+  defp what(%{reason: :rotation_failed, value: name, detail: why}),
+    do: "the secret #{inspect(name)} was not rotated: #{why}"
 
   defp hint(nil), do: ""
   defp hint(suggestion), do: " (did you mean #{inspect(suggestion)}?)"

@@ -69,6 +69,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
           optional(:ca_key_pem) => String.t(),
           optional(:token) => String.t(),
           optional(:policy_json) => String.t(),
+          optional(:credentials_json) => String.t() | nil,
           optional(:upstream_ca) => String.t() | nil,
           optional(:allow_private) => [String.t()],
           optional(:host_aliases) => [map()],
@@ -78,8 +79,9 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
         }
 
   @doc """
-  Secret `<pod>-egress`: the sidecar's CA, key, token and policy, and its
-  own hosts file (the pod's `hostAliases`); only the sidecar mounts it.
+  Secret `<pod>-egress`: the sidecar's CA, key, token and policy, its
+  own hosts file (the pod's `hostAliases`) and, with credentials, their
+  secrets (`credentials.json`); only the sidecar mounts it.
   """
   @spec egress_secret(params()) :: map()
   def egress_secret(p) do
@@ -92,6 +94,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
         "hosts" => hosts_file(p[:host_aliases] || [])
       }
       |> then(fn d -> if p[:upstream_ca], do: Map.put(d, "upstream-ca.pem", p.upstream_ca), else: d end)
+      |> then(fn d -> if p[:credentials_json], do: Map.put(d, "credentials.json", p.credentials_json), else: d end)
 
     secret(p.pod <> "-egress", p, data)
   end
@@ -225,6 +228,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
 
     upstream = if p[:upstream_ca], do: ["--upstream-extra-ca", "#{@egress_dir}/upstream-ca.pem"], else: []
     private = Enum.flat_map(p[:allow_private] || [], &["--allow-private", &1])
+    credentials = if p[:credentials_json], do: ["--credentials", "#{@egress_dir}/credentials.json"], else: []
 
     sidecar =
       %{
@@ -260,7 +264,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.K8s.Manifests do
             # and a restart of its container finds them (docs/dns.md).
             "--dns-state",
             "#{@state_dir}/resolvers"
-          ] ++ listen_args() ++ upstream ++ private ++ Map.get(p, :proxy_args, []),
+          ] ++ listen_args() ++ upstream ++ private ++ credentials ++ Map.get(p, :proxy_args, []),
         # The kubelet starts the workspace once this succeeds, not once the
         # sidecar's process started: until the proxy listens, the
         # workspace's REDIRECTed connections would be refused. exec, not
