@@ -28,7 +28,14 @@ defmodule Condukt.Test.Netns.ControlPeer do
   # decision is :allow or {:deny, reason}.
   def reply(pid, id, decision), do: GenServer.call(pid, {:reply, id, decision})
 
+  # Sends any frame (a map) as one line, e.g. a "credential" or a "ping".
+  def send_frame(pid, frame), do: GenServer.call(pid, {:send_frame, frame})
+
   @impl true
+  def handle_call({:send_frame, frame}, _from, state) do
+    {:reply, :gen_tcp.send(state.sock, Condukt.JSON.encode!(frame) <> "\n"), state}
+  end
+
   def handle_call({:reply, id, decision}, _from, state) do
     :ok = :gen_tcp.send(state.sock, Condukt.JSON.encode!(decision_frame(id, decision, false)) <> "\n")
     {:reply, :ok, state}

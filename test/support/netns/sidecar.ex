@@ -54,7 +54,9 @@ defmodule Condukt.Test.Netns.Sidecar do
   addresses; nil: none given, the proxy reads the pod's resolv.conf at
   start; no DNS server listens there unless a test starts one,
   `Condukt.Test.Netns.DnsServer`), `:hosts` (the text of the proxy's own
-  hosts file; default the testbed's, `Testbed.hosts_file/1`).
+  hosts file; default the testbed's, `Testbed.hosts_file/1`),
+  `:credentials` (the values of the policy's secrets, `%{name => value}`,
+  written to the sidecar's own `--credentials` file).
 
   The proxy's names come from its own copy of the testbed's hosts file
   (`--hosts`, in the sidecar's directory), never from the pod's
@@ -92,6 +94,18 @@ defmodule Condukt.Test.Netns.Sidecar do
     File.cp!(Path.join(:code.priv_dir(:condukt), "ca-certificates/mozilla.pem"), mozilla)
     File.chmod!(mozilla, 0o644)
     File.write!(bundle, File.read!(mozilla) <> File.read!(ca_cert))
+
+    # The credentials' values (`:credentials`, a map of secret name to
+    # value), in the sidecar's own file: 0600, its uid, written only after
+    # that (docs/credentials.md).
+    secrets_path = Path.join(dir, "credentials.json")
+
+    if values = opts[:credentials] do
+      File.touch!(secrets_path)
+      File.chmod!(secrets_path, 0o600)
+      File.chown!(secrets_path, @uid)
+      File.write!(secrets_path, NetworkPolicy.Credentials.sidecar_secrets_json(values))
+    end
 
     # Secrets are the sidecar's alone (DESIGN §6): 0600, owned by its uid.
     for f <- [ca_key, token_path, policy_path], do: File.chmod!(f, 0o600)
@@ -138,6 +152,7 @@ defmodule Condukt.Test.Netns.Sidecar do
         ["--trust-bundle", mozilla, "--mark", @mark, "--hosts", hosts_path] ++
         if(dns_upstream, do: ["--dns-upstream", Enum.join(dns_upstream, ",")], else: []) ++
         Enum.flat_map(private, &["--allow-private", &1]) ++
+        if(opts[:credentials], do: ["--credentials", secrets_path], else: []) ++
         Keyword.get(opts, :extra_args, []) ++
         if(opts[:drop_from_root], do: ["--user", "#{@uid}"], else: [])
 

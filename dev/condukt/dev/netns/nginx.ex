@@ -141,6 +141,7 @@ defmodule Condukt.Dev.Netns.Nginx do
         location /npm/ { default_type application/json; try_files $uri $uri/index.json =404; }
         location /pypi/ { index index.html; types { text/html html; } }
         location = /redirect { return 302 https://other.test/; }
+        location = /redirect-echo { return 302 https://other.test/echo; }
         location = /set-cookie {
           default_type text/plain;
           add_header Set-Cookie "session=s3cret-cookie; Path=/";

@@ -4,6 +4,8 @@ Listens in the inet namespace on PORT (TLS with the testbed's server
 certificate, ALPN "h2" only: a client that cannot speak h2 fails the
 handshake), IPv4 and IPv6. Answers by path:
 
+  /fields    answers 200 with the request's header fields as received,
+             JSON [[name, value], ...] (pseudo-header fields included)
   /trailers  reads the request body and its trailers; answers 200 with
              content-type application/grpc, the body
              "got <n> bytes; trailers <name>=<value>,...\\n", and the
@@ -36,6 +38,7 @@ handshake), IPv4 and IPv6. Answers by path:
 
 Run: /usr/bin/python3 h2_origin.py PORT CERT KEY
 """
+import json
 import socket
 import ssl
 import sys
@@ -65,7 +68,8 @@ def serve(tls):
         for ev in conn.receive_data(data):
             if isinstance(ev, h2.events.RequestReceived):
                 hd = {k.decode(): v.decode() for k, v in ev.headers}
-                streams[ev.stream_id] = {"path": hd.get(":path", "/"), "size": 0, "trailers": []}
+                streams[ev.stream_id] = {"path": hd.get(":path", "/"), "size": 0, "trailers": [],
+                                         "fields": [[k.decode(), v.decode()] for k, v in ev.headers]}
             elif isinstance(ev, h2.events.DataReceived):
                 streams[ev.stream_id]["size"] += len(ev.data)
                 conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
@@ -134,6 +138,10 @@ def serve(tls):
                     conn.send_headers(ev.stream_id, [(":status", "200"), ("content-type", "application/grpc")])
                     conn.send_data(ev.stream_id, body)
                     conn.send_headers(ev.stream_id, [("grpc-status", "0"), ("grpc-message", "ok")], end_stream=True)
+                elif st["path"].startswith("/fields"):
+                    body = (json.dumps(st["fields"]) + "\n").encode()
+                    conn.send_headers(ev.stream_id, [(":status", "200"), ("content-length", str(len(body)))])
+                    conn.send_data(ev.stream_id, body, end_stream=True)
                 elif st["path"].startswith("/early"):
                     conn.send_headers(ev.stream_id, [(":status", "103"), ("link", "</style.css>; rel=preload")])
                     body = b"after hints\n"

@@ -23,6 +23,8 @@ sometimes do:
                close_notify (notify=1) or without (notify=0, a truncation)
   /tunnel      101 to a WebSocket upgrade; then reads until the client's
                end of stream and only then answers "got: <bytes>" and closes
+  /fields      answers the request's header fields as received, every
+               copy in order with its spelling, as JSON [[name, value], ...]
   /sink        reads a chunked or Content-Length body; answers its size
   /trailers    a chunked body "with trailers\\n" followed by the trailers
                Grpc-Status: 0 and X-Checksum: abc, among fields a trailer
@@ -49,6 +51,7 @@ client's extra connections).
 Run: /usr/bin/python3 scripted.py PLAIN TLS_PORT CERT KEY [ONE_PORT]
 """
 
+import json
 import socket
 import ssl
 import sys
@@ -66,13 +69,16 @@ def read_head(f):
     if not line:
         return None
     headers = {}
+    fields = []
     while True:
         h = f.readline(65536)
         if h in (b"\r\n", b"\n", b""):
             break
         k, v = h.decode("latin-1").split(":", 1)
         headers[k.strip().lower()] = v.strip()
+        fields.append([k.strip(), v.strip()])
     method, target, version = line.decode("latin-1").split()
+    headers[""] = fields
     return method, target, version, headers
 
 
@@ -205,6 +211,9 @@ def serve(sock, tls):
             with SLOW_LOCK:
                 st = BLOB.get(q.get("key", ""), [0, 0])
             sock.sendall(ok(b"%d %d" % (st[0], st[1])))
+        elif path == "/fields":
+            read_body(f, headers)
+            sock.sendall(ok((json.dumps(headers[""]) + "\n").encode()))
         elif path == "/sink":
             n = read_body(f, headers)
             sock.sendall(ok(b"%d\n" % n))

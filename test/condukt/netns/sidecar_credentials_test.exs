@@ -1,0 +1,277 @@
+defmodule Condukt.Netns.SidecarCredentialsTest do
+  # Credential injection end to end (docs/credentials.md), over HTTP/1.1
+  # and h2, on both kinds of upstream (an HTTP/1.1-only origin and an
+  # h2-only one, each echoing the header fields it received): the sidecar
+  # adds the credential to the allowed requests its entry names, replacing
+  # every copy of the field the workspace sent (any case); another host,
+  # another path, plain HTTP and a redirect's follow-up to another host
+  # get nothing; events never hold the secret; the workspace cannot read
+  # the sidecar's secrets file; a value rotated over the control channel
+  # is used for the next request.
+  use Condukt.Test.Netns.Case, async: false
+
+  alias Condukt.Dev.Netns.Tier
+  alias Condukt.Test.Netns.{ControlPeer, RawHttp, Sidecar}
+
+  # servers/scripted.py speaks HTTP/1.1 only on 8091, servers/h2_origin.py
+  # h2 only on 8093; both answer /fields with the fields they got.
+  @h1_only 8091
+  @h2_only 8093
+  @secret "Bearer s3cr3t-0ne-b2c3d4e5f6"
+  @rotated "Bearer r0tated-9z8y7x6w5v"
+  @key "k3y-4ab5c6d7e8"
+
+  @policy [
+    rules: [allow: ["allowed.test", "other.test"]],
+    credentials: [
+      {"allowed.test",
+       header: "Authorization", value: {:secret, "token"}, paths: ["/fields", "/echo", "/redirect-echo"]},
+      {"allowed.test", header: "x-api-key", value: {:secret, "key"}, methods: ["POST"], paths: ["/fields"]}
+    ],
+    secrets: %{"token" => "placeholder-token", "key" => "placeholder-key"},
+    default: :deny
+  ]
+
+  setup_all do
+    tb = Testbed.start()
+    {crt, key} = tb.pki.server
+    py = Tier.tool!("python3")
+
+    s1 =
+      Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "scripted.py"), "8090", "#{@h1_only}", crt, key, "8094"])
+
+    s2 = Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "h2_origin.py"), "#{@h2_only}", crt, key])
+    :ok = Testbed.wait_listening(tb, :inet, tcp: ["0.0.0.0:#{@h1_only}", "0.0.0.0:#{@h2_only}"], pids: [s1, s2])
+
+    sc =
+      Sidecar.start(tb, @policy,
+        ports: [80, 443, @h1_only, @h2_only],
+        credentials: %{"token" => @secret, "key" => @key}
+      )
+
+    on_exit(fn -> Sidecar.stop(sc) end)
+    %{tb: tb, sc: sc}
+  end
+
+  setup %{sc: sc} do
+    {:ok, peer} = ControlPeer.start_link(sc, self(), fn _ -> :allow end)
+    assert_receive {:egress_frame, %{"type" => "welcome"}}, 10_000
+    on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
+    %{peer: peer}
+  end
+
+  defp tag, do: "t=#{System.unique_integer([:positive])}"
+
+  # The fields an origin received, as [[name, value]] (names as received).
+  defp fields(%{body: body} = r) do
+    assert r.ok and r.status == 200, inspect(r)
+    Condukt.JSON.decode!(body)
+  end
+
+  defp named(fields, name), do: for([k, v] <- fields, String.downcase(k) == name, do: v)
+
+  defp curl(tb, sc, url, http, opts \\ []) do
+    Client.run(tb, :curl, url, [ca: sc.ca_cert, http: http] ++ opts)
+  end
+
+  # Every event of the sidecar so far: none holds a secret.
+  defp refute_secret_in_events(sc) do
+    text = File.read!(sc.stdout)
+    refute text =~ "s3cr3t", "an event holds the secret"
+    refute text =~ "r0tated"
+    refute text =~ @key
+  end
+
+  defp wait_closed(sc, q) do
+    RawHttp.events_for(sc, q)
+    |> List.last()
+  end
+
+  for http <- [:h1, :h2], port <- [@h1_only, @h2_only] do
+    test "#{http} to the #{if port == @h1_only, do: "HTTP/1.1", else: "h2"} origin: the credential replaces the workspace's own",
+         %{tb: tb, sc: sc} do
+      q = tag()
+
+      r =
+        curl(tb, sc, "https://allowed.test:#{unquote(port)}/fields?#{q}", unquote(http),
+          headers: [{"authorization", "Bearer workspace-fake"}, {"X-Api-Key", "workspace-key"}]
+        )
+
+      got = fields(r)
+      # One authorization, the sidecar's; x-api-key is for POST only: the
+      # workspace's own passes.
+      assert named(got, "authorization") == [@secret]
+      assert named(got, "x-api-key") == ["workspace-key"]
+
+      closed = wait_closed(sc, q)
+      assert closed["event"] == "request_closed"
+      assert ["authorization", "[redacted]"] in Enum.map(closed["headers"], fn [k, v] -> [String.downcase(k), v] end)
+
+      # POST: both credentials.
+      q = tag()
+
+      r =
+        curl(tb, sc, "https://allowed.test:#{unquote(port)}/fields?#{q}", unquote(http),
+          method: "POST",
+          body: "x",
+          headers: [{"x-api-key", "workspace-key"}]
+        )
+
+      got = fields(r)
+      assert named(got, "authorization") == [@secret]
+      assert named(got, "x-api-key") == [@key]
+      closed = wait_closed(sc, q)
+      # A credential's header is redacted in events like authorization.
+      assert ["x-api-key", "[redacted]"] in Enum.map(closed["headers"], fn [k, v] -> [String.downcase(k), v] end)
+      refute_secret_in_events(sc)
+    end
+  end
+
+  test "HTTP/1.1: every copy the workspace sent, in any case, is removed", %{tb: tb, sc: sc} do
+    q = tag()
+
+    script = """
+    import json, socket, ssl, sys
+    ctx = ssl.create_default_context(cafile=sys.argv[1])
+    s = ctx.wrap_socket(socket.create_connection(("allowed.test", #{@h1_only})), server_hostname="allowed.test")
+    s.sendall(b"GET /fields?#{q} HTTP/1.1\\r\\nHost: allowed.test\\r\\nAuthorization: one\\r\\n"
+              b"AUTHORIZATION: two\\r\\naUtHoRiZaTiOn: three\\r\\nX-Other: kept\\r\\nConnection: close\\r\\n\\r\\n")
+    data = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        data += b
+    print(data.split(b"\\r\\n\\r\\n", 1)[1].decode())
+    """
+
+    {out, 0} = Testbed.exec_in(tb, :pod, ["/usr/bin/python3", "-c", script, sc.ca_cert], timeout: 30_000)
+    got = out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
+    assert named(got, "authorization") == [@secret]
+    assert named(got, "x-other") == ["kept"]
+  end
+
+  test "h2: every copy of the field is removed (a raw client puts them on the wire)", %{tb: tb, sc: sc} do
+    q = tag()
+
+    stream = [
+      [":method", "GET"],
+      [":scheme", "https"],
+      [":authority", "allowed.test:#{@h2_only}"],
+      [":path", "/fields?#{q}"],
+      ["authorization", "one"],
+      ["authorization", "two"],
+      ["x-other", "kept"]
+    ]
+
+    out =
+      Client.h2_raw(tb, sc.ca_cert, %{host: "allowed.test", port: @h2_only, mode: "custom", streams: [stream], query: q})
+
+    %{"status" => 200, "body" => body} = out["streams"]["1"]
+    got = Condukt.JSON.decode!(body)
+    assert named(got, "authorization") == [@secret]
+    assert named(got, "x-other") == ["kept"]
+  end
+
+  for http <- [:h1, :h2] do
+    test "#{http}: other hosts, other paths and plain HTTP get nothing", %{tb: tb, sc: sc} do
+      # Another host: the workspace's own field passes untouched.
+      r =
+        curl(tb, sc, "https://other.test:#{@h1_only}/fields?#{tag()}", unquote(http),
+          headers: [{"authorization", "Bearer mine"}]
+        )
+
+      assert named(fields(r), "authorization") == ["Bearer mine"]
+
+      # The right host, a path no entry names.
+      r =
+        curl(tb, sc, "https://allowed.test:#{@h1_only}/fields/other?#{tag()}", unquote(http),
+          headers: [{"authorization", "Bearer mine"}]
+        )
+
+      assert r.ok and r.status == 200
+      refute r.body =~ "s3cr3t"
+
+      # Dot segments cannot take the credential to another path: this one
+      # is /x once normalised (the h2 origin still echoes it, by prefix).
+      r =
+        curl(tb, sc, "https://allowed.test:#{@h2_only}/fields/../x?#{tag()}", unquote(http),
+          extra_args: ["--path-as-is"],
+          headers: [{"authorization", "Bearer mine"}]
+        )
+
+      assert named(fields(r), "authorization") == ["Bearer mine"]
+      refute_secret_in_events(sc)
+    end
+  end
+
+  test "plain HTTP never carries a credential (it would cross the network in clear)", %{tb: tb} do
+    r = Client.run(tb, :curl, "http://allowed.test/echo?#{tag()}", headers: [{"authorization", "Bearer mine"}])
+    assert r.ok and r.status == 200, inspect(r)
+    got = Condukt.JSON.decode!(r.body)["headers"]
+    assert named(got, "authorization") == ["Bearer mine"]
+    refute r.body =~ "s3cr3t"
+  end
+
+  for http <- [:h1, :h2] do
+    test "#{http}: a redirect to another host: the follow-up request carries no credential", %{tb: tb, sc: sc} do
+      q = tag()
+      r = curl(tb, sc, "https://allowed.test/redirect-echo?#{q}", unquote(http), extra_args: ["-L"])
+      assert r.ok and r.status == 200, inspect(r)
+      # The final answer is other.test's echo of what it received.
+      got = Condukt.JSON.decode!(r.body)
+      assert got["path"] == "/echo"
+      assert named(got["headers"], "authorization") == []
+      refute r.body =~ "s3cr3t"
+      refute_secret_in_events(sc)
+    end
+  end
+
+  test "the workspace cannot read the secrets file, and its environment has no secret", %{tb: tb, sc: sc} do
+    path = Path.join(sc.dir, "credentials.json")
+    assert File.read!(path) =~ "s3cr3t"
+    %File.Stat{mode: mode, uid: uid} = File.stat!(path)
+    assert {Bitwise.band(mode, 0o777), uid} == {0o600, Sidecar.uid()}
+
+    # A workspace process (another uid, root without the sidecar's files)
+    # tries to read it and to find the value anywhere it can see.
+    script = ~s(cat #{path}; env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; exit 0)
+
+    {out, 0} = Testbed.exec_in(tb, :pod, ["/bin/sh", "-c", script], uid: 4242, stderr: :stdout, timeout: 30_000)
+    assert out =~ "Permission denied"
+    refute out =~ "s3cr3t"
+  end
+
+  test "rotation: the sidecar uses a new value from the next request on", %{tb: tb, sc: sc, peer: peer} do
+    r = curl(tb, sc, "https://allowed.test:#{@h2_only}/fields?#{tag()}", :h2)
+    assert named(fields(r), "authorization") == [@secret]
+
+    :ok = ControlPeer.send_frame(peer, %{type: "credential", name: "token", value: @rotated})
+    :ok = ControlPeer.send_frame(peer, %{type: "ping"})
+    assert_receive {:egress_frame, %{"type" => "pong"}}, 5_000
+
+    for {http, port} <- [h1: @h1_only, h2: @h2_only, h1: @h2_only, h2: @h1_only] do
+      r = curl(tb, sc, "https://allowed.test:#{port}/fields?#{tag()}", http)
+      assert named(fields(r), "authorization") == [@rotated], "#{http} to #{port}"
+    end
+
+    refute_secret_in_events(sc)
+
+    # Back, for the other tests.
+    :ok = ControlPeer.send_frame(peer, %{type: "credential", name: "token", value: @secret})
+    :ok = ControlPeer.send_frame(peer, %{type: "ping"})
+    assert_receive {:egress_frame, %{"type" => "pong"}}, 5_000
+  end
+
+  test "rotation of a secret the policy does not have is refused (the peer is closed)", %{peer: peer, sc: sc} do
+    :ok = ControlPeer.send_frame(peer, %{type: "credential", name: "nope", value: "x"})
+    assert_receive {:egress_frame, %{"type" => "closed"}}, 5_000
+    assert Sidecar.stderr(sc) =~ "credential: refused"
+
+    # A value that is no header value: refused too, the old one stays.
+    {:ok, peer2} = ControlPeer.start_link(sc, self(), fn _ -> :allow end)
+    assert_receive {:egress_frame, %{"type" => "welcome"}}, 10_000
+    :ok = ControlPeer.send_frame(peer2, %{type: "credential", name: "token", value: "a\r\nX-Injected: 1"})
+    assert_receive {:egress_frame, %{"type" => "closed"}}, 5_000
+  end
+end
