@@ -17,12 +17,8 @@ defmodule Condukt.Sandbox.LocalCredentialsTest do
     %{tb: Testbed.start(big_size: 1024)}
   end
 
-  defp scratch(tb) do
-    cwd = Path.join(tb.dir, "scratch/local-#{System.unique_integer([:positive])}")
-    File.mkdir_p!(cwd)
-    File.chown!(cwd, 65_534)
-    cwd
-  end
+  # A cwd the session's user (nobody) owns.
+  defp scratch(tb), do: Testbed.scratch_dir(tb, 65_534)
 
   defp network(tb) do
     [

@@ -204,12 +204,8 @@ defmodule Condukt.Sandbox.LocalEnforcedTest do
   end
 
   # A working directory the session's default uid (nobody) owns.
-  defp scratch(tb) do
-    cwd = Path.join(tb.dir, "scratch/local-#{System.unique_integer([:positive])}")
-    File.mkdir_p!(cwd)
-    File.chown!(cwd, 65_534)
-    cwd
-  end
+  # A cwd the session's user (nobody) owns.
+  defp scratch(tb), do: Testbed.scratch_dir(tb, 65_534)
 
   test "a session cannot replace what the BEAM runs, nor touch the audit log or its hosts file", %{tb: tb} do
     {:ok, sb} = Sandbox.new({Sandbox.Local, cwd: scratch(tb), network_policy: policy(), network: network(tb)})
