@@ -53,6 +53,20 @@ defmodule Condukt.Sandbox.NetworkPolicy do
 
   If no rule matches, `:default` fires (`:deny` unless set to `:allow`).
 
+  ## Credentials
+
+  `:credentials` and `:secrets` keep API tokens out of the workspace: the
+  sidecar adds a header holding a secret to the allowed requests of the
+  hosts (and methods, paths) an entry names, replacing any copy the
+  workspace sent; the values stay in the sidecar.
+
+      credentials: [{"api.github.com", header: "authorization", value: {:secret, "github"}, paths: ["/repos/myorg/**"]}],
+      secrets: %{"github" => {:env, "GITHUB_AUTH_HEADER"}}
+
+  `Condukt.Sandbox.NetworkPolicy.Credentials` has the rules, where the
+  values live and the limits; `rotate_credential/3` replaces a value in a
+  running sandbox.
+
   ## Body previews and redaction
 
   `:body_preview` (bytes, default 0: none), `:redact_headers` and
