@@ -1632,3 +1632,58 @@ Test(control, close_from_a_decision_callback) {
   cr_assert_null(strstr(c->buf, "pong"), "a frame after the close was answered");
   client_free(c);
 }
+
+/* ---- credential frames (a rotated secret) ---------------------------------- */
+
+typedef struct {
+  int calls;
+  char name[64];
+  char value[64];
+  size_t len;
+  int answer;
+} cred_seen_t;
+
+static int on_cred(void *data, const char *name, const char *value, size_t len) {
+  cred_seen_t *s = data;
+  s->calls++;
+  snprintf(s->name, sizeof(s->name), "%s", name);
+  snprintf(s->value, sizeof(s->value), "%.*s", (int)len, value);
+  s->len = len;
+  return s->answer;
+}
+
+Test(control, credential_frame_taken_then_refused) {
+  cred_seen_t seen = {0};
+  ce_control_opts_t o = default_opts();
+  o.on_credential = on_cred;
+  o.credential_data = &seen;
+  start_with(&o);
+  client_t *c = connect_ctl();
+  cr_assert_eq(authenticate(c), 0);
+  client_send(c, "{\"type\":\"credential\",\"name\":\"github\",\"value\":\"Bearer two\"}\n");
+  /* The pong after it: the value was handed over before. */
+  ping_pong(c);
+  cr_assert_eq(seen.calls, 1);
+  cr_assert_str_eq(seen.name, "github");
+  cr_assert_str_eq(seen.value, "Bearer two");
+  cr_assert_eq(seen.len, 10);
+
+  /* The proxy refuses it (no such secret): the peer is closed. */
+  seen.answer = CE_EINVAL;
+  client_send(c, "{\"type\":\"credential\",\"name\":\"nope\",\"value\":\"x\"}\n");
+  cr_assert(pump_until(client_closed, c, WAIT_MS), "a refused credential did not close the peer");
+  cr_assert_eq(seen.calls, 2);
+  client_free(c);
+  cr_assert(pump_until(is_disconnected, NULL, WAIT_MS));
+  stop();
+}
+
+Test(control, credential_frame_without_a_taker_is_a_violation) {
+  start();
+  client_t *c = connect_ctl();
+  cr_assert_eq(authenticate(c), 0);
+  client_send(c, "{\"type\":\"credential\",\"name\":\"github\",\"value\":\"v\"}\n");
+  cr_assert(pump_until(client_closed, c, WAIT_MS), "a credential frame without a taker did not close the peer");
+  client_free(c);
+  stop();
+}
