@@ -2,8 +2,9 @@
  * bytes from an unauthenticated peer (c_src/control/frame.c). Beyond
  * "no crash, no leak, no undefined behaviour", it checks the parser's
  * promises: a refusal leaves *out untouched and names a reason, and an
- * accepted frame holds NUL-terminated strings within their limits and
- * parses again to the same frame when re-encoded. */
+ * accepted frame (a credential's value included) holds NUL-terminated
+ * strings within their limits and parses again to the same frame when
+ * re-encoded. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,9 @@ static json_t *reencode(const ce_frame_t *f) {
     return json_pack("{s:s, s:s, s:s, s:s, s:b}", "type", "decision", "id", id, "decision",
                      f->allow ? "allow" : "deny", "reason", f->reason, "cache",
                      f->cacheable);
+  case CE_FRAME_CREDENTIAL:
+    return json_pack("{s:s, s:s, s:s%}", "type", "credential", "name", f->secret_name, "value", f->secret_value,
+                     f->secret_value_len);
   case CE_FRAME_PING:
   default:
     return json_pack("{s:s}", "type", "ping");
@@ -60,8 +64,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   check(why == NULL, "a reason on success");
   check(f.type == CE_FRAME_HELLO || f.type == CE_FRAME_AUTH || f.type == CE_FRAME_DECISION ||
-            f.type == CE_FRAME_PING,
+            f.type == CE_FRAME_PING || f.type == CE_FRAME_CREDENTIAL,
         "unknown frame type");
+  if (f.type == CE_FRAME_CREDENTIAL) {
+    check(memchr(f.secret_name, '\0', sizeof(f.secret_name)) != NULL && strlen(f.secret_name) > 0,
+          "secret name not terminated or empty");
+    check(f.secret_value_len > 0 && f.secret_value_len <= CE_CONTROL_SECRET_VALUE_MAX &&
+              f.secret_value[f.secret_value_len] == '\0',
+          "secret value length");
+  }
   if (f.type == CE_FRAME_HELLO) {
     check(memchr(f.session_id, '\0', sizeof(f.session_id)) != NULL, "session_id not terminated");
     check(strlen(f.session_id) > 0, "empty session_id");
@@ -89,5 +100,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check(g.id == f.id && g.allow == f.allow && g.cacheable == f.cacheable &&
               strcmp(g.reason, f.reason) == 0,
           "round trip: decision");
+  if (f.type == CE_FRAME_CREDENTIAL)
+    check(strcmp(g.secret_name, f.secret_name) == 0 && g.secret_value_len == f.secret_value_len &&
+              memcmp(g.secret_value, f.secret_value, f.secret_value_len) == 0,
+          "round trip: credential");
   return 0;
 }
