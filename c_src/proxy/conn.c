@@ -648,7 +648,7 @@ static int build_upstream_head(ce_conn_t *c, const ce_h1_head_t *h, const ce_cre
     rc = ce_h1_write_request_head(&w, h, NULL, 0, flags);
   free(hc);
   if (rc != CE_OK)
-    return rc < 0 ? rc : CE_OK;
+    return rc;
   char *copy = malloc(w.len);
   if (copy == NULL)
     return CE_ENOMEM;
