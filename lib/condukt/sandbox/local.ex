@@ -186,7 +186,7 @@ defmodule Condukt.Sandbox.Local do
     net_opts = Keyword.merge(opts[:network], policy: state.network_policy, session_id: session_id(state.id))
 
     with {:ok, values} <- credential_values(state.network_policy),
-         net_opts = Keyword.put(net_opts, :credential_values, values),
+         net_opts = if(values == %{}, do: net_opts, else: Keyword.put(net_opts, :credentials, fn -> values end)),
          :ok <- Network.available?(net_opts),
          {:ok, pid, net} <- Network.start(net_opts),
          {:ok, bridge} <- start_bridge(state, net, pid, opts) do

@@ -51,12 +51,12 @@ defmodule Condukt.Sandbox.Local.Network do
           "sidecar's uid or the BEAM's own: those could replace what the BEAM runs or read the sidecar's secrets."
     ],
     proxy_args: [type: {:list, :string}, default: [], doc: "more `condukt-egress proxy` flags."],
-    credential_values: [
-      type: :map,
-      default: %{},
+    credentials: [
+      type: {:custom, &__MODULE__.check_credentials/1},
       doc:
-        "the values of the policy's secrets (`NetworkPolicy.Credentials.values/1`), written into a file " <>
-          "only the sidecar's uid can read (`--credentials`)."
+        "a 0-arity function returning the values of the policy's secrets (`NetworkPolicy.Credentials.values/1`), " <>
+          "written into a file only the sidecar's uid can read (`--credentials`); a function, so that no " <>
+          "report of the network's process shows them."
     ],
     binary: [type: :string, doc: "the `condukt-egress` binary (default: priv/)."],
     tool_path: [
@@ -488,11 +488,11 @@ defmodule Condukt.Sandbox.Local.Network do
     # byte of a secret is written into it.
     secrets = Path.join(net.dir, @secrets_file)
 
-    if opts[:credential_values] != %{} do
+    if opts[:credentials] do
       File.touch!(secrets)
       File.chmod!(secrets, 0o600)
       File.chown!(secrets, uid)
-      File.write!(secrets, NetworkPolicy.Credentials.sidecar_secrets_json(opts[:credential_values]))
+      File.write!(secrets, NetworkPolicy.Credentials.sidecar_secrets_json(opts[:credentials].()))
     end
 
     for f <- [ca_key, token_file, policy], do: File.chmod!(f, 0o600)
@@ -676,7 +676,7 @@ defmodule Condukt.Sandbox.Local.Network do
         dns_upstream_args(opts, net) ++
         Enum.flat_map(opts[:allow_private], &["--allow-private", &1]) ++
         Capture.sidecar_args(opts[:policy]) ++
-        if(opts[:credential_values] != %{}, do: ["--credentials", Path.join(net.dir, @secrets_file)], else: []) ++
+        if(opts[:credentials], do: ["--credentials", Path.join(net.dir, @secrets_file)], else: []) ++
         opts[:proxy_args]
 
     argv =
@@ -1056,6 +1056,10 @@ defmodule Condukt.Sandbox.Local.Network do
   end
 
   def check_addresses(_), do: {:error, "a list of IP address strings"}
+
+  @doc false
+  def check_credentials(fun) when is_function(fun, 0), do: :ok
+  def check_credentials(_), do: {:error, "a 0-arity function returning the secrets' values"}
 
   # Each entry becomes one line of /etc/netns/<name>/hosts: nothing but a
   # host name and an IP literal may reach it (no spaces, no newlines).
