@@ -145,7 +145,7 @@ defmodule Condukt.MixProject do
   # ex_doc (`mix docs`, with Hex): the guides and reference pages for
   # users, the pages for contributors grouped apart.
   @guides ["docs/guides/getting-started.md", "docs/guides/running-on-kubernetes.md"]
-  @reference ~w(docs/sandbox.md docs/virtual.md docs/host-matching.md docs/policy-json.md docs/kubernetes.md
+  @reference ~w(docs/sandbox.md docs/virtual.md docs/host-matching.md docs/credentials.md docs/policy-json.md docs/kubernetes.md
                 docs/local-network.md docs/trust.md docs/beam-side.md docs/control-channel.md docs/image.md
                 docs/telemetry.md)
   @contributing ~w(docs/fuzzing.md docs/e2e-testbed.md docs/k8s-tier.md docs/tracing.md)
@@ -171,6 +171,7 @@ defmodule Condukt.MixProject do
           Condukt.Sandbox.NetworkPolicy.Context,
           Condukt.Sandbox.NetworkPolicy.Request,
           Condukt.Sandbox.NetworkPolicy.Telemetry,
+          Condukt.Sandbox.NetworkPolicy.Credentials,
           Condukt.Sandbox.NetworkPolicy.CA
         ],
         Kubernetes: [
