@@ -279,6 +279,24 @@ int ce_secrets_check(const ce_secrets_t *secrets, const ce_policy_t *policy, cha
   return 0;
 }
 
+int ce_credential_redact_names(const ce_policy_t *policy, const char **names, size_t *count, size_t cap,
+                               bool (*is_known)(const char *name, size_t len, const void *arg), const void *arg) {
+  for (size_t i = 0; i < ce_policy_credential_count(policy); i++) {
+    ce_credential_info_t info;
+    ce_policy_credential(policy, i, &info);
+    size_t len = strlen(info.header);
+    bool known = is_known != NULL && is_known(info.header, len, arg);
+    for (size_t j = 0; j < *count && !known; j++)
+      known = strcasecmp(names[j], info.header) == 0;
+    if (known)
+      continue;
+    if (*count == cap)
+      return CE_ETOOBIG;
+    names[(*count)++] = info.header;
+  }
+  return 0;
+}
+
 /* ---- the pipeline ------------------------------------------------------------ */
 
 /* Removes every field named name (any case) from f[0..*n), keeping the

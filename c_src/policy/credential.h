@@ -97,6 +97,14 @@ const char *ce_secrets_get(const ce_secrets_t *secrets, const char *name, size_t
  * credentials passes). */
 int ce_secrets_check(const ce_secrets_t *secrets, const ce_policy_t *policy, char *err);
 
+/* Appends the header name of every credential of the policy to
+ * names[*count..cap) (NUL-terminated strings owned by the policy), each
+ * once, skipping those is_known(name, len, arg) already covers: the
+ * proxy's list of headers events redact. Returns 0, or CE_ETOOBIG when
+ * cap is reached (the list then holds what fitted). */
+int ce_credential_redact_names(const ce_policy_t *policy, const char **names, size_t *count, size_t cap,
+                               bool (*is_known)(const char *name, size_t len, const void *arg), const void *arg);
+
 /* ---- the pipeline --------------------------------------------------------- */
 
 /* What the pipeline knows of a request that the policy allowed. */

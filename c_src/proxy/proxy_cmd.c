@@ -215,6 +215,10 @@ static int on_credential(void *data, const char *name, const char *value, size_t
   return ce_secrets_set(p->secrets, name, nl, value, value_len);
 }
 
+static bool redacted_already(const char *name, size_t len, const void *opts) {
+  return ce_header_redacted(name, len, opts);
+}
+
 /* The credentials' secrets (docs/credentials.md): read once, before the
  * privileges go; every secret the policy names must have a value. The
  * credentials' headers are redacted in events like Authorization. */
@@ -232,16 +236,10 @@ static int load_secrets(ce_proxy_t *p, ce_proxy_options_t *opts) {
     fprintf(stderr, PROG ": %s: %s\n", opts->credentials_path, err);
     return CE_EXIT_FAIL;
   }
-  for (size_t i = 0; i < ce_policy_credential_count(p->policy); i++) {
-    ce_credential_info_t info;
-    ce_policy_credential(p->policy, i, &info);
-    if (ce_header_redacted(info.header, strlen(info.header), opts))
-      continue;
-    if (opts->redact_count == CE_PROXY_MAX_REDACT) {
-      fprintf(stderr, PROG ": more than %d headers to redact with the credentials'\n", CE_PROXY_MAX_REDACT);
-      return CE_EXIT_FAIL;
-    }
-    opts->redact[opts->redact_count++] = info.header;
+  if (ce_credential_redact_names(p->policy, opts->redact, &opts->redact_count, CE_PROXY_MAX_REDACT, redacted_already,
+                                 opts) != 0) {
+    fprintf(stderr, PROG ": more than %d headers to redact with the credentials'\n", CE_PROXY_MAX_REDACT);
+    return CE_EXIT_FAIL;
   }
   return CE_EXIT_OK;
 }

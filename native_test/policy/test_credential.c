@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -361,5 +362,29 @@ Test(credential_apply, several_headers_and_a_full_block) {
   cr_assert_eq(ce_credential_apply(p, empty, &rq, f, &n, 3), CE_EINVAL);
   ce_secrets_free(empty);
   ce_secrets_free(s);
+  ce_policy_free(p);
+}
+
+static bool builtin(const char *name, size_t len, const void *arg) {
+  (void)arg;
+  return len == 13 && strncasecmp(name, "authorization", 13) == 0;
+}
+
+Test(credential_redact, names_added_once_unless_known) {
+  ce_policy_t *p = load_ok(DOC("[{\"host\":\"a.com\",\"header\":\"Authorization\",\"secret\":\"s\"},"
+                               "{\"host\":\"b.com\",\"header\":\"X-Api-Key\",\"secret\":\"s\"},"
+                               "{\"host\":\"c.com\",\"header\":\"x-api-key\",\"secret\":\"s\"},"
+                               "{\"host\":\"d.com\",\"header\":\"x-token\",\"secret\":\"s\"}]"));
+  const char *names[3] = {"X-Token"};
+  size_t n = 1;
+  /* authorization is redacted anyway; x-token is listed already (any case). */
+  cr_assert_eq(ce_credential_redact_names(p, names, &n, 3, builtin, NULL), 0);
+  cr_assert_eq(n, 2);
+  cr_assert_str_eq(names[1], "x-api-key");
+  /* Without the built-in check authorization joins; no room after it. */
+  n = 1;
+  cr_assert_eq(ce_credential_redact_names(p, names, &n, 2, NULL, NULL), CE_ETOOBIG);
+  cr_assert_eq(n, 2);
+  cr_assert_str_eq(names[1], "authorization");
   ce_policy_free(p);
 }
