@@ -242,6 +242,16 @@ defmodule Condukt.Netns.SidecarCredentialsTest do
     refute out =~ "s3cr3t"
   end
 
+  test "a sidecar without every secret's value refuses to start, naming what is missing", %{tb: tb} do
+    e = assert_raise RuntimeError, fn -> Sidecar.start(tb, @policy, netfilter: false) end
+    assert e.message =~ "the policy has credentials: pass their values with --credentials FILE"
+
+    e =
+      assert_raise RuntimeError, fn -> Sidecar.start(tb, @policy, netfilter: false, credentials: %{"token" => "x"}) end
+
+    assert e.message =~ ~s(names the secret "key", which has no value)
+  end
+
   test "rotation: the sidecar uses a new value from the next request on", %{tb: tb, sc: sc, peer: peer} do
     r = curl(tb, sc, "https://allowed.test:#{@h2_only}/fields?#{tag()}", :h2)
     assert named(fields(r), "authorization") == [@secret]
