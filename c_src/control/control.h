@@ -64,7 +64,8 @@ typedef struct {
 
 /* Parsed peer → sidecar frames (the fuzz target's unit). */
 typedef enum {
-  CE_FRAME_HELLO = 1,          /* {"type":"hello","version":2,"session_id":"..","nonce":"<64 hex>"} */
+  CE_FRAME_HELLO = 1,          /* {"type":"hello","version":2,"session_id":"..","nonce":"<64 hex>",
+                                   "ticket":"<64 hex>" (optional)} */
   CE_FRAME_AUTH,               /* {"type":"auth","proof":"<64 hex>"} */
   CE_FRAME_DECISION,           /* {"type":"decision","id":"..","decision":"allow"|"deny","reason":"..","cache":true} */
   CE_FRAME_PING                /* {"type":"ping"} → {"type":"pong"} */
@@ -75,6 +76,8 @@ typedef struct {
   int version;                 /* hello: always CE_CONTROL_PROTOCOL_VERSION */
   char session_id[CE_CONTROL_SESSION_ID_MAX + 1]; /* hello: 1 to 256 bytes, NUL-terminated */
   uint8_t nonce[CE_CONTROL_NONCE_LEN];  /* hello: the peer's nonce */
+  bool has_ticket;             /* hello: a ticket came (control/handshake.h) */
+  uint8_t ticket[CE_CONTROL_PROOF_LEN]; /* hello: the ticket, when has_ticket */
   uint8_t proof[CE_CONTROL_PROOF_LEN];  /* auth: the peer's proof (control/handshake.h) */
   uint64_t id;                 /* decision: the decision_request id */
   bool allow;                  /* decision */
