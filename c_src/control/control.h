@@ -1,11 +1,11 @@
 /*
  * The sidecar's side of the control channel (DESIGN §5, docs/control-channel.md).
  *
- * A listener on loopback TCP or a Unix socket. A peer must send a hello
- * frame carrying the per-session token within CE_CONTROL_HELLO_TIMEOUT_MS,
- * else it is dropped without a word; the token is compared in constant
- * time. One authenticated peer at a time: a newly authenticated peer
- * replaces the old one (the BEAM's bridge re-dials after a drop).
+ * A listener on loopback TCP or a Unix socket. A peer must prove that it
+ * holds the per-session token (control/handshake.h) within
+ * CE_CONTROL_HELLO_TIMEOUT_MS, else it is dropped without a word. One
+ * authenticated peer at a time: a newly authenticated peer replaces the
+ * old one (the BEAM's bridge re-dials after a drop).
  *
  * Frames are NDJSON, one JSON object per line, at most
  * CE_CONTROL_MAX_FRAME bytes. Events are written to stdout as JSON lines
@@ -38,8 +38,10 @@
 /* From accept to a valid proof: a peer needs one round trip for it. */
 #define CE_CONTROL_HELLO_TIMEOUT_MS 3000u
 /* Connections that have not proven the token yet. When a new one arrives
- * and all are taken, the OLDEST is dropped: a workspace that holds
- * connections open can never keep a newer peer out. */
+ * and all are taken, the oldest of the lowest rank is dropped (no valid
+ * hello, then no valid ticket, then any), never the newcomer: a workspace
+ * that holds connections open can never keep a newer peer out, and one
+ * that opens more cannot push out a peer whose hello carried a ticket. */
 #define CE_CONTROL_MAX_PREAUTH 128u
 #define CE_CONTROL_DEFAULT_BUFFER_EVENTS 4096u   /* events kept with no peer */
 #define CE_CONTROL_MAX_PENDING_ASKS 1024u        /* decisions waiting at once */

@@ -313,6 +313,14 @@ static void conn_stop(conn_t *cn) {
   uv_timer_stop(&cn->timer);
   switch (cn->stage) {
   case KC_CONNECTING:
+    /* Never from inside this wsi's callbacks (the first one that comes
+     * after the connect makes the stage KC_OPEN, or detaches the wsi), so
+     * it can go now; and it must: libwebsockets 4.1 kills a connecting
+     * wsi asynchronously without closing its libuv poll handle. Its last
+     * callbacks end the conn. */
+    if (cn->wsi != NULL)
+      lws_set_timeout(cn->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_SYNC);
+    break;
   case KC_OPEN:
     if (cn->wsi != NULL)
       lws_set_timeout(cn->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_ASYNC);

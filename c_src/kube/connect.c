@@ -39,12 +39,6 @@ static void tried_add(conn_t *cn, const char *why) {
              cn->addr_text, why);
 }
 
-/* Ends a conn that has no wsi now (its result was delivered already, or
- * is delivered here). */
-static void conn_end(conn_t *cn, int code, const char *msg) {
-  ce__kube_conn_fail_early(cn, code, msg);
-}
-
 static void attempt(conn_t *cn) {
   const struct sockaddr *sa = (const struct sockaddr *)&cn->addrs[cn->addr_i];
   const void *ip = sa->sa_family == AF_INET6
@@ -91,18 +85,21 @@ static void on_attempt_timer(uv_timer_t *t) {
   conn_t *cn = t->data;
   if (cn->stage == KC_NEXT) {
     if (cn->finished || cn->k == NULL)
-      conn_end(cn, CE_ECLOSED, "kube: the handle was closed");
+      ce__kube_conn_fail_early(cn, CE_ECLOSED, "kube: the handle was closed");
     else
       attempt(cn);
     return;
   }
   if (cn->stage != KC_CONNECTING)
     return;
+  /* Killed now, not asynchronously: libwebsockets 4.1 would leave the
+   * connecting wsi's libuv poll handle open. Its last callbacks find no
+   * conn. */
   struct lws *old = cn->wsi;
   if (old != NULL) {
     lws_set_opaque_user_data(old, NULL);
     cn->wsi = NULL;
-    lws_set_timeout(old, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_ASYNC);
+    lws_set_timeout(old, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_SYNC);
   }
   char why[64];
   snprintf(why, sizeof(why), "no connection within %u ms", CE_KUBE_CONNECT_ATTEMPT_MS);
@@ -131,7 +128,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
   }
   if (cn->finished || cn->k == NULL) {
     uv_freeaddrinfo(res);
-    conn_end(cn, CE_ECLOSED, "kube: the handle was closed");
+    ce__kube_conn_fail_early(cn, CE_ECLOSED, "kube: the handle was closed");
     return;
   }
   char s[CE__KUBE_SHOWN_MAX], msg[CE_KUBE_MSG_MAX];
@@ -139,7 +136,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
   if (status < 0) {
     snprintf(msg, sizeof(msg), "%s: cannot resolve \"%s\": %s", cfg->server,
              ce__kube_shown(s, cfg->host), uv_strerror(status));
-    conn_end(cn, CE_EUNAVAIL, msg);
+    ce__kube_conn_fail_early(cn, CE_EUNAVAIL, msg);
     return;
   }
   cn->n_addrs = 0;
@@ -161,7 +158,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
   if (cn->n_addrs == 0) {
     snprintf(msg, sizeof(msg), "%s: \"%s\" has no IPv4 or IPv6 address", cfg->server,
              ce__kube_shown(s, cfg->host));
-    conn_end(cn, CE_EUNAVAIL, msg);
+    ce__kube_conn_fail_early(cn, CE_EUNAVAIL, msg);
     return;
   }
   cn->addr_i = 0;
@@ -190,6 +187,6 @@ void ce__kube_connect_start(conn_t *cn) {
     char s[CE__KUBE_SHOWN_MAX], msg[CE_KUBE_MSG_MAX];
     snprintf(msg, sizeof(msg), "%s: cannot resolve \"%s\": %s", cfg->server,
              ce__kube_shown(s, cfg->host), uv_strerror(rc));
-    conn_end(cn, CE_EUNAVAIL, msg);
+    ce__kube_conn_fail_early(cn, CE_EUNAVAIL, msg);
   }
 }

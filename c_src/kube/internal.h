@@ -260,7 +260,8 @@ void ce__kube_conn_drop(conn_t *cn);
 /* libwebsockets is done with the wsi, or there never was one. */
 void ce__kube_conn_lws_gone(conn_t *cn);
 void ce__kube_conn_maybe_free(conn_t *cn);
-/* Fails an operation that has no wsi: delivers code/msg, ends it. */
+/* Ends an operation that has no wsi: delivers code/msg (unless a result
+ * went already), closes a tunnel's local socket, frees it in time. */
 void ce__kube_conn_fail_early(conn_t *cn, int code, const char *msg);
 /* An error before any HTTP answer on a reached server (TLS, a reset). */
 void ce__kube_conn_connect_error(conn_t *cn, const char *why);

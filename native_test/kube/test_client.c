@@ -40,6 +40,8 @@ static void teardown(void) {
   ce_kube_client_destroy(client);
   uv_run(&loop, UV_RUN_DEFAULT);
   ce_kube_client_free(client);
+  /* As the port does: libwebsockets' last handles close on this turn. */
+  uv_run(&loop, UV_RUN_DEFAULT);
   cr_assert_eq(uv_loop_close(&loop), 0, "a handle was left on the loop");
   ce_test_resolver_set(NULL, NULL, 0);
   char cmd[128];
@@ -152,6 +154,61 @@ Test(kube_client, second_address_is_tried) {
   cr_assert_not_null(strcasestr(fa.request, host), "%s", fa.request);
   cr_assert_not_null(strcasestr(fa.request, "\r\nauthorization: Bearer tok-1\r\n"));
   cr_assert_null(strcasestr(fa.request, "content-length"), "a GET carries no body");
+}
+
+/* An address where connections hang (a listener whose queue is full:
+ * the kernel drops the SYNs) gets CE_KUBE_CONNECT_ATTEMPT_MS, then the
+ * next address is tried. */
+/* 127.0.0.2:port, where a connection hangs: a listener with a full queue
+ * (the kernel drops the SYNs). Its two descriptors go into fds. */
+static void blackhole(int port, int fds[2]) {
+  fds[0] = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.2", &a.sin_addr);
+  cr_assert_eq(bind(fds[0], (struct sockaddr *)&a, sizeof(a)), 0);
+  cr_assert_eq(listen(fds[0], 0), 0);
+  fds[1] = socket(AF_INET, SOCK_STREAM, 0);
+  cr_assert_eq(connect(fds[1], (struct sockaddr *)&a, sizeof(a)), 0);
+}
+
+Test(kube_client, an_address_that_hangs_gets_its_deadline_then_the_next) {
+  fa = (fake_apiserver_t){.mode = FA_HTTP, .response = OK_JSON};
+  fa_start(&fa);
+  int hole[2];
+  blackhole(fa.port, hole);
+  const char *addrs[] = {"127.0.0.2", "127.0.0.1"};
+  ce_test_resolver_set("kube.test", addrs, 2);
+  ce_kube_t *k = open_on("kube.test", fa.port, fa_cert_pem(), NULL);
+  uv_update_time(&loop);
+  uint64_t t0 = uv_now(&loop);
+  http_out_t o;
+  request(k, "GET", "/api", NULL, &o);
+  uint64_t took = uv_now(&loop) - t0;
+  cr_assert_eq(o.err, CE_OK, "%s", o.msg);
+  cr_assert_eq(o.status, 200);
+  cr_assert_geq(took, CE_KUBE_CONNECT_ATTEMPT_MS - 100, "took %llu ms", (unsigned long long)took);
+  cr_assert_lt(took, 3 * CE_KUBE_CONNECT_ATTEMPT_MS, "took %llu ms", (unsigned long long)took);
+  close(hole[1]);
+  close(hole[0]);
+}
+
+/* The request's own deadline ends a connect that hangs (and leaves no
+ * handle behind: the teardown closes the loop). */
+Test(kube_client, the_request_deadline_ends_a_hanging_connect) {
+  int port = closed_port();
+  int hole[2];
+  blackhole(port, hole);
+  const char *addrs[] = {"127.0.0.2"};
+  ce_test_resolver_set("kube.test", addrs, 1);
+  ce_kube_t *k = open_on("kube.test", port, NULL, NULL);
+  ce_kube_http_req_t req = {.method = "GET", .path = "/api", .timeout_ms = 300};
+  char err[256];
+  http_out_t o = {0};
+  cr_assert_eq(ce_kube_request(k, &req, on_http, &o, err, sizeof(err)), CE_OK, "%s", err);
+  run_until(&o.done);
+  cr_assert_eq(o.err, CE_ETIMEDOUT, "%d %s", o.err, o.msg);
+  close(hole[1]);
+  close(hole[0]);
 }
 
 Test(kube_client, every_address_fails_and_is_named) {
