@@ -166,6 +166,7 @@ struct ce_control {
   peer_t *preauth_head, *preauth_tail; /* in the handshake, oldest first */
   uint8_t tickets_seen[TICKETS_SEEN][CE_CONTROL_NONCE_LEN];
   size_t tickets_next;       /* the ring's next slot */
+  size_t tickets_count;      /* slots filled (up to TICKETS_SEEN) */
   size_t unauth_count;
   peer_t *peer;              /* the authenticated one, or NULL */
   uint64_t next_peer_num;

@@ -261,11 +261,13 @@ void ce__ctl_ask_finish(ask_t *a, int status, bool allow, const char *reason,
 static bool ticket_fresh(ce_control_t *ctl, const ce_frame_t *f) {
   if (!ce_control_ticket_ok(ctl->token, ctl->token_len, ctl->session_id, f->nonce, f->ticket))
     return false;
-  for (size_t i = 0; i < TICKETS_SEEN; i++)
+  for (size_t i = 0; i < ctl->tickets_count; i++)
     if (memcmp(ctl->tickets_seen[i], f->nonce, CE_CONTROL_NONCE_LEN) == 0)
       return false;
   memcpy(ctl->tickets_seen[ctl->tickets_next], f->nonce, CE_CONTROL_NONCE_LEN);
   ctl->tickets_next = (ctl->tickets_next + 1) % TICKETS_SEEN;
+  if (ctl->tickets_count < TICKETS_SEEN)
+    ctl->tickets_count++;
   return true;
 }
 
@@ -290,8 +292,8 @@ static void peer_frame(peer_t *p, const char *s, size_t n) {
       p->rank = f.has_ticket && ticket_fresh(ctl, &f) ? RANK_TICKET : RANK_HELLO;
       ce_control_hex(p->sidecar_nonce, sizeof(p->sidecar_nonce), nonce_hex);
       p->state = PEER_AUTH;
-      ce__ctl_log(ctl, CE_TRACE_DEBUG, "peer %llu: hello, challenge sent",
-                  (unsigned long long)p->num);
+      ce__ctl_log(ctl, CE_TRACE_DEBUG, "peer %llu: hello%s, challenge sent",
+                  (unsigned long long)p->num, p->rank == RANK_TICKET ? " with a ticket" : "");
       peer_send_obj(p, json_pack("{s:s, s:i, s:s}", "type", "challenge", "version",
                                  CE_CONTROL_PROTOCOL_VERSION, "nonce", nonce_hex));
     }
