@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "kube/client.h"
 #include "kube/fake_apiserver.h"
+#include "support/failalloc.h"
 #include "support/resolver.h"
 
 #define TEST_ALARM_S 60
@@ -624,4 +625,57 @@ Test(kube_client, forward_prefix_of_another_port_is_refused) {
   cr_assert(closed);
   close(fd);
   fa_stop(&fa);
+}
+
+/* ---- allocation failures ---------------------------------------------------------------- */
+
+/* Each allocation of opening a handle, starting a request and trying two
+ * addresses fails in turn: every failure is reported (once), nothing
+ * leaks (LSan), and the loop closes (the teardown). */
+Test(kube_client, allocation_failures) {
+  int port = closed_port();
+  const char *addrs[] = {"::1", "127.0.0.1"};
+  ce_test_resolver_set("kube.test", addrs, 2);
+  char url[64];
+  snprintf(url, sizeof(url), "https://kube.test:%d", port);
+  for (size_t n = 0;; n++) {
+    ce_kube_config_t cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    char err[256];
+    cr_assert_eq(ce_kube_config_set_server(&cfg, url, err, sizeof(err)), CE_OK);
+    cfg.ca_pem = strdup(fa_cert_pem());
+    cfg.ca_len = strlen(cfg.ca_pem);
+    cfg.auth = CE_KUBE_AUTH_TOKEN;
+    cfg.token = strdup("t");
+    ce_kube_t *k = NULL;
+    http_out_t o = {0};
+    ce_failalloc_arm(n);
+    int rc = ce_kube_open(client, &cfg, &k, err, sizeof(err));
+    if (rc == CE_OK) {
+      ce_kube_http_req_t req = {.method = "POST", .path = "/api", .body = "{}", .body_len = 2,
+                                .timeout_ms = 10000};
+      rc = ce_kube_request(k, &req, on_http, &o, err, sizeof(err));
+      if (rc == CE_OK)
+        run_until(&o.done);
+    }
+    ce_failalloc_disarm();
+    bool injected = ce_failalloc_failures() > 0;
+    if (rc != CE_OK) {
+      cr_assert(injected, "allocation %zu: %d %s", n, rc, err);
+      cr_assert(rc == CE_ENOMEM || rc == CE_ETLS, "allocation %zu: %d %s", n, rc, err);
+    } else {
+      cr_assert(o.done);
+      cr_assert(o.err == CE_EUNAVAIL || (injected && o.err == CE_ENOMEM),
+                "allocation %zu: %d %s", n, o.err, o.msg);
+    }
+    if (k != NULL)
+      ce_kube_close(k);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    if (!injected) {
+      /* The handle's TLS context alone takes dozens (OpenSSL's are
+       * counted when its allocator could be hooked). */
+      cr_assert_gt(n, ce_failalloc_openssl_hooked() ? 50 : 5, "only %zu allocations", n);
+      break;
+    }
+  }
 }
