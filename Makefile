@@ -113,8 +113,10 @@ $(SAN_BIN): $(LIB_SRCS:%.c=$(BUILD)/san/%.o) $(BUILD)/san/c_src/main.o $(SAN_STA
 	$(CC) $(SAN_FLAGS) -o $@ $(LIB_SRCS:%.c=$(BUILD)/san/%.o) $(BUILD)/san/c_src/main.o $(PKG_LIBS)
 
 # The test binary alone routes our objects' allocations through the
-# fault injector of native_test/support/failalloc.c.
-TEST_WRAP := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup,--wrap=strndup
+# fault injector of native_test/support/failalloc.c, and its name lookups
+# through the resolver of native_test/support/resolver.c.
+TEST_WRAP := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup,--wrap=strndup \
+        -Wl,--wrap=uv_getaddrinfo
 
 $(TEST_BIN): $(SAN_OBJS) $(SAN_STAMP)
 	$(CC) $(SAN_FLAGS) $(TEST_WRAP) -o $@ $(SAN_OBJS) $(PKG_LIBS) -lcriterion

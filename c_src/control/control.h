@@ -1,11 +1,11 @@
 /*
  * The sidecar's side of the control channel (DESIGN §5, docs/control-channel.md).
  *
- * A listener on loopback TCP or a Unix socket. A peer must send a hello
- * frame carrying the per-session token within CE_CONTROL_HELLO_TIMEOUT_MS,
- * else it is dropped without a word; the token is compared in constant
- * time. One authenticated peer at a time: a newly authenticated peer
- * replaces the old one (the BEAM's bridge re-dials after a drop).
+ * A listener on loopback TCP or a Unix socket. A peer must prove that it
+ * holds the per-session token (control/handshake.h) within
+ * CE_CONTROL_HELLO_TIMEOUT_MS, else it is dropped without a word. One
+ * authenticated peer at a time: a newly authenticated peer replaces the
+ * old one (the BEAM's bridge re-dials after a drop).
  *
  * Frames are NDJSON, one JSON object per line, at most
  * CE_CONTROL_MAX_FRAME bytes. Events are written to stdout as JSON lines
@@ -38,8 +38,10 @@
 /* From accept to a valid proof: a peer needs one round trip for it. */
 #define CE_CONTROL_HELLO_TIMEOUT_MS 3000u
 /* Connections that have not proven the token yet. When a new one arrives
- * and all are taken, the OLDEST is dropped: a workspace that holds
- * connections open can never keep a newer peer out. */
+ * and all are taken, the oldest of the lowest rank is dropped (no valid
+ * hello, then no valid ticket, then any), never the newcomer: a workspace
+ * that holds connections open can never keep a newer peer out, and one
+ * that opens more cannot push out a peer whose hello carried a ticket. */
 #define CE_CONTROL_MAX_PREAUTH 128u
 #define CE_CONTROL_DEFAULT_BUFFER_EVENTS 4096u   /* events kept with no peer */
 #define CE_CONTROL_MAX_PENDING_ASKS 1024u        /* decisions waiting at once */
@@ -72,7 +74,8 @@ typedef struct {
 
 /* Parsed peer → sidecar frames (the fuzz target's unit). */
 typedef enum {
-  CE_FRAME_HELLO = 1,          /* {"type":"hello","version":2,"session_id":"..","nonce":"<64 hex>"} */
+  CE_FRAME_HELLO = 1,          /* {"type":"hello","version":2,"session_id":"..","nonce":"<64 hex>",
+                                   "ticket":"<64 hex>" (optional)} */
   CE_FRAME_AUTH,               /* {"type":"auth","proof":"<64 hex>"} */
   CE_FRAME_DECISION,           /* {"type":"decision","id":"..","decision":"allow"|"deny","reason":"..","cache":true} */
   CE_FRAME_PING,               /* {"type":"ping"} → {"type":"pong"} */
@@ -84,6 +87,8 @@ typedef struct {
   int version;                 /* hello: always CE_CONTROL_PROTOCOL_VERSION */
   char session_id[CE_CONTROL_SESSION_ID_MAX + 1]; /* hello: 1 to 256 bytes, NUL-terminated */
   uint8_t nonce[CE_CONTROL_NONCE_LEN];  /* hello: the peer's nonce */
+  bool has_ticket;             /* hello: a ticket came (control/handshake.h) */
+  uint8_t ticket[CE_CONTROL_PROOF_LEN]; /* hello: the ticket, when has_ticket */
   uint8_t proof[CE_CONTROL_PROOF_LEN];  /* auth: the peer's proof (control/handshake.h) */
   uint64_t id;                 /* decision: the decision_request id */
   bool allow;                  /* decision */

@@ -114,6 +114,10 @@ static int parse_hello(json_t *root, ce_frame_t *f, const char **why) {
 
   if (!ce__frame_hex(root, "nonce", f->nonce, CE_CONTROL_NONCE_LEN))
     return refuse(why, "hello: \"nonce\" must be 64 lowercase hex digits");
+  json_t *ticket = json_object_get(root, "ticket");
+  f->has_ticket = ticket != NULL && !json_is_null(ticket);
+  if (f->has_ticket && !ce__frame_hex(root, "ticket", f->ticket, CE_CONTROL_PROOF_LEN))
+    return refuse(why, "hello: \"ticket\" must be 64 lowercase hex digits");
 
   f->type = CE_FRAME_HELLO;
   f->version = CE_CONTROL_PROTOCOL_VERSION;
@@ -245,6 +249,7 @@ int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
    * is only as large as what the frame needs. */
   ce_frame_t f;
   f.type = 0;
+  f.has_ticket = false;
   f.version = 0;
   f.session_id[0] = '\0';
   f.id = 0;
@@ -283,8 +288,13 @@ int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
   out->type = f.type;
   out->version = f.version;
   memcpy(out->session_id, f.session_id, strlen(f.session_id) + 1);
-  if (f.type == CE_FRAME_HELLO)
+  out->has_ticket = false;
+  if (f.type == CE_FRAME_HELLO) {
     memcpy(out->nonce, f.nonce, sizeof(f.nonce));
+    out->has_ticket = f.has_ticket;
+    if (f.has_ticket)
+      memcpy(out->ticket, f.ticket, sizeof(f.ticket));
+  }
   if (f.type == CE_FRAME_AUTH)
     memcpy(out->proof, f.proof, sizeof(f.proof));
   out->id = f.id;

@@ -18,7 +18,8 @@
 static const char CONTEXT[] = "condukt-control/2";
 
 static const char *role_name(ce_control_role_t role) {
-  return role == CE_CONTROL_ROLE_PEER ? "peer" : "sidecar";
+  return role == CE_CONTROL_ROLE_PEER ? "peer" : role == CE_CONTROL_ROLE_SIDECAR ? "sidecar"
+                                                                                  : "ticket";
 }
 
 int ce_control_proof(const uint8_t *token, size_t token_len, ce_control_role_t role,
@@ -28,7 +29,8 @@ int ce_control_proof(const uint8_t *token, size_t token_len, ce_control_role_t r
   memset(out, 0, CE_CONTROL_PROOF_LEN);
   size_t sid_len = session_id != NULL ? strlen(session_id) : 0;
   if (token == NULL || token_len == 0 || sid_len == 0 || sid_len > CE_CONTROL_SESSION_ID_MAX ||
-      (role != CE_CONTROL_ROLE_PEER && role != CE_CONTROL_ROLE_SIDECAR))
+      (role != CE_CONTROL_ROLE_PEER && role != CE_CONTROL_ROLE_SIDECAR &&
+       role != CE_CONTROL_ROLE_TICKET))
     return CE_EINVAL;
 
   /* Every part has a fixed length or a length prefix, so no two different
@@ -69,6 +71,22 @@ bool ce_control_proof_ok(const uint8_t *token, size_t token_len, ce_control_role
   bool ok = CRYPTO_memcmp(want, given, CE_CONTROL_PROOF_LEN) == 0;
   OPENSSL_cleanse(want, sizeof(want));
   return ok;
+}
+
+static const uint8_t NO_NONCE[CE_CONTROL_NONCE_LEN];
+
+int ce_control_ticket(const uint8_t *token, size_t token_len, const char *session_id,
+                      const uint8_t peer_nonce[CE_CONTROL_NONCE_LEN],
+                      uint8_t out[CE_CONTROL_PROOF_LEN]) {
+  return ce_control_proof(token, token_len, CE_CONTROL_ROLE_TICKET, session_id, peer_nonce,
+                          NO_NONCE, out);
+}
+
+bool ce_control_ticket_ok(const uint8_t *token, size_t token_len, const char *session_id,
+                          const uint8_t peer_nonce[CE_CONTROL_NONCE_LEN],
+                          const uint8_t given[CE_CONTROL_PROOF_LEN]) {
+  return ce_control_proof_ok(token, token_len, CE_CONTROL_ROLE_TICKET, session_id, peer_nonce,
+                             NO_NONCE, given);
 }
 
 int ce_control_nonce(uint8_t out[CE_CONTROL_NONCE_LEN]) {

@@ -16,6 +16,14 @@
  * one connection only; the session id ties it to one session. The peer
  * proves first, and the sidecar proves only to a peer that has: a process
  * that connects to the sidecar learns nothing but a random nonce.
+ *
+ * The peer's hello may also carry a ticket: the same HMAC with ROLE
+ * "ticket" and 32 zero bytes for the sidecar's nonce, which the peer does
+ * not have yet. It proves nothing the auth frame does not prove later,
+ * and a recorded one could be replayed; the sidecar uses it only to rank
+ * connections in the handshake, so that a flood of connections cannot
+ * push the peer's out (docs/control-channel.md, "Pre-authentication
+ * slots"), and ranks each nonce's ticket once.
  */
 #ifndef CE_CONTROL_HANDSHAKE_H
 #define CE_CONTROL_HANDSHAKE_H
@@ -26,7 +34,11 @@
 
 #include "control/control.h"
 
-typedef enum { CE_CONTROL_ROLE_PEER = 1, CE_CONTROL_ROLE_SIDECAR } ce_control_role_t;
+typedef enum {
+  CE_CONTROL_ROLE_PEER = 1,
+  CE_CONTROL_ROLE_SIDECAR,
+  CE_CONTROL_ROLE_TICKET
+} ce_control_role_t;
 
 /*
  * Computes the proof of `role` into out. session_id is NUL-terminated, 1 to
@@ -45,6 +57,15 @@ bool ce_control_proof_ok(const uint8_t *token, size_t token_len, ce_control_role
                          const char *session_id, const uint8_t peer_nonce[CE_CONTROL_NONCE_LEN],
                          const uint8_t sidecar_nonce[CE_CONTROL_NONCE_LEN],
                          const uint8_t given[CE_CONTROL_PROOF_LEN]);
+
+/* The hello's ticket for peer_nonce, and its check (constant time).
+ * Returns and fails as ce_control_proof / ce_control_proof_ok. */
+int ce_control_ticket(const uint8_t *token, size_t token_len, const char *session_id,
+                      const uint8_t peer_nonce[CE_CONTROL_NONCE_LEN],
+                      uint8_t out[CE_CONTROL_PROOF_LEN]);
+bool ce_control_ticket_ok(const uint8_t *token, size_t token_len, const char *session_id,
+                          const uint8_t peer_nonce[CE_CONTROL_NONCE_LEN],
+                          const uint8_t given[CE_CONTROL_PROOF_LEN]);
 
 /* Fills out with random bytes from OpenSSL. Returns CE_OK or CE_EIO. */
 int ce_control_nonce(uint8_t out[CE_CONTROL_NONCE_LEN]);

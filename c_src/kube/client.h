@@ -53,6 +53,9 @@
 /* After the plugin exited, the time its pipes get to reach EOF. */
 #define CE_KUBE_PLUGIN_GRACE_MS 1000u
 #define CE_KUBE_MSG_MAX 480
+/* One address of the server gets this long to accept the connection and
+ * start TLS before the next address is tried. */
+#define CE_KUBE_CONNECT_ATTEMPT_MS 5000u
 
 typedef struct ce_kube_client ce_kube_client_t;
 typedef struct ce_kube ce_kube_t;

@@ -870,9 +870,10 @@ static bool all_closed_up_to(void *arg) {
 }
 
 /* A workspace that holds more connections in the handshake than there
- * are slots cannot keep the peer out: each newcomer pushes out the oldest,
- * and the peer's connection, the newest, is never the one to go. */
-Test(control, preauth_slots_drop_the_oldest) {
+ * are slots cannot keep the peer out: each newcomer pushes one out, the
+ * oldest of the lowest rank (those that sent no valid hello go before
+ * those that did), never the newcomer itself. */
+Test(control, preauth_slots_drop_the_oldest_of_the_lowest_rank) {
   start();
   enum { HOLD = CE_CONTROL_MAX_PREAUTH + 40 };
   client_t **held = calloc(HOLD + 1, sizeof(*held));
@@ -885,14 +886,16 @@ Test(control, preauth_slots_drop_the_oldest) {
     }
     pump(1);
   }
-  /* The 40 oldest went, silently or right after their challenge. */
-  client_t *oldest[41] = {0};
+  /* The 40 newcomers pushed out the 40 oldest silent ones: 0, 2, ..., 78. */
+  client_t *gone[41] = {0};
   for (int i = 0; i < 40; i++)
-    oldest[i] = held[i];
-  cr_assert(pump_until(all_closed_up_to, oldest, WAIT_MS), "the oldest were not dropped");
-  for (int i = 40; i < HOLD; i++) {
+    gone[i] = held[2 * i];
+  cr_assert(pump_until(all_closed_up_to, gone, WAIT_MS), "the oldest silent were not dropped");
+  for (int i = 0; i < HOLD; i++) {
+    if (i % 2 == 0 && i < 80)
+      continue;
     client_poll(held[i]);
-    cr_assert_not(held[i]->closed, "connection %d (not among the oldest) was closed", i);
+    cr_assert_not(held[i]->closed, "connection %d was closed", i);
   }
   cr_assert_eq(stats().auth_failures, 40);
 
@@ -901,11 +904,132 @@ Test(control, preauth_slots_drop_the_oldest) {
   authenticate(c);
   cr_assert(stats().peer_connected);
   ping_pong(c);
-  /* The peer's connection took the slot of held[40], the oldest then. */
-  cr_assert(pump_until(client_closed, held[40], WAIT_MS));
+  /* The peer's connection took the slot of held[80], the oldest silent one. */
+  cr_assert(pump_until(client_closed, held[80], WAIT_MS));
   for (int i = 0; i < HOLD; i++)
     client_free(held[i]);
   free(held);
+  client_free(c);
+  stop();
+}
+
+/* A hello with a ticket (control/handshake.h) into text; hs->np fresh. */
+static void ticket_hello(hs_t *hs, char *text, size_t cap) {
+  cr_assert_eq(ce_control_nonce(hs->np), CE_OK);
+  uint8_t ticket[CE_CONTROL_PROOF_LEN];
+  cr_assert_eq(ce_control_ticket(TOKEN, sizeof(TOKEN), SID, hs->np, ticket), CE_OK);
+  char nonce[2 * CE_CONTROL_NONCE_LEN + 1], tk[2 * CE_CONTROL_PROOF_LEN + 1];
+  ce_control_hex(hs->np, sizeof(hs->np), nonce);
+  ce_control_hex(ticket, sizeof(ticket), tk);
+  snprintf(text, cap,
+           "{\"type\":\"hello\",\"version\":2,\"session_id\":\"%s\",\"nonce\":\"%s\","
+           "\"ticket\":\"%s\"}\n",
+           SID, nonce, tk);
+}
+
+static void read_challenge(client_t *c, hs_t *hs) {
+  json_t *j = client_read(c);
+  cr_assert_not_null(j, "closed instead of a challenge");
+  expect_type(j, "challenge");
+  const char *n = str(j, "nonce");
+  cr_assert(ce_control_unhex(n, strlen(n), hs->ns, sizeof(hs->ns)), "nonce %s", n);
+  json_decref(j);
+}
+
+/* The workspace floods the port while the peer's handshake is in flight,
+ * after its hello and before its proof: many times more connections than
+ * there are slots, half silent and half with a valid hello (the session
+ * id is no secret), and one that replays the peer's hello, ticket and
+ * all. None of it pushes out the peer, whose hello carried a ticket; a
+ * decision the sidecar was waiting on is asked and answered well inside
+ * the handshake's deadline. */
+Test(control, a_flood_during_the_handshake_cannot_push_out_the_peer) {
+  start();
+  answer_t a = {0};
+  uint64_t id = ask(&a, 20000);
+  uv_update_time(&loop);
+  uint64_t t0 = uv_now(&loop);
+
+  client_t *c = connect_ctl();
+  hs_t hs;
+  char hello[600];
+  ticket_hello(&hs, hello, sizeof(hello));
+  client_send(c, hello);
+  read_challenge(c, &hs);
+  client_t *replay = connect_ctl();
+  client_send(replay, hello);
+  pump(1);
+
+  enum { FLOOD = 3 * CE_CONTROL_MAX_PREAUTH };
+  client_t **flood = calloc(FLOOD + 1, sizeof(*flood));
+  cr_assert_not_null(flood);
+  for (int i = 0; i < FLOOD; i++) {
+    flood[i] = connect_ctl();
+    if (i % 2 == 1) {
+      hs_t x;
+      send_hello_sid(flood[i], &x, SID);
+    }
+    if (i % 16 == 15)
+      pump(0);
+  }
+  pump(5);
+  ce_control_stats_t st = stats();
+  cr_assert_geq(st.auth_failures, FLOOD + 2 - CE_CONTROL_MAX_PREAUTH, "%llu evicted",
+                (unsigned long long)st.auth_failures);
+  /* The replayed ticket ranked as a plain hello, and went with them. */
+  cr_assert(pump_until(client_closed, replay, WAIT_MS), "the replayed hello kept its slot");
+
+  /* One round trip later, the peer's proof. */
+  uint8_t proof[CE_CONTROL_PROOF_LEN];
+  proof_of(CE_CONTROL_ROLE_PEER, &hs, proof);
+  send_proof(c, proof);
+  read_welcome(c, &hs);
+  expect_request(c, id);
+  send_decision(c, id, "\"decision\":\"allow\"");
+  cr_assert(pump_until(answered, &a, WAIT_MS));
+  cr_assert_eq(a.status, CE_OK);
+  cr_assert(a.allow);
+  uv_update_time(&loop);
+  uint64_t elapsed = uv_now(&loop) - t0;
+  cr_assert_lt(elapsed, CE_CONTROL_HELLO_TIMEOUT_MS, "the answer took %llu ms",
+               (unsigned long long)elapsed);
+  cr_assert(stats().peer_connected);
+
+  for (int i = 0; i < FLOOD; i++)
+    client_free(flood[i]);
+  free(flood);
+  client_free(replay);
+  client_free(c);
+  stop();
+}
+
+/* A ticket that does not check out is refused with the hello: a
+ * mistyped one like any malformed member, a wrong one as a plain hello
+ * (the proof decides). */
+Test(control, hello_ticket_checked) {
+  start();
+  client_t *c = connect_ctl();
+  client_send(c, "{\"type\":\"hello\",\"version\":2,\"session_id\":\"sess-1\",\"nonce\":\"" 
+                 "00000000000000000000000000000000000000000000000000000000000000aa\","
+                 "\"ticket\":\"XYZ\"}\n");
+  expect_dropped_silently(c);
+  client_free(c);
+  /* A wrong ticket: the handshake goes on (and a right proof gets in). */
+  c = connect_ctl();
+  hs_t hs;
+  cr_assert_eq(ce_control_nonce(hs.np), CE_OK);
+  char nonce[65], text[600];
+  ce_control_hex(hs.np, sizeof(hs.np), nonce);
+  snprintf(text, sizeof(text),
+           "{\"type\":\"hello\",\"version\":2,\"session_id\":\"%s\",\"nonce\":\"%s\","
+           "\"ticket\":\"%s\"}\n",
+           SID, nonce, nonce);
+  client_send(c, text);
+  read_challenge(c, &hs);
+  uint8_t proof[CE_CONTROL_PROOF_LEN];
+  proof_of(CE_CONTROL_ROLE_PEER, &hs, proof);
+  send_proof(c, proof);
+  read_welcome(c, &hs);
   client_free(c);
   stop();
 }

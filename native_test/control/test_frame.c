@@ -50,6 +50,25 @@ Test(frame, hello_accepted) {
   cr_assert_eq(f.nonce[31], 0xef);
 }
 
+/* The optional ticket: 64 lowercase hex digits, or absent (null too). */
+Test(frame, hello_ticket) {
+  ce_frame_t f = parse_ok(HELLO("\"session_id\":\"s\",\"nonce\":\"" H64 "\""));
+  cr_assert_not(f.has_ticket);
+  f = parse_ok(HELLO("\"session_id\":\"s\",\"nonce\":\"" H64 "\",\"ticket\":null"));
+  cr_assert_not(f.has_ticket);
+  f = parse_ok(HELLO("\"session_id\":\"s\",\"nonce\":\"" H64 "\",\"ticket\":\"" H64 "\""));
+  cr_assert(f.has_ticket);
+  cr_assert_eq(f.ticket[0], 0x01);
+  cr_assert_eq(f.ticket[31], 0xef);
+  refused(HELLO("\"session_id\":\"s\",\"nonce\":\"" H64 "\",\"ticket\":\"abcd\""), CE_EPARSE,
+          "\"ticket\" must be 64");
+  refused(HELLO("\"session_id\":\"s\",\"nonce\":\"" H64 "\",\"ticket\":7"), CE_EPARSE,
+          "\"ticket\" must be 64");
+  /* Only a hello has one. */
+  f = parse_ok("{\"type\":\"ping\",\"ticket\":\"" H64 "\"}");
+  cr_assert_not(f.has_ticket);
+}
+
 Test(frame, hello_with_unknown_members_and_whitespace) {
   ce_frame_t f = parse_ok(" {\"nonce\":\"" H64 "\", \"future\":{\"x\":[1,2,{}]},"
                           "\"type\":\"hello\",\"session_id\":\"s\",\"version\":2}\r");

@@ -51,6 +51,16 @@ Test(handshake, proofs_match_the_shared_vectors) {
     cr_assert_not(ce_control_proof_ok(token, tok_len, CE_CONTROL_ROLE_PEER, "other", np, ns, pp));
     pp[31] ^= 1;
     cr_assert_not(ce_control_proof_ok(token, tok_len, CE_CONTROL_ROLE_PEER, sid, np, ns, pp));
+
+    /* The hello's ticket: over the peer's nonce alone. */
+    uint8_t tk[32];
+    unhex_member(v, "ticket", tk, 32);
+    cr_assert_eq(ce_control_ticket(token, tok_len, sid, np, out), CE_OK);
+    cr_assert_arr_eq(out, tk, 32, "vector %zu: ticket", i);
+    cr_assert(ce_control_ticket_ok(token, tok_len, sid, np, tk));
+    cr_assert_not(ce_control_ticket_ok(token, tok_len, sid, ns, tk));
+    cr_assert_not(ce_control_ticket_ok(token, tok_len, "other", np, tk));
+    cr_assert_not(ce_control_proof_ok(token, tok_len, CE_CONTROL_ROLE_PEER, sid, np, ns, tk));
   }
   json_decref(root);
 }

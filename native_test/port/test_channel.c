@@ -24,6 +24,7 @@
 
 #include "common/error.h"
 #include "control/control.h"
+#include "control/handshake.h"
 #include "support/port_proc.h"
 
 #define TEST_ALARM_S 60
@@ -466,8 +467,18 @@ Test(port_channel, a_squatter_learns_nothing_and_is_refused) {
   cr_assert_str_eq(json_string_value(json_object_get(hello, "type")), "hello");
   cr_assert_eq(json_integer_value(json_object_get(hello, "version")), 2);
   cr_assert_str_eq(json_string_value(json_object_get(hello, "session_id")), "sess-port");
-  cr_assert_eq(strlen(json_string_value(json_object_get(hello, "nonce"))), 64);
-  cr_assert_eq(json_object_size(hello), 4);
+  const char *nonce_hex = json_string_value(json_object_get(hello, "nonce"));
+  cr_assert_eq(strlen(nonce_hex), 64);
+  /* The ticket: the token's HMAC over the peer's own nonce, which ranks
+   * the connection during the handshake and gives no proof away. */
+  const char *ticket_hex = json_string_value(json_object_get(hello, "ticket"));
+  cr_assert_not_null(ticket_hex, "%s", line);
+  uint8_t tok[16], np[CE_CONTROL_NONCE_LEN], ticket[CE_CONTROL_PROOF_LEN];
+  cr_assert(ce_control_unhex(TOKEN_HEX, 32, tok, sizeof(tok)));
+  cr_assert(ce_control_unhex(nonce_hex, 64, np, sizeof(np)));
+  cr_assert(ce_control_unhex(ticket_hex, strlen(ticket_hex), ticket, sizeof(ticket)));
+  cr_assert(ce_control_ticket_ok(tok, sizeof(tok), "sess-port", np, ticket));
+  cr_assert_eq(json_object_size(hello), 5);
   json_decref(hello);
   /* Not a challenge at all. */
   squat_say(&q, "{\"type\":\"pong\"}\n");

@@ -4,6 +4,7 @@ defmodule Condukt.NativeTest do
 
   alias Condukt.Native
   alias Condukt.Native.Error
+  alias Condukt.Sandbox.NetworkPolicy.ControlBridge.Handshake
   alias Condukt.Test.ControlListener
 
   @moduletag :port_program
@@ -89,10 +90,14 @@ defmodule Condukt.NativeTest do
           )
         end)
 
-      # The hello carries a nonce and the session, never the token.
+      # The hello carries a nonce, the session and its ticket, never the token.
       assert_receive {:listener, :hello, hello, conn}, 5_000
-      assert %{"type" => "hello", "version" => 2, "session_id" => "test", "nonce" => nonce} = hello
-      assert map_size(hello) == 4 and nonce =~ ~r/\A[0-9a-f]{64}\z/
+
+      assert %{"type" => "hello", "version" => 2, "session_id" => "test", "nonce" => nonce, "ticket" => ticket} = hello
+
+      assert map_size(hello) == 5 and nonce =~ ~r/\A[0-9a-f]{64}\z/
+      token = Base.decode16!(@token, case: :lower)
+      assert ticket == Handshake.hex(Handshake.ticket(token, "test", Base.decode16!(nonce, case: :lower)))
       ControlListener.welcome(conn, "test", @token)
       assert {:ok, {chan, welcome}} = Task.await(task)
       assert %{"type" => "welcome", "version" => 2, "session_id" => "test"} = welcome
@@ -225,7 +230,89 @@ defmodule Condukt.NativeTest do
 
       assert {:error, %Error{code: :badarg}} = Native.kube_request(n, k, %{method: :get})
     end
+
+    test "a name none of whose addresses answers fails naming the host and each address tried",
+         %{native: n, server: server} do
+      port = server |> URI.parse() |> Map.fetch!(:port)
+      {:ok, %{kube: k}} = Native.kube_open(n, %{source: :explicit, server: "https://localhost:#{port}", token: "t"})
+
+      assert {:error, %Error{code: :unavail, message: msg}} = Native.kube_request(n, k, %{method: :get, path: "/"})
+      assert msg =~ "cannot connect to \"localhost\""
+      assert msg =~ "127.0.0.1: "
+
+      if localhost_has_ipv6?() do
+        assert msg =~ "::1: "
+      end
+    end
   end
+
+  describe "kube_* against a local TLS server" do
+    setup %{tmp_dir: dir} do
+      cert = Path.join(dir, "server.pem")
+      key = Path.join(dir, "server.key")
+
+      {_, 0} =
+        System.cmd(
+          "openssl",
+          ~w(req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost
+             -addext subjectAltName=DNS:localhost -keyout #{key} -out #{cert}),
+          stderr_to_stdout: true
+        )
+
+      %{cert: cert, key: key}
+    end
+
+    # Where localhost is ::1 first (Debian's /etc/hosts), a client that
+    # tried one address would never reach a server on 127.0.0.1 only.
+    test "a server listening on 127.0.0.1 only is reached as https://localhost:PORT",
+         %{native: n, cert: cert, key: key} do
+      {:ok, l} = :ssl.listen(0, ip: {127, 0, 0, 1}, certfile: cert, keyfile: key, active: false, reuseaddr: true)
+      {:ok, {_, port}} = :ssl.sockname(l)
+      test = self()
+
+      spawn_link(fn ->
+        {:ok, t} = :ssl.transport_accept(l)
+        {:ok, s} = :ssl.handshake(t)
+        {:ok, req} = recv_head(s, "")
+        send(test, {:request, req})
+
+        :ok =
+          :ssl.send(s, "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}")
+
+        Process.sleep(200)
+        :ssl.close(s)
+      end)
+
+      {:ok, %{kube: k}} =
+        Native.kube_open(n, %{
+          source: :explicit,
+          server: "https://localhost:#{port}",
+          ca_pem: File.read!(cert),
+          token: "t0k"
+        })
+
+      assert {:ok, %{status: 200, body: %{"ok" => true}}} = Native.kube_request(n, k, %{method: :get, path: "/api"})
+      assert_receive {:request, req}
+      # The name, not the address dialled, is what the server is told.
+      assert req =~ ~r/^GET \/api HTTP\/1.1\r\n/
+      assert req =~ ~r/\r\nhost: localhost:#{port}\r\n/i
+      assert req =~ ~r/\r\nauthorization: Bearer t0k\r\n/i
+      :ssl.close(l)
+    end
+  end
+
+  defp recv_head(s, acc) do
+    if String.contains?(acc, "\r\n\r\n") do
+      {:ok, acc}
+    else
+      case :ssl.recv(s, 0, 5_000) do
+        {:ok, data} -> recv_head(s, acc <> IO.iodata_to_binary(data))
+        other -> other
+      end
+    end
+  end
+
+  defp localhost_has_ipv6?, do: match?({:ok, [_ | _]}, :inet.getaddrs(~c"localhost", :inet6))
 
   defp wait_until(fun, tries \\ 100) do
     cond do

@@ -14,9 +14,10 @@ defmodule Condukt.Netns.ControlChannelTest do
   #     (refused, a control_refused event). While the sidecar runs, neither
   #     family can be taken.
   #   * A workspace process that holds far more connections in the handshake
-  #     than the sidecar has slots does not keep the bridge out: the bridge
-  #     connects and its decide rule answers; the evicted connections are
-  #     reported as control_refused events.
+  #     than the sidecar has slots, or floods the port while the bridge
+  #     connects, does not keep the bridge out: the bridge connects and its
+  #     decide rule answers; the evicted connections are reported as
+  #     control_refused events.
   use Condukt.Test.Netns.Case, async: false
 
   import Condukt.Test.Netns.RawHttp
@@ -321,6 +322,67 @@ defmodule Condukt.Netns.ControlChannelTest do
     assert :ok == Cmd.poll(fn -> evicted.() >= 272 end, 10_000), "evictions on record: #{evicted.()}"
     assert_receive {:telemetry, @prefix ++ [:control_refused], %{count: _}, %{side: :sidecar}}, 10_000
     assert Cmd.alive?(pid), "the holder gave up early:\n" <> File.read!(log)
+    Cmd.kill([pid])
+    Sidecar.stop(sc)
+  end
+
+  # Opens connections to the control port as fast as it can for SECONDS,
+  # over both families, half of them with a valid hello (the session id is
+  # no secret), keeping the newest KEEP open; logs how many it opened.
+  @flooder ~S'''
+  import json, socket, time
+  keep, sid, seconds = int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+  hello = json.dumps({"type": "hello", "version": 2, "session_id": sid, "nonce": "cd" * 32}).encode() + b"\n"
+  conns, opened, last = [], 0, 0.0
+  end = time.monotonic() + seconds
+  while time.monotonic() < end:
+      fam, addr = (socket.AF_INET6, "::1") if opened % 2 else (socket.AF_INET, "127.0.0.1")
+      s = socket.socket(fam, socket.SOCK_STREAM)
+      try:
+          s.connect((addr, 15002))
+          if opened % 4 < 2:
+              s.sendall(hello)
+      except OSError:
+          s.close()
+          continue
+      conns.append(s)
+      opened += 1
+      if len(conns) > keep:
+          conns.pop(0).close()
+      if time.monotonic() - last > 0.5:
+          last = time.monotonic()
+          print(json.dumps({"opened": opened}), flush=True)
+  print(json.dumps({"opened": opened, "done": True}), flush=True)
+  '''
+
+  test "a workspace process flooding the control port while the bridge connects does not keep it out or delay its decisions",
+       %{tb: tb} = ctx do
+    token = :crypto.strong_rand_bytes(32) |> Base.encode16(case: :lower)
+    sc = start_sidecar(tb, token: token)
+    {pid, log} = spawn_workspace(tb, sc, @flooder, ["300", ctx.session, "30"])
+    await_log(log, &((&1["opened"] || 0) >= 1_000), 30_000)
+
+    # The flood goes on (several times the slots every second) while the
+    # bridge dials, authenticates and answers a decide rule.
+    t0 = System.monotonic_time(:millisecond)
+    start_bridge(ctx, sc, token)
+    assert_receive {:telemetry, @prefix ++ [:control_connected], _, _}, 15_000
+    r = Client.run(tb, :curl, "https://decide.test/?#{tag()}", ca: sc.ca_cert, http: :h1, timeout: 30_000)
+    assert r.status == 200 and r.body == "hello from decide.test\n", inspect(r)
+    took = System.monotonic_time(:millisecond) - t0
+    assert took < 10_000, "the bridge's decision took #{took} ms under the flood"
+    assert Cmd.alive?(pid), "the flood ended before the decision:\n" <> File.read!(log)
+
+    # The connections the flood lost are on record as evictions.
+    assert :ok ==
+             Cmd.poll(
+               fn ->
+                 Sidecar.stdout_events(sc)
+                 |> Enum.any?(&(&1["event"] == "control_refused" and &1["reason"] =~ "evicted"))
+               end,
+               10_000
+             )
+
     Cmd.kill([pid])
     Sidecar.stop(sc)
   end

@@ -15,7 +15,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge.Handshake do
                          <<byte_size(session_id)::16>> <> session_id <>
                          peer_nonce <> sidecar_nonce)
 
-  with `role` `"peer"` or `"sidecar"`.
+  with `role` `"peer"` or `"sidecar"`. The peer's hello may carry a
+  ticket, the same HMAC with role `"ticket"` and 32 zero bytes in place of
+  the sidecar's nonce: it ranks the peer's connection above others while
+  the handshake runs, and proves nothing `auth` does not prove again.
   """
 
   @version 2
@@ -44,6 +47,19 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge.Handshake do
     message =
       <<@context, 0, Atom.to_string(role)::binary, 0, byte_size(session_id)::16, session_id::binary, peer_nonce::binary,
         sidecar_nonce::binary>>
+
+    :crypto.mac(:hmac, :sha256, token, message)
+  end
+
+  @doc """
+  The ticket of a hello with `peer_nonce` (see the moduledoc).
+  """
+  @spec ticket(binary(), String.t(), binary()) :: binary()
+  def ticket(token, session_id, peer_nonce)
+      when byte_size(session_id) in 1..256 and byte_size(peer_nonce) == @nonce_bytes do
+    message =
+      <<@context, 0, "ticket", 0, byte_size(session_id)::16, session_id::binary, peer_nonce::binary,
+        0::size(@nonce_bytes)-unit(8)>>
 
     :crypto.mac(:hmac, :sha256, token, message)
   end

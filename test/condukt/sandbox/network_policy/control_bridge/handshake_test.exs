@@ -25,6 +25,8 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge.HandshakeTest do
       refute Handshake.proof_ok?(token, :peer, sid, ns, np, peer)
       refute Handshake.proof_ok?(token, :peer, sid <> "x", np, ns, peer)
       refute Handshake.proof_ok?(token, :peer, sid, np, ns, binary_part(peer, 0, 31))
+
+      assert Handshake.hex(Handshake.ticket(token, sid, np)) == v["ticket"]
     end
   end
 
