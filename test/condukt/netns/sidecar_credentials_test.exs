@@ -243,11 +243,13 @@ defmodule Condukt.Netns.SidecarCredentialsTest do
   end
 
   test "a sidecar without every secret's value refuses to start, naming what is missing", %{tb: tb} do
-    e = assert_raise RuntimeError, fn -> Sidecar.start(tb, @policy, netfilter: false) end
+    # A listener of its own: the readiness probe must not find the running
+    # sidecar's (the one of setup_all, same namespace) and call this one up.
+    own = [netfilter: false, extra_args: ["--listen", "127.0.0.1:15091"]]
+    e = assert_raise RuntimeError, fn -> Sidecar.start(tb, @policy, own) end
     assert e.message =~ "the policy has credentials: pass their values with --credentials FILE"
 
-    e =
-      assert_raise RuntimeError, fn -> Sidecar.start(tb, @policy, netfilter: false, credentials: %{"token" => "x"}) end
+    e = assert_raise RuntimeError, fn -> Sidecar.start(tb, @policy, [credentials: %{"token" => "x"}] ++ own) end
 
     assert e.message =~ ~s(names the secret "key", which has no value)
   end
