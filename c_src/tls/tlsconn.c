@@ -347,12 +347,25 @@ size_t ce_tlsconn_take_out(ce_tlsconn_t *t, uint8_t *buf, size_t cap) {
 }
 
 /* The room of an empty memory BIO, 0 when it holds bytes. */
+static size_t bio_room(BIO *b);
+
 static size_t empty_bio_room(BIO *b) {
   if (BIO_ctrl_pending(b) != 0)
     return 0;
+  return bio_room(b);
+}
+
+/* The room of a memory BIO, filled or not. */
+static size_t bio_room(BIO *b) {
   BUF_MEM *bm = NULL;
   BIO_get_mem_ptr(b, &bm);
   return bm != NULL ? bm->max : 0;
+}
+
+size_t ce_tlsconn_held(const ce_tlsconn_t *t) {
+  if (t == NULL)
+    return 0;
+  return bio_room(t->rbio) + bio_room(t->wbio);
 }
 
 void ce_tlsconn_trim(ce_tlsconn_t *t) {

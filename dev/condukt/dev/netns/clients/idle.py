@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Opens N keep-alive HTTPS connections, one request each, and holds them.
+"""Opens N keep-alive HTTPS connections, one request each, and holds them
+(the benchmark's memory test, and the netns tier's idle-connection test).
 
 usage: idle.py URL N CAFILE HOLD_SECONDS
 
