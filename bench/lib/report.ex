@@ -171,6 +171,7 @@ defmodule Bench.Report do
           Map.new(Map.delete(decide, :errors), fn {k, m} -> {k, Map.new(m, fn {mk, v} -> {mk, jsonable(v)} end)} end),
       raw: jsonable_deep(result.results),
       raw_decide: jsonable_deep(result.decide),
+      profile: jsonable_deep(result.profile),
       errors: s.errors
     }
 
