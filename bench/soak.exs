@@ -4,12 +4,16 @@
 # the entry point, which cleans the testbed up after a crash or Ctrl-C.
 #
 #   mix run bench/soak.exs [--minutes M] [--interval S] [--scale X] [--out DIR]
+#                          [--heaptrack FILE]
 #
 # --minutes: how long the traffic runs (default 60); --interval: seconds
 # between samples (default 60, or about 45 samples over a run shorter than
 # 45 minutes, at least 10 s); --scale: multiplies every rate of the traffic
 # (default 1); --out: where soak-results.md and soak.json go (default
-# bench/results/).
+# bench/results/); --heaptrack: run the sidecar under heaptrack, writing
+# FILE.zst, and end it with SIGKILL once the clients are gone and it holds
+# no connection, so that `heaptrack_print -l 1 FILE.zst` lists as "leaked"
+# exactly what it still held then (a leak's call stacks).
 
 for file <- ~w(interceptor measure decide trend setup) do
   Code.require_file(Path.join([__DIR__, "lib", file <> ".ex"]))
@@ -20,7 +24,9 @@ alias Condukt.Sandbox.NetworkPolicy
 alias Condukt.Sandbox.NetworkPolicy.ControlBridge
 
 {opts, _} =
-  OptionParser.parse!(System.argv(), strict: [minutes: :float, interval: :integer, scale: :float, out: :string])
+  OptionParser.parse!(System.argv(),
+    strict: [minutes: :float, interval: :integer, scale: :float, out: :string, heaptrack: :string]
+  )
 
 minutes = Keyword.get(opts, :minutes, 60.0)
 run_s = round(minutes * 60)
@@ -52,7 +58,7 @@ sample_proxy = fn ic ->
   stderr = Path.join(ic.dir, "proxy.stderr")
   lines = fn -> Regex.scan(~r/^condukt-egress: buffers: .*$/m, File.read!(stderr)) end
   seen = length(lines.())
-  System.cmd("kill", ["-USR1", "#{ic.pid}"])
+  System.cmd("kill", ["-USR1", "#{ic.proxy}"])
   Cmd.poll(fn -> length(lines.()) > seen end, 5_000)
 
   stats =
@@ -62,12 +68,12 @@ sample_proxy = fn ic ->
     end
 
   fds =
-    case File.ls("/proc/#{ic.pid}/fd") do
+    case File.ls("/proc/#{ic.proxy}/fd") do
       {:ok, l} -> length(l)
       _ -> nil
     end
 
-  %{rss_kib: Bench.Os.rss_kib([ic.pid]), fds: fds, connections: stats["connections"], held: stats["held"]}
+  %{rss_kib: Bench.Os.rss_kib([ic.proxy]), fds: fds, connections: stats["connections"], held: stats["held"]}
 end
 
 result =
@@ -88,7 +94,11 @@ result =
         default: :deny
       )
 
-    ic = Bench.Interceptor.start("condukt", tb, policy: policy)
+    wrap = if f = opts[:heaptrack], do: ["/usr/bin/heaptrack", "-o", f], else: []
+    ic = Bench.Interceptor.start("condukt", tb, policy: policy, wrap: wrap)
+    # The sidecar itself (under heaptrack, a child of its script).
+    proxy = Enum.find(Bench.Os.tree(ic.pid), ic.pid, &(File.read("/proc/#{&1}/comm") == {:ok, "condukt-egress\n"}))
+    ic = Map.put(ic, :proxy, proxy)
 
     bridge = Bench.Decide.bridge!(tb, ic, policy)
     url = "https://allowed.test/1k.bin"
@@ -140,7 +150,7 @@ result =
         t = (System.monotonic_time(:millisecond) - t0) / 1000
 
         cond do
-          not Cmd.alive?(ic.pid) ->
+          not Cmd.alive?(ic.proxy) ->
             {:halt, acc}
 
           t > run_s + 1 ->
@@ -161,6 +171,7 @@ result =
     Cmd.poll(fn -> sample_proxy.(ic)[:connections] == 0 end, 30_000, 500)
     final = sample_proxy.(ic)
     died = Bench.Interceptor.died(ic)
+    if opts[:heaptrack], do: System.cmd("kill", ["-KILL", "#{proxy}"]) && Process.sleep(3_000)
     ControlBridge.stop(bridge)
     Bench.Interceptor.stop(ic)
     %{samples: samples, start: start_sample, final: final, traffic: traffic, died: died}

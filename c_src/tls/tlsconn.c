@@ -368,10 +368,12 @@ size_t ce_tlsconn_held(const ce_tlsconn_t *t) {
   return bio_room(t->rbio) + bio_room(t->wbio);
 }
 
-void ce_tlsconn_trim(ce_tlsconn_t *t) {
+/* Swaps each empty BIO with more than `keep` bytes of room for a fresh
+ * one; a failed allocation keeps the old BIO. */
+static void trim_above(ce_tlsconn_t *t, size_t keep) {
   if (t == NULL)
     return;
-  if (empty_bio_room(t->rbio) > CE_TLSCONN_BIO_KEEP) {
+  if (empty_bio_room(t->rbio) > keep) {
     BIO *nb = BIO_new(BIO_s_mem());
     if (nb != NULL) {
       BIO_set_mem_eof_return(nb, -1);
@@ -379,7 +381,7 @@ void ce_tlsconn_trim(ce_tlsconn_t *t) {
       t->rbio = nb;
     }
   }
-  if (empty_bio_room(t->wbio) > CE_TLSCONN_BIO_KEEP) {
+  if (empty_bio_room(t->wbio) > keep) {
     BIO *nb = BIO_new(BIO_s_mem());
     if (nb != NULL) {
       SSL_set0_wbio(t->ssl, nb);
@@ -388,6 +390,10 @@ void ce_tlsconn_trim(ce_tlsconn_t *t) {
   }
   clear_errors();
 }
+
+void ce_tlsconn_trim(ce_tlsconn_t *t) { trim_above(t, CE_TLSCONN_BIO_KEEP); }
+
+void ce_tlsconn_release(ce_tlsconn_t *t) { trim_above(t, 0); }
 
 const char *ce_tlsconn_error(const ce_tlsconn_t *t) { return t->error; }
 
