@@ -139,7 +139,13 @@ result =
       )
     ]
 
-    counts = fn -> with {:ok, t} <- File.read(Path.join(tb.dir, "soak-counts.json")), do: Condukt.JSON.decode!(t) end
+    counts = fn ->
+      case File.read(Path.join(tb.dir, "soak-counts.json")) do
+        {:ok, t} -> Condukt.JSON.decode!(t)
+        _ -> %{}
+      end
+    end
+
     t0 = System.monotonic_time(:millisecond)
     log.("soak: traffic started; proxy at start #{inspect(start_sample)}")
 
