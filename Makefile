@@ -214,6 +214,20 @@ SOAK_MINUTES ?= 60
 soak:
 	sh bench/run.sh --soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
+# The TLS part of a proxied connection alone: heap per pair and handshake
+# CPU, with and without upstream session resumption (bench/tls_pairs.c,
+# bench/PROFILE.md).
+BENCH_TLS := $(BUILD)/bench/tls_pairs
+LIB_REL_OBJS := $(LIB_SRCS:%.c=$(BUILD)/rel/%.o)
+$(BENCH_TLS): bench/tls_pairs.c $(LIB_REL_OBJS) $(REL_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -MMD -MP,$(REL_CFLAGS)) -DCE_SOURCE_ROOT='"$(ROOT)"' -pie -o $@ bench/tls_pairs.c $(LIB_REL_OBJS) $(PKG_LIBS)
+.PHONY: bench-tls
+bench-tls: $(BENCH_TLS) $(BIN)
+	@d=$$(mktemp -d) && $(BIN) ca new --cert $$d/ca.pem --key $$d/ca.key >/dev/null && \
+	  BENCH_TLS_DIR=$$d $(BENCH_TLS) 200 && BENCH_TLS_DIR=$$d $(BENCH_TLS) 200 resume; \
+	  rc=$$?; rm -rf $$d; exit $$rc
+
 # Refresh the Mozilla root snapshot from Debian's ca-certificates package.
 mozilla-pem:
 	sh scripts/refresh-mozilla-pem.sh
