@@ -5,6 +5,7 @@
 #   make test      every test tier this machine can run (README)
 #   make demo      the main job (README)
 #   make bench     benchmarks against direct, mitmproxy and Squid (bench/README.md)
+#   make soak      the sidecar under mixed traffic for an hour (SOAK_MINUTES)
 #
 # `mix compile` calls `make priv/condukt-egress` through the compiler step
 # in mix.exs, so a project using :condukt as a dependency gets the binary.
@@ -146,8 +147,13 @@ $(BUILD)/fuzz/%: native_test/fuzz/%.c $(FUZZ_LIB_OBJS)
 fuzz-smoke: $(FUZZ_BINS)
 	sh scripts/run-fuzzers.sh $(FUZZ_SMOKE_SECONDS) $(FUZZ_BINS)
 
+# `make fuzz` merges what it finds into the committed corpora (FUZZ_MERGE=0:
+# not); FUZZ_TARGETS="fuzz_h2 fuzz_http1" runs only those.
+FUZZ_MERGE ?= 1
+FUZZ_TARGETS ?=
 fuzz: $(FUZZ_BINS)
-	sh scripts/run-fuzzers.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
+	FUZZ_MERGE=$(FUZZ_MERGE) sh scripts/run-fuzzers.sh $(FUZZ_SECONDS) \
+	  $(if $(FUZZ_TARGETS),$(addprefix $(BUILD)/fuzz/,$(FUZZ_TARGETS)),$(FUZZ_BINS))
 
 elixir-test: $(BIN) $(SAN_BIN)
 	MIX_ENV=test mix compile --warnings-as-errors --force
@@ -200,9 +206,29 @@ endif
 
 # Benchmarks: the sidecar against direct, mitmproxy and Squid on the
 # namespace testbed (bench/README.md). BENCH_ARGS=--quick for a short run.
-.PHONY: bench
+.PHONY: bench soak
 bench:
 	sh bench/run.sh $(BENCH_ARGS)
+
+# The soak: the sidecar under mixed traffic for SOAK_MINUTES, sampled, and
+# failing when its RSS, descriptors or latency trend up (bench/README.md).
+SOAK_MINUTES ?= 60
+soak:
+	sh bench/run.sh --soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
+
+# The TLS part of a proxied connection alone: heap per pair and handshake
+# CPU, with and without upstream session resumption (bench/tls_pairs.c,
+# bench/PROFILE.md).
+BENCH_TLS := $(BUILD)/bench/tls_pairs
+LIB_REL_OBJS := $(LIB_SRCS:%.c=$(BUILD)/rel/%.o)
+$(BENCH_TLS): bench/tls_pairs.c $(LIB_REL_OBJS) $(REL_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -MMD -MP,$(REL_CFLAGS)) -DCE_SOURCE_ROOT='"$(ROOT)"' -pie -o $@ bench/tls_pairs.c $(LIB_REL_OBJS) $(PKG_LIBS)
+.PHONY: bench-tls
+bench-tls: $(BENCH_TLS) $(BIN)
+	@d=$$(mktemp -d) && $(BIN) ca new --cert $$d/ca.pem --key $$d/ca.key >/dev/null && \
+	  BENCH_TLS_DIR=$$d $(BENCH_TLS) 200 && BENCH_TLS_DIR=$$d $(BENCH_TLS) 200 resume; \
+	  rc=$$?; rm -rf $$d; exit $$rc
 
 # Refresh the Mozilla root snapshot from Debian's ca-certificates package.
 mozilla-pem:

@@ -5,13 +5,16 @@
 #
 #   mix run bench/run.exs [--quick] [--rounds N] [--seconds S]
 #                         [--only direct,condukt,...] [--no-decide] [--[no-]profile]
-#                         [--out DIR]
+#                         [--profile-only h1,h2,newconn,bulk] [--keep-perf-data] [--out DIR]
+#
+# --profile-only LOADS: no measurement rounds, only perf profiles of the
+# sidecar under the named loads (Bench.Report.profile/3).
 
-for file <- ~w(interceptor measure decide report) do
+for file <- ~w(interceptor measure decide report setup) do
   Code.require_file(Path.join([__DIR__, "lib", file <> ".ex"]))
 end
 
-alias Condukt.Dev.Netns.{Cmd, Testbed, Tier}
+alias Condukt.Dev.Netns.{Testbed, Tier}
 
 {opts, _} =
   OptionParser.parse!(System.argv(),
@@ -22,6 +25,8 @@ alias Condukt.Dev.Netns.{Cmd, Testbed, Tier}
       only: :string,
       decide: :boolean,
       profile: :boolean,
+      profile_only: :string,
+      keep_perf_data: :boolean,
       out: :string
     ]
   )
@@ -43,7 +48,11 @@ cfg = %{
     end,
   decide: Keyword.get(opts, :decide, true),
   # the full mode profiles the sidecar once (perf), the quick mode only when asked
-  profile: Keyword.get(opts, :profile, not quick),
+  profile: Keyword.get(opts, :profile, not quick) or opts[:profile_only] != nil,
+  profile_loads: if(p = opts[:profile_only], do: String.split(p, ",", trim: true), else: Bench.Report.profile_loads()),
+  profile_only: opts[:profile_only] != nil,
+  # perf-NAME.data next to each profile (large: for `perf report` by hand)
+  keep_perf_data: Keyword.get(opts, :keep_perf_data, false),
   out: Keyword.get(opts, :out, Path.join(__DIR__, "results"))
 }
 
@@ -70,40 +79,7 @@ tb = Testbed.start(on_exit: false, big_size: 1024 * 1024 * 1024)
 
 result =
   try do
-    # The 1 KiB body, on the two names the benchmark uses.
-    for site <- ~w(allowed.test decide.test) do
-      File.write!(Path.join([tb.dir, "www", site, "1k.bin"]), :binary.copy("x", 1023) <> "\n")
-    end
-
-    # IPv4 only in the pod: every client and proxy takes the same path.
-    hosts = Path.join(["/etc/netns", tb.pod_ns, "hosts"])
-
-    File.write!(
-      hosts,
-      hosts |> File.read!() |> String.split("\n") |> Enum.reject(&(&1 =~ ~r/^fd00:/)) |> Enum.join("\n")
-    )
-
-    # Many short connections: a wide port range, TIME_WAIT reuse (both are
-    # per namespace).
-    Bench.Os.pod!(tb, ["/usr/sbin/sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 65000", "net.ipv4.tcp_tw_reuse=1"])
-    # nginx ends a keep-alive connection after 1000 requests by default, and
-    # h2load does not reconnect an h2 connection: the benchmark's nginx
-    # serves any number (a reload; the new workers are pinned below).
-    conf = Path.join([tb.dir, "nginx", "nginx.conf"])
-    # 1000 idle connections may land on one worker: more than its 1024.
-    text =
-      conf
-      |> File.read!()
-      |> String.replace("keepalive_timeout 30s;", "keepalive_timeout 30s;\n  keepalive_requests 100000000;")
-      |> String.replace("worker_connections 1024;", "worker_connections 8192;")
-
-    File.write!(conf, text)
-    {nginx_pid, _} = Integer.parse(File.read!(Path.join([tb.dir, "nginx", "nginx.pid"])))
-    old_workers = Bench.Os.tree(nginx_pid) -- [nginx_pid]
-    System.cmd("kill", ["-HUP", "#{nginx_pid}"])
-    :ok = Cmd.poll(fn -> Enum.all?(old_workers, &(not Cmd.alive?(&1))) end, 10_000)
-    Bench.Os.pin_inet(tb)
-    Bench.Measure.install_clients(tb)
+    Bench.Setup.prepare!(tb)
 
     url_1k = "https://allowed.test/1k.bin"
     url_big = "https://allowed.test/big.bin"
@@ -111,7 +87,7 @@ result =
     add = fn acc, kind, key, value -> update_in(acc, [kind, key], &((&1 || []) ++ [value])) end
 
     results =
-      for round <- 1..cfg.rounds, kind <- cfg.kinds, reduce: results do
+      for round <- 1..cfg.rounds//1, not cfg.profile_only, kind <- cfg.kinds, reduce: results do
         acc ->
           log.("round #{round}/#{cfg.rounds}: #{kind}")
           # start/3 flushes the pod's conntrack table (stale NAT decisions).
@@ -181,7 +157,7 @@ result =
       end
 
     decide =
-      if cfg.decide and "condukt" in cfg.kinds do
+      if cfg.decide and not cfg.profile_only and "condukt" in cfg.kinds do
         for round <- 1..cfg.rounds, cache <- [false, true], reduce: %{} do
           acc ->
             log.("round #{round}/#{cfg.rounds}: condukt decide path, cache #{cache}")
@@ -192,7 +168,7 @@ result =
 
     profile =
       if cfg.profile and "condukt" in cfg.kinds do
-        log.("profiling condukt-egress (perf) during the HTTP/1.1 keep-alive test")
+        log.("profiling condukt-egress (perf) under #{Enum.join(cfg.profile_loads, ", ")}")
         Bench.Report.profile(tb, url_1k, cfg)
       end
 
@@ -202,5 +178,12 @@ result =
   end
 
 elapsed = System.monotonic_time(:second) - started
-log.("measurements done in #{elapsed} s; writing #{cfg.out}")
-Bench.Report.write(result, cfg, elapsed)
+
+if cfg.profile_only do
+  # Only the profiles: the results tables of the last full run stay as they are.
+  log.("profiles done in #{elapsed} s, in #{cfg.out}")
+  IO.puts(Bench.Report.profile_md(result.profile))
+else
+  log.("measurements done in #{elapsed} s; writing #{cfg.out}")
+  Bench.Report.write(result, cfg, elapsed)
+end

@@ -1,7 +1,8 @@
 #!/bin/sh
 # `make bench`: installs the peers (bench/setup.sh), builds the release
 # sidecar, runs bench/run.exs with the given arguments (--quick for a short
-# run; bench/README.md), and whatever happens (failure, Ctrl-C) removes the
+# run; bench/README.md), or bench/soak.exs when the first argument is
+# --soak (`make soak`), and whatever happens (failure, Ctrl-C) removes the
 # testbed's namespaces, the processes inside them and their iptables rules
 # afterwards.
 set -eu
@@ -24,4 +25,9 @@ trap 'exit 130' INT TERM
 # +Bd: Ctrl-C ends the BEAM at once (no break menu), then the trap cleans
 # up. The BEAM (the ControlBridge and its decider included) shares CPU 1
 # with the load generator; CPU 0 is the proxy's alone.
-ELIXIR_ERL_OPTIONS="+Bd" taskset -c 1 mix run bench/run.exs "$@"
+script=bench/run.exs
+if [ "${1:-}" = --soak ]; then
+  script=bench/soak.exs
+  shift
+fi
+ELIXIR_ERL_OPTIONS="+Bd" taskset -c 1 mix run "$script" "$@"

@@ -9,9 +9,10 @@
 #   python3-matplotlib  the chart
 #   linux-perf          the profile of the sidecar
 #   conntrack           flushing the pod's connection tracking between interceptors
+#   heaptrack           the soak's --heaptrack (what the sidecar still holds, by call stack)
 set -eu
 
-PKGS="nghttp2-client mitmproxy squid-openssl python3-matplotlib linux-perf conntrack"
+PKGS="nghttp2-client mitmproxy squid-openssl python3-matplotlib linux-perf conntrack heaptrack"
 
 missing=""
 for p in $PKGS; do
@@ -39,7 +40,7 @@ case "$missing" in
     ;;
 esac
 
-for tool in h2load mitmdump squid conntrack perf /usr/lib/squid/security_file_certgen; do
+for tool in h2load mitmdump squid conntrack perf heaptrack /usr/lib/squid/security_file_certgen; do
   command -v "$tool" >/dev/null 2>&1 || [ -x "$tool" ] || { echo "bench/setup.sh: $tool missing after install" >&2; exit 1; }
 done
 echo "bench/setup.sh: ready"

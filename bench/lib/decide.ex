@@ -24,16 +24,7 @@ defmodule Bench.Decide do
     ic = Bench.Interceptor.start("condukt", tb, policy: policy)
 
     try do
-      {:ok, bridge} =
-        ControlBridge.start(
-          session_id: "bench-#{tb.id}",
-          owner: self(),
-          policy: policy,
-          address: ic.control,
-          token: ic.token
-        )
-
-      :ok = Cmd.poll(fn -> ControlBridge.info(bridge).status == :connected end, 10_000)
+      bridge = bridge!(tb, ic, policy)
 
       try do
         decide = Bench.Measure.latency(tb, "https://decide.test/1k.bin", ic.ca, secs)
@@ -50,5 +41,20 @@ defmodule Bench.Decide do
     after
       Bench.Interceptor.stop(ic)
     end
+  end
+
+  @doc "A ControlBridge on this BEAM attached to the sidecar `ic`'s control channel, connected."
+  def bridge!(tb, ic, policy) do
+    {:ok, bridge} =
+      ControlBridge.start(
+        session_id: "bench-#{tb.id}",
+        owner: self(),
+        policy: policy,
+        address: ic.control,
+        token: ic.token
+      )
+
+    :ok = Cmd.poll(fn -> ControlBridge.info(bridge).status == :connected end, 10_000)
+    bridge
   end
 end

@@ -178,7 +178,8 @@ defmodule Bench.Interceptor do
         ["--trust-bundle", mozilla, "--mark", @mark, "--allow-private", tb.inet.v4 <> "/32"] ++
         ["--max-connections", "4096", "--hosts", hosts_path, "--dns-listen", "none"]
 
-    argv = Bench.Os.proxy_argv(tb, [bin | args], uid: @condukt_uid, caps: "net_admin")
+    # opts[:wrap]: a command to run the sidecar under (heaptrack, valgrind).
+    argv = Bench.Os.proxy_argv(tb, Keyword.get(opts, :wrap, []) ++ [bin | args], uid: @condukt_uid, caps: "net_admin")
     stderr = Path.join(dir, "proxy.stderr")
     pid = Bench.Os.spawn(argv, Path.join(dir, "events.ndjson"), stderr)
 

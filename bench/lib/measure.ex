@@ -168,7 +168,7 @@ defmodule Bench.Measure do
 
   @doc "Copies the Python clients next to the testbed's own (readable by any uid)."
   def install_clients(tb) do
-    for f <- ~w(latency.py idle.py) do
+    for f <- ~w(latency.py soak.py) do
       dst = Path.join(tb.bin_dir, f)
       File.cp!(Path.join([__DIR__, "..", "clients", f]), dst)
       File.chmod!(dst, 0o755)

@@ -152,7 +152,7 @@ defmodule Bench.Report do
         decide_table(decide),
         if(s.errors != [], do: "\n## Errors\n\n" <> Enum.map_join(s.errors, "\n", &"- #{&1}") <> "\n", else: ""),
         if(decide && decide.errors != [], do: Enum.map_join(decide.errors, "\n", &"- #{&1}") <> "\n", else: ""),
-        if(result.profile, do: "\nProfile of condukt-egress: `profile-condukt.txt`.\n", else: "")
+        profile_md(result.profile)
       ]
       |> IO.iodata_to_binary()
 
@@ -171,6 +171,7 @@ defmodule Bench.Report do
           Map.new(Map.delete(decide, :errors), fn {k, m} -> {k, Map.new(m, fn {mk, v} -> {mk, jsonable(v)} end)} end),
       raw: jsonable_deep(result.results),
       raw_decide: jsonable_deep(result.decide),
+      profile: jsonable_deep(result.profile),
       errors: s.errors
     }
 
@@ -328,76 +329,173 @@ defmodule Bench.Report do
     "#{:erlang.system_info(:logical_processors)} cores (#{cpu}), #{mem}, #{debian}, kernel #{String.trim(kernel)}"
   end
 
+  @doc "The profile's table (markdown): the sidecar's CPU per unit of work under each load."
+  def profile_md(nil), do: ""
+
+  def profile_md(%{loads: loads}) do
+    rows =
+      Enum.map_join(loads, "", fn
+        %{error: e, name: n} -> "| #{n} | n/a: #{e} | |\n"
+        l -> "| #{l.name} | #{fmt_per(l.cpu_us_per_unit)} µs per #{l.unit} | `#{Path.basename(l.path)}` |\n"
+      end)
+
+    "\n## Profile of condukt-egress\n\n| load | sidecar CPU | perf report |\n|---|---:|---|\n" <> rows
+  end
+
+  defp fmt_per(nil), do: "n/a"
+  defp fmt_per(v), do: :erlang.float_to_binary(v / 1, decimals: 1)
+
   ## Profile ------------------------------------------------------------------
 
   @doc """
-  Records condukt-egress with perf (call graphs) during the HTTP/1.1
-  keep-alive test and writes `profile-condukt.txt` (by symbol, by shared
-  object, and the call graph of the top symbols) into the results dir.
+  Records condukt-egress with perf (call graphs) during each of four loads
+  and writes `profile-condukt-NAME.txt` per load (by shared object, by
+  symbol, inclusive time) into the results dir: `h1` and `h2` keep-alive
+  (the 1 KiB body, as in test 1), `newconn` (one request per connection, as
+  in test 2) and `bulk` (the 1 GiB body, as in test 3). Each also gets the
+  sidecar's CPU time per unit of work over the load's whole run (from
+  /proc/PID/stat): µs per request, per connection, or per MB. Returns
+  %{loads: [%{name, cpu_us_per_unit, unit, ...}]}.
   """
   def profile(tb, url, cfg) do
     File.mkdir_p!(cfg.out)
-    ic = Bench.Interceptor.start("condukt", tb)
-    data = Path.join(tb.dir, "perf.data")
     secs = max(cfg.seconds, 5)
+    big = String.replace(url, "1k.bin", "big.bin")
+    loads = Enum.filter(profile_loads(), &(&1 in cfg.profile_loads))
+    %{loads: Enum.map(loads, &profile_one(tb, &1, url, big, secs, cfg))}
+  end
+
+  @doc "The loads `profile/3` knows, in its order."
+  def profile_loads, do: ~w(h1 h2 newconn bulk)
+
+  defp profile_client("h1", url, _big, secs, _ca),
+    do: [
+      "/usr/bin/h2load",
+      "--h1",
+      "-c",
+      "#{Bench.Measure.concurrency().h1_conns}",
+      "-t",
+      "1",
+      "-D",
+      "#{secs + 2}",
+      url
+    ]
+
+  defp profile_client("h2", url, _big, secs, _ca) do
+    c = Bench.Measure.concurrency()
+    ["/usr/bin/h2load", "-c", "#{c.h2_conns}", "-m", "#{c.h2_streams}", "-t", "1", "-D", "#{secs + 2}", url]
+  end
+
+  # h2load's duration mode does not reconnect: a count far above what the
+  # window can take, and the client is stopped after it.
+  defp profile_client("newconn", url, _big, _secs, _ca),
+    do:
+      ["/usr/bin/h2load", "--h1", "-c", "#{Bench.Measure.concurrency().h1_conns}", "-t", "1"] ++
+        ["-H", "connection: close", "-n", "1000000", url]
+
+  # Downloads of the 1 GiB body one after the other for the window; each
+  # line of the log is one download's "bytes seconds".
+  defp profile_client("bulk", _url, big, secs, ca) do
+    script =
+      ~s|end=$(($(date +%s) + #{secs + 2})); while [ "$(date +%s)" -lt "$end" ]; do | <>
+        ~s|/usr/bin/curl -sS -o /dev/null --cacert "#{ca}" --max-time #{secs + 2} | <>
+        ~s|-w '%{size_download} %{time_total}\\n' "#{big}"; done|
+
+    ["/bin/sh", "-c", script]
+  end
+
+  defp cpu_ticks(pid) do
+    case File.read("/proc/#{pid}/stat") do
+      {:ok, stat} ->
+        [_, rest] = String.split(stat, ") ", parts: 2)
+        f = String.split(rest)
+        String.to_integer(Enum.at(f, 11)) + String.to_integer(Enum.at(f, 12))
+
+      _ ->
+        0
+    end
+  end
+
+  # The work the load's client did, in its unit: h2load's succeeded
+  # requests, or the MB (10^6 bytes) curl downloaded.
+  defp profile_work("bulk", text) do
+    mb =
+      Regex.scan(~r/^(\d+) [\d.]+$/m, text)
+      |> Enum.map(fn [_, b] -> String.to_integer(b) end)
+      |> Enum.sum()
+
+    {mb / 1.0e6, "MB"}
+  end
+
+  defp profile_work(name, text) do
+    n =
+      case Regex.run(~r/requests: .* (\d+) succeeded/, text) do
+        [_, v] -> String.to_integer(v)
+        _ -> 0
+      end
+
+    {n, if(name == "newconn", do: "connection", else: "request")}
+  end
+
+  defp profile_one(tb, name, url, big, secs, cfg) do
+    ic = Bench.Interceptor.start("condukt", tb)
+    data = Path.join(tb.dir, "perf-#{name}.data")
+    hz = :erlang.convert_time_unit(1, :second, :native)
 
     try do
-      log = Path.join(tb.dir, "logs/profile-h2load.log")
-
-      args = [
-        "/usr/bin/h2load",
-        "--h1",
-        "-c",
-        "#{Bench.Measure.concurrency().h1_conns}",
-        "-t",
-        "1",
-        "-D",
-        "#{secs + 2}",
-        url
-      ]
-
-      client = Bench.Os.spawn_client(tb, args, log)
+      log = Path.join(tb.dir, "logs/profile-#{name}.log")
+      cpu0 = cpu_ticks(ic.pid)
+      t0 = System.monotonic_time()
+      client = Bench.Os.spawn_client(tb, profile_client(name, url, big, secs, ic.ca), log)
       Process.sleep(1_000)
 
       {out, st} =
         Cmd.run(
-          [
-            "/usr/bin/perf",
-            "record",
-            "-F",
-            "997",
-            "--call-graph",
-            "dwarf",
-            "-p",
-            "#{ic.pid}",
-            "-o",
-            data,
-            "--",
-            "sleep",
-            "#{secs}"
-          ],
+          ["/usr/bin/perf", "record", "-F", "997", "--call-graph", "dwarf", "-p", "#{ic.pid}", "-o", data] ++
+            ["--", "sleep", "#{secs}"],
           timeout: (secs + 30) * 1000
         )
 
-      Cmd.poll(fn -> not Cmd.alive?(client) end, 20_000)
+      if name == "newconn",
+        do: Cmd.kill(Bench.Os.tree(client)),
+        else: Cmd.poll(fn -> not Cmd.alive?(client) end, 30_000)
+
+      # newconn: h2load was stopped, its summary is lost; count the
+      # connections from the proxy's events instead (one request_closed each).
+      cpu = (cpu_ticks(ic.pid) - cpu0) * 1_000_000 / 100
+      wall = (System.monotonic_time() - t0) / hz
       load = File.read!(log)
 
+      {work, unit} =
+        if name == "newconn",
+          do: {count_events(ic, "request_closed"), "connection"},
+          else: profile_work(name, load)
+
       if st != 0 do
-        %{error: "perf record exit #{st}: #{out}"}
+        %{name: name, error: "perf record exit #{st}: #{out}"}
       else
         report = fn args ->
           {text, _} =
-            Cmd.run(["/usr/bin/perf", "report", "-i", data, "--stdio" | args], timeout: 120_000, stderr: :discard)
+            Cmd.run(["/usr/bin/perf", "report", "-i", data, "--stdio" | args], timeout: 180_000, stderr: :discard)
 
           text
         end
 
+        per = if work > 0, do: cpu / work, else: nil
+
+        summary =
+          "# sidecar CPU over the load's #{Float.round(wall, 1)} s: #{Float.round(cpu / 1.0e6, 2)} s for " <>
+            "#{work} #{unit}(s): #{if per, do: Float.round(per, 1), else: "n/a"} µs CPU per #{unit}" <>
+            " (perf's sampling included)\n"
+
         text =
-          "# condukt-egress profile: perf record -F 997 --call-graph dwarf, #{secs} s of the HTTP/1.1 keep-alive test\n" <>
-            "# load during the profile (h2load):\n" <>
+          "# condukt-egress profile: perf record -F 997 --call-graph dwarf, #{secs} s of the #{name} load\n" <>
+            "# client: #{Enum.join(profile_client(name, url, big, secs, "CA"), " ")}\n" <>
+            summary <>
+            "# load during the profile (client output):\n" <>
             (load
              |> String.split("\n")
-             |> Enum.filter(&(&1 =~ ~r/finished in|requests:/))
+             |> Enum.filter(&(&1 =~ ~r/finished in|requests:|^\d+ [\d.]+$/))
              |> Enum.map_join("\n", &("#   " <> &1))) <>
             "\n\n## by shared object (self)\n" <>
             report.(["--no-children", "--sort", "dso", "--percent-limit", "0.5", "-g", "none"]) <>
@@ -408,12 +506,21 @@ defmodule Bench.Report do
             "\n\n## every symbol, children included (inclusive time)\n" <>
             report.(["--children", "--sort", "dso,symbol", "--percent-limit", "2", "-g", "none"])
 
-        path = Path.join(cfg.out, "profile-condukt.txt")
+        path = Path.join(cfg.out, "profile-condukt-#{name}.txt")
         File.write!(path, text)
-        %{path: path}
+        if cfg[:keep_perf_data], do: File.cp!(data, Path.join(cfg.out, "perf-#{name}.data"))
+        File.rm(data)
+        %{name: name, path: path, cpu_us: cpu, work: work, unit: unit, cpu_us_per_unit: per, wall_s: wall}
       end
     after
       Bench.Interceptor.stop(ic)
+    end
+  end
+
+  defp count_events(ic, type) do
+    case File.read(Path.join(ic.dir, "events.ndjson")) do
+      {:ok, text} -> length(:binary.matches(text, ~s("event":"#{type}")))
+      _ -> 0
     end
   end
 end

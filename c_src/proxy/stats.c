@@ -14,6 +14,7 @@ void ce_proxy_buffer_stats(const ce_proxy_t *p, ce_buffer_stats_t *out) {
   out->input = p->inbufs.out * p->inbufs.size;
   for (const ce_conn_t *c = p->conns; c != NULL; c = c->next) {
     out->queued += c->c.queued + c->u.queued;
+    out->tls += ce_tlsconn_held(c->c.tls) + ce_tlsconn_held(c->u.tls);
     if (c->h2 != NULL) {
       size_t queued = 0, streams = 0;
       ce_h2conn_held(c->h2, &queued, &streams);
@@ -25,6 +26,6 @@ void ce_proxy_buffer_stats(const ce_proxy_t *p, ce_buffer_stats_t *out) {
 }
 
 void ce_proxy_buffer_stats_text(const ce_buffer_stats_t *s, char *out, size_t cap) {
-  snprintf(out, cap, "buffers: connections=%zu held=%zu input=%zu queued=%zu h2_streams=%zu", s->connections,
-           s->held, s->input, s->queued, s->h2_streams);
+  snprintf(out, cap, "buffers: connections=%zu held=%zu input=%zu queued=%zu h2_streams=%zu tls=%zu",
+           s->connections, s->held, s->input, s->queued, s->h2_streams, s->tls);
 }

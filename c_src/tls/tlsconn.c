@@ -347,18 +347,33 @@ size_t ce_tlsconn_take_out(ce_tlsconn_t *t, uint8_t *buf, size_t cap) {
 }
 
 /* The room of an empty memory BIO, 0 when it holds bytes. */
+static size_t bio_room(BIO *b);
+
 static size_t empty_bio_room(BIO *b) {
   if (BIO_ctrl_pending(b) != 0)
     return 0;
+  return bio_room(b);
+}
+
+/* The room of a memory BIO, filled or not. */
+static size_t bio_room(BIO *b) {
   BUF_MEM *bm = NULL;
   BIO_get_mem_ptr(b, &bm);
   return bm != NULL ? bm->max : 0;
 }
 
-void ce_tlsconn_trim(ce_tlsconn_t *t) {
+size_t ce_tlsconn_held(const ce_tlsconn_t *t) {
+  if (t == NULL)
+    return 0;
+  return bio_room(t->rbio) + bio_room(t->wbio);
+}
+
+/* Swaps each empty BIO with more than `keep` bytes of room for a fresh
+ * one; a failed allocation keeps the old BIO. */
+static void trim_above(ce_tlsconn_t *t, size_t keep) {
   if (t == NULL)
     return;
-  if (empty_bio_room(t->rbio) > CE_TLSCONN_BIO_KEEP) {
+  if (empty_bio_room(t->rbio) > keep) {
     BIO *nb = BIO_new(BIO_s_mem());
     if (nb != NULL) {
       BIO_set_mem_eof_return(nb, -1);
@@ -366,7 +381,7 @@ void ce_tlsconn_trim(ce_tlsconn_t *t) {
       t->rbio = nb;
     }
   }
-  if (empty_bio_room(t->wbio) > CE_TLSCONN_BIO_KEEP) {
+  if (empty_bio_room(t->wbio) > keep) {
     BIO *nb = BIO_new(BIO_s_mem());
     if (nb != NULL) {
       SSL_set0_wbio(t->ssl, nb);
@@ -375,6 +390,10 @@ void ce_tlsconn_trim(ce_tlsconn_t *t) {
   }
   clear_errors();
 }
+
+void ce_tlsconn_trim(ce_tlsconn_t *t) { trim_above(t, CE_TLSCONN_BIO_KEEP); }
+
+void ce_tlsconn_release(ce_tlsconn_t *t) { trim_above(t, 0); }
 
 const char *ce_tlsconn_error(const ce_tlsconn_t *t) { return t->error; }
 

@@ -94,6 +94,18 @@ size_t ce_tlsconn_take_out(ce_tlsconn_t *t, uint8_t *buf, size_t cap);
 #define CE_TLSCONN_BIO_KEEP (32u * 1024u)
 void ce_tlsconn_trim(ce_tlsconn_t *t);
 
+/* The same for a connection at rest for a while (idle keep-alive): every
+ * empty BIO that holds any room is swapped for a fresh one, so an idle
+ * connection keeps no ciphertext buffer at all (a few KiB each after a
+ * small exchange). Not for every exchange end: the BIOs grow again, in
+ * several steps, on the next one. NULL is fine. */
+void ce_tlsconn_release(ce_tlsconn_t *t);
+
+/* The bytes of room the connection's two memory BIOs hold now, whether
+ * filled or not (what OpenSSL allocated for them and keeps until they
+ * are trimmed or freed): the accounting of buffer statistics. NULL: 0. */
+size_t ce_tlsconn_held(const ce_tlsconn_t *t);
+
 /* After CE_ETLS: a one-line description, owned by t and valid until it is
  * freed, such as "certificate verify failed: hostname mismatch",
  * "the peer sent fatal alert unknown_ca (48)" or "TLS failure: wrong

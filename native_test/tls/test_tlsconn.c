@@ -231,6 +231,69 @@ Test(tlsconn, trim_gives_back_bio_room_and_keeps_queued_bytes) {
   ce_tlsconn_free(s);
 }
 
+/* ce_tlsconn_held: the room of both BIOs, filled or not; what a trim gives
+ * back shows in it. */
+Test(tlsconn, held_counts_the_room_of_both_bios) {
+  cr_expect_eq(ce_tlsconn_held(NULL), 0u);
+  ce_tlsconn_t *s = server_for("example.com", WIRE(H11));
+  ce_tlsconn_t *c = client_for(env.trusting, "example.com", WIRE(H11));
+  connected(c, s);
+  transfer(s, c, 200 * 1024);
+  SSL *ss = ce_tlsconn_ssl(s);
+  size_t room = bio_room(SSL_get_rbio(ss)) + bio_room(SSL_get_wbio(ss));
+  cr_expect_eq(ce_tlsconn_held(s), room);
+  cr_expect_gt(ce_tlsconn_held(s), CE_TLSCONN_BIO_KEEP);
+  cr_expect_gt(ce_tlsconn_held(c), CE_TLSCONN_BIO_KEEP);
+  ce_tlsconn_trim(s);
+  ce_tlsconn_trim(c);
+  cr_expect_leq(ce_tlsconn_held(s), 2 * CE_TLSCONN_BIO_KEEP);
+  cr_expect_leq(ce_tlsconn_held(c), 2 * CE_TLSCONN_BIO_KEEP);
+  /* Queued bytes are counted too: the room holds them. */
+  static const uint8_t msg[] = "queued";
+  cr_assert_eq(ce_tlsconn_write(s, msg, sizeof(msg)), CE_OK);
+  cr_expect_geq(ce_tlsconn_held(s), ce_tlsconn_pending_out(s));
+  cr_assert_eq(ERR_peek_error(), 0ul);
+  ce_tlsconn_free(c);
+  ce_tlsconn_free(s);
+}
+
+/* ce_tlsconn_release: an idle connection keeps no BIO room at all after a
+ * small exchange (a trim keeps what is under the bound), queued bytes stay,
+ * and the connection goes on. */
+Test(tlsconn, release_gives_back_all_room_of_empty_bios) {
+  ce_tlsconn_release(NULL);
+  ce_tlsconn_t *s = server_for("example.com", WIRE(H11));
+  ce_tlsconn_t *c = client_for(env.trusting, "example.com", WIRE(H11));
+  connected(c, s);
+  transfer(c, s, 300);
+  transfer(s, c, 1100);
+  size_t before = ce_tlsconn_held(s);
+  cr_assert_gt(before, 0u);
+  ce_tlsconn_trim(s);
+  cr_expect_eq(ce_tlsconn_held(s), before, "a trim keeps room under the bound");
+  ce_tlsconn_release(s);
+  ce_tlsconn_release(c);
+  cr_expect_eq(ce_tlsconn_held(s), 0u);
+  cr_expect_eq(ce_tlsconn_held(c), 0u);
+  transfer(c, s, 300);
+  transfer(s, c, 1100);
+
+  static const uint8_t msg[] = "queued";
+  cr_assert_eq(ce_tlsconn_write(s, msg, sizeof(msg)), CE_OK);
+  size_t queued = ce_tlsconn_pending_out(s);
+  ce_tlsconn_release(s);
+  cr_expect_eq(ce_tlsconn_pending_out(s), queued);
+  cr_expect_gt(ce_tlsconn_held(s), 0u);
+  shuttle(s, c);
+  uint8_t got[sizeof(msg)];
+  size_t n = 0;
+  cr_assert_eq(ce_tlsconn_read(c, got, sizeof(got), &n), CE_OK);
+  cr_expect_eq(n, sizeof(msg));
+  cr_assert_eq(ERR_peek_error(), 0ul);
+  ce_tlsconn_free(c);
+  ce_tlsconn_free(s);
+}
+
 /* A trim whose fresh BIO cannot be allocated keeps the old one. */
 Test(tlsconn, trim_without_memory_keeps_the_old_bio) {
   cr_assert(ce_failalloc_openssl_hooked(), "OpenSSL's allocator is not routed through the counter");

@@ -1073,7 +1073,7 @@ defmodule Condukt.Netns.SidecarH2Test do
         end)
 
       Process.sleep(1_000)
-      samples = Enum.map(1..10, fn _ -> Process.sleep(250) && buffer_stats(sc) end)
+      samples = Enum.map(1..10, fn _ -> Process.sleep(250) && Sidecar.buffer_stats(sc) end)
       # Still inside the reader's pause: nginx, held by the windows, has not
       # finished the response (it logs a request when it did).
       refute Enum.any?(Testbed.access_log(tb), &(&1["uri"] == "/big.bin?#{q}"))
@@ -1134,18 +1134,4 @@ defmodule Condukt.Netns.SidecarH2Test do
       assert r.ok and r.body == "#{n} #{n * size}", inspect(r)
     end
   end
-
-  # SIGUSR1 makes the proxy write one line of buffer statistics on its
-  # stderr: the new one, as a map.
-  defp buffer_stats(sc) do
-    seen = length(stats_lines(sc))
-    {_, 0} = System.cmd("kill", ["-USR1", "#{sc.pid}"])
-    :ok = Cmd.poll(fn -> length(stats_lines(sc)) > seen end, 5_000)
-    [line] = List.last(stats_lines(sc))
-
-    Regex.scan(~r/(\w+)=(\d+)/, line)
-    |> Map.new(fn [_, k, v] -> {k, String.to_integer(v)} end)
-  end
-
-  defp stats_lines(sc), do: Regex.scan(~r/^condukt-egress: buffers: .*$/m, Sidecar.stderr(sc))
 end

@@ -294,6 +294,24 @@ defmodule Condukt.Test.Netns.Sidecar do
   @doc "The proxy's stderr so far."
   def stderr(sc), do: File.read!(sc.stderr)
 
+  @doc """
+  The proxy's buffer statistics now, as a map of integers ("connections",
+  "held", "input", "queued", "h2_streams", "tls"): SIGUSR1 makes it write
+  one line of them on its stderr (docs/proxy.md, "Signals").
+  """
+  @spec buffer_stats(t()) :: %{String.t() => non_neg_integer()}
+  def buffer_stats(sc) do
+    seen = length(stats_lines(sc))
+    {_, 0} = System.cmd("kill", ["-USR1", "#{sc.pid}"])
+    :ok = Cmd.poll(fn -> length(stats_lines(sc)) > seen end, 5_000)
+    [line] = List.last(stats_lines(sc))
+
+    Regex.scan(~r/(\w+)=(\d+)/, line)
+    |> Map.new(fn [_, k, v] -> {k, String.to_integer(v)} end)
+  end
+
+  defp stats_lines(sc), do: Regex.scan(~r/^condukt-egress: buffers: .*$/m, stderr(sc))
+
   defp san_env do
     [
       {"ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1"},
