@@ -35,12 +35,15 @@ defmodule Condukt.NativeKubeTest do
     {201, _} = Cluster.request(c, :sa, "POST", "/api/v1/namespaces/#{c.namespace}/pods", pod)
 
     :ok =
-      Cluster.wait_until(fn ->
-        match?(
-          {200, %{"status" => %{"phase" => "Running"}}},
-          Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{c.namespace}/pods/nk")
-        )
-      end, 60_000)
+      Cluster.wait_until(
+        fn ->
+          match?(
+            {200, %{"status" => %{"phase" => "Running"}}},
+            Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{c.namespace}/pods/nk")
+          )
+        end,
+        60_000
+      )
 
     # Servers for port-forward run in the pod's network namespace (the
     # host's python3, entered into it).

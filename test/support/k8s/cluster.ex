@@ -152,7 +152,9 @@ defmodule Condukt.Test.K8s.Cluster do
     # Clients first (the node, the controllers), the API server, etcd last.
     Cmd.kill(Enum.reverse(pids), 5_000)
 
-    unless c.keep_dir, do: File.rm_rf(dir)
+    # rm(1), not File.rm_rf/1: a node's image layers are many files, and
+    # --one-file-system leaves alone whatever a crashed run left mounted.
+    unless c.keep_dir, do: Cmd.run(["rm", "-rf", "--one-file-system", dir], timeout: 120_000)
     :ok
   end
 

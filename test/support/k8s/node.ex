@@ -350,7 +350,11 @@ defmodule Condukt.Test.K8s.Node do
   """
   @spec start_kubelet_again!(t(), Cluster.t()) :: t()
   def start_kubelet_again!(%__MODULE__{} = n, %Cluster{} = c) do
-    n = if kubelet_pid(n), do: n, else: spawn!(n, c, :kubelet, n.kubelet_argv)
+    n =
+      case kubelet_pid(n) do
+        nil -> spawn!(n, c, :kubelet, n.kubelet_argv)
+        pid -> %{n | pids: Map.put(n.pids, :kubelet, pid)}
+      end
 
     # Listening on its port again. (The API server's node proxy would
     # tell more, but it refuses a loopback address: the tier's relay.)
