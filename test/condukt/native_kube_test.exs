@@ -880,10 +880,13 @@ exec /bin/sleep 1000
       assert {:ok, {f, %{address: {:unix, ^path}}}} =
                Native.kube_forward(n, k, %{namespace: c.namespace, pod: "nk", port: @port + 1, listen: {:unix, path}})
 
-      # Nothing listens in the pod: the local socket is closed, nothing came.
+      # Nothing listens in the pod: the kubelet says so on the error
+      # channel; the local socket is closed, nothing came.
       s = connect({:unix, path})
       :ok = :gen_tcp.send(s, "anyone?\n")
       assert {:error, :closed} = :gen_tcp.recv(s, 0, 10_000)
+      assert_receive {:condukt_kube_forward, ^n, ^f, {:error, msg}}, 10_000
+      assert msg =~ "port-forward to #{c.namespace}/nk:#{@port + 1}"
       assert :ok = Native.kube_forward_close(n, f)
       refute File.exists?(path)
     end
