@@ -167,6 +167,19 @@ defmodule Condukt.K8s.KubernetesE2ETest do
 
     assert code != 0
 
+    # Another port of the internet, by address (no name, no sidecar on
+    # the way): the init container's rules refuse the connection in the
+    # pod (refused at once, not dropped later by the NetworkPolicy), and
+    # nothing reaches the bypass listener.
+    tb = tier.testbed
+    seen = length(Condukt.Dev.Netns.Testbed.bypass_log(tb))
+
+    {:ok, %{output: out}} =
+      Sandbox.exec(sb, "curl -sS --max-time 10 http://#{tb.inet.v4}:8080/ 2>&1; echo \" exit=$?\"")
+
+    assert out =~ "exit=7", out
+    assert length(Condukt.Dev.Netns.Testbed.bypass_log(tb)) == seen
+
     # Reattach (a retried job): the bridge comes back, decisions still run here.
     :ok = Sandbox.shutdown(sb)
 

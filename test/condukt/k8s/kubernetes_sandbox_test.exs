@@ -155,6 +155,26 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
   end
 
+  test "a pod deleted while in use: the operations fail with an error, the same id then gets a new pod",
+       %{cluster: c, base: base, conn: conn} do
+    id = id()
+    {:ok, sb} = Sandbox.new({Kubernetes, base ++ [heartbeat_interval: false]}, id: id)
+    assert {:ok, %{output: "here\n"}} = Sandbox.exec(sb, "echo here")
+    uid = pod(c, id)["metadata"]["uid"]
+    Cluster.request!(c, :admin, "DELETE", "/api/v1/namespaces/#{c.namespace}/pods/#{Kubernetes.pod_name(id)}")
+    wait_gone(c, id)
+
+    assert {:error, %Error{op: :exec}} = Sandbox.exec(sb, "echo here")
+    assert {:error, %Error{op: :read}} = Sandbox.read(sb, "/etc/hostname")
+    :ok = Sandbox.shutdown(sb)
+
+    {:ok, sb} = Sandbox.new({Kubernetes, base ++ [heartbeat_interval: false]}, id: id)
+    assert pod(c, id)["metadata"]["uid"] != uid
+    assert {:ok, %{output: "here\n"}} = Sandbox.exec(sb, "echo here")
+    :ok = Sandbox.shutdown(sb)
+    :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
+  end
+
   test "a pod of that name not made for this id is refused", %{cluster: c, base: base} do
     id = id()
 
