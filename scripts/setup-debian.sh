@@ -13,7 +13,7 @@ PACKAGES="
   iptables iproute2 util-linux openssl nginx-light nodejs conntrack
   python3 python3-requests python3-websockets python3-venv python3-yaml
   python3-h2 python3-httpx nghttp2-client
-  mmdebstrap containerd runc containernetworking-plugins ipset
+  mmdebstrap containerd runc containernetworking-plugins ipset podman
   python3-pip default-jdk-headless maven golang-go cargo-web
 "
 

@@ -3,7 +3,7 @@
 # fails under CONDUKT_REQUIRE_ALL_TIERS=1.
 Condukt.Dev.Netns.Tier.configure_exunit()
 # The :kubernetes tier (docs/k8s-tier.md): the same rule, for a real
-# kube-apiserver, etcd and kwok built by scripts/k8s/binaries.sh.
+# control plane and node built by scripts/k8s/binaries.sh.
 Condukt.Test.K8s.Tier.configure_exunit()
 # The :virtual tier: Condukt.Sandbox.Virtual's NIF (`make virtual-nif`,
 # built by `mix compile` when cargo is installed). The same rule again.

@@ -1,6 +1,6 @@
 /* Tests for c_src/kube/proto.c: channel framing of v4/v5.channel.k8s.io,
  * the port-forward port prefix (split over messages, a wrong port), an
- * exec Status as an exit code (Success, NonZeroExitCode, kwok's "exit
+ * exec Status as an exit code (Success, NonZeroExitCode, a runtime's "exit
  * status N" text, nothing), ExecCredential parsing and RFC 3339 times,
  * and query escaping. */
 #include <criterion/criterion.h>
@@ -71,7 +71,7 @@ Test(kube_proto, exit_codes) {
                     "\"message\":\"42\"}]}}",
                     &code));
   cr_assert_eq(code, 42);
-  /* kwok v0.8.0: the code only in the text. */
+  /* A runtime that puts the code only in the text. */
   cr_assert(code_of("{\"status\":\"Failure\",\"message\":\"error executing command "
                     "[/bin/sh -c exit 3], exit status 3\"}",
                     &code));

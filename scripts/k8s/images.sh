@@ -52,14 +52,27 @@ exec 9>"$OUT/.lock"
 flock 9
 if complete; then done_; fi
 
+# The three Debian images are independent (each mmdebstrap has its own
+# directory, and most of their time is downloading): built at once; a
+# failure fails the script once all have ended.
+debian() { # kind archive
+  start=$(date +%s)
+  sh "$ROOT/scripts/image/build.sh" "$1" "$2.tmp" && mv -f "$2.tmp" "$2" &&
+    log "built $1 in $(( $(date +%s) - start ))s"
+}
+k=$(sidecar_key)
+pids=""
 for kind in workspace workspace-tools; do
   if [ ! -s "$OUT/$kind.oci.tar" ]; then
-    start=$(date +%s)
-    sh "$ROOT/scripts/image/build.sh" "$kind" "$OUT/$kind.tmp.tar"
-    mv -f "$OUT/$kind.tmp.tar" "$OUT/$kind.oci.tar"
-    log "built $kind in $(( $(date +%s) - start ))s"
+    debian "$kind" "$OUT/$kind.oci.tar" &
+    pids="$pids $!"
   fi
 done
+if [ ! -s "$OUT/egress-$k.oci.tar" ]; then
+  rm -f "$OUT"/egress-*.oci.tar
+  debian sidecar "$OUT/egress-$k.oci.tar" &
+  pids="$pids $!"
+fi
 
 if [ ! -s "$OUT/pause.oci.tar" ]; then
   work=$(mktemp -d /var/tmp/condukt-pause.XXXXXX)
@@ -73,12 +86,8 @@ if [ ! -s "$OUT/pause.oci.tar" ]; then
     --name condukt.test/pause:1 --user 65535:65535 --entrypoint '["/usr/bin/sleep","infinity"]'
   mv -f "$OUT/pause.tmp.tar" "$OUT/pause.oci.tar"
 fi
-
-k=$(sidecar_key)
-if [ ! -s "$OUT/egress-$k.oci.tar" ]; then
-  rm -f "$OUT"/egress-*.oci.tar
-  sh "$ROOT/scripts/image/build.sh" sidecar "$OUT/egress-$k.tmp.tar"
-  mv -f "$OUT/egress-$k.tmp.tar" "$OUT/egress-$k.oci.tar"
-fi
+failed=0
+for p in $pids; do wait "$p" || failed=1; done
+[ "$failed" = 0 ] || { log "an image build failed (see above)"; exit 1; }
 complete || { log "incomplete: $OUT"; exit 1; }
 done_

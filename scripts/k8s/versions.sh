@@ -15,9 +15,6 @@ K8S_VERSION=v1.36.3
 # K8S_VERSION itself requires.
 K8S_ETCD_VERSION=v3.6.8
 
-# kwok (nodes, pod status, exec and port-forward), from sigs.k8s.io/kwok.
-K8S_KWOK_VERSION=v0.8.0
-
 # The node's add-ons: cluster DNS (CoreDNS, github.com/coredns/coredns) and
 # the NetworkPolicy controller (kube-router's firewall, run alone:
 # github.com/cloudnativelabs/kube-router/v2).

@@ -2,17 +2,14 @@ defmodule Condukt.NativeKubeTest do
   # The port's Kubernetes client (docs/port-protocol.md, "Kubernetes")
   # against a real kube-apiserver (docs/k8s-tier.md): kubeconfig, client
   # certificate and exec plugin authentication, REST, exec and
-  # port-forward over WebSocket into a kwok node's network namespace.
-  use Condukt.Test.K8s.Case, async: false
+  # port-forward over WebSocket into a pod on the real node.
+  use Condukt.Test.K8s.Case, async: false, node: true
 
   alias Condukt.Native
   alias Condukt.Dev.Netns.Cmd
+  alias Condukt.Test.K8s.Node
 
   @port 18_081
-
-  if System.cmd("id", ["-u"]) != {"0\n", 0} do
-    @moduletag skip: "kubernetes tier: exec into a node's network namespace needs root"
-  end
 
   setup_all do
     # WebSocket exec and port-forward need `get` (docs/k8s-tier.md, RBAC).
@@ -22,15 +19,14 @@ defmodule Condukt.NativeKubeTest do
         rule -> rule
       end)
 
-    c = Cluster.start(role_rules: rules)
-    {c, node} = Cluster.add_netns_node!(c, forward_ports: [@port])
+    tier = Condukt.Test.K8s.Case.start_node_tier!(role_rules: rules)
+    c = tier.cluster
 
     pod = %{
       apiVersion: "v1",
       kind: "Pod",
       metadata: %{name: "nk"},
       spec: %{
-        nodeName: node.name,
         automountServiceAccountToken: false,
         containers: [%{name: "workspace", image: "debian:bookworm-slim", command: ["sleep", "infinity"]}]
       }
@@ -39,14 +35,21 @@ defmodule Condukt.NativeKubeTest do
     {201, _} = Cluster.request(c, :sa, "POST", "/api/v1/namespaces/#{c.namespace}/pods", pod)
 
     :ok =
-      Cluster.wait_until(fn ->
-        match?(
-          {200, %{"status" => %{"phase" => "Running"}}},
-          Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{c.namespace}/pods/nk")
-        )
-      end)
+      Cluster.wait_until(
+        fn ->
+          match?(
+            {200, %{"status" => %{"phase" => "Running"}}},
+            Cluster.request(c, :sa, "GET", "/api/v1/namespaces/#{c.namespace}/pods/nk")
+          )
+        end,
+        60_000
+      )
 
-    %{cluster: c, node: node}
+    # Servers for port-forward run in the pod's network namespace (the
+    # host's python3, entered into it).
+    nk = Cluster.request!(c, :admin, "GET", "/api/v1/namespaces/#{c.namespace}/pods/nk")
+    in_pod = ["nsenter", "--net=/proc/#{Node.container_pid(tier.node, nk, "workspace")}/ns/net"]
+    %{cluster: c, in_pod: in_pod}
   end
 
   setup do
@@ -679,11 +682,11 @@ exec /bin/sleep 1000
       )
     end
 
-    test "stdout, exit 0, in the node's network namespace", %{n: n, cluster: c, node: node} do
+    test "stdout, exit 0, in the pod", %{n: n, cluster: c} do
       {k, _} = open!(n, c)
-      assert {:ok, r} = exec(n, k, c, ["/usr/sbin/ip", "netns", "identify"])
+      assert {:ok, r} = exec(n, k, c, ["/bin/cat", "/etc/hostname"])
       assert r.protocol == "v5.channel.k8s.io"
-      assert String.trim(r.stdout) == node.netns
+      assert r.stdout == "nk\n"
       assert r.exit_code == 0
       assert %{"status" => "Success"} = r.status
     end
@@ -697,7 +700,7 @@ exec /bin/sleep 1000
       assert %{"status" => "Failure"} = r.status
     end
 
-    test "stdin is streamed (head -c N, as kwok never closes stdin)", %{n: n, cluster: c} do
+    test "stdin is streamed (head -c N)", %{n: n, cluster: c} do
       {k, _} = open!(n, c)
       data = :crypto.strong_rand_bytes(200_000)
       assert {:ok, r} = exec(n, k, c, ["/usr/bin/head", "-c", "200000"], %{stdin: data})
@@ -788,9 +791,10 @@ exec /bin/sleep 1000
   end
 
   describe "port-forward" do
-    # A server inside the node's namespace: for each connection, echoes
-    # "pong:" + what it read until the client's first newline, then closes.
-    defp echo_server(node, conns) do
+    # A server inside the pod's network namespace: for each connection,
+    # echoes "pong:" + what it read until the client's first newline, then
+    # closes.
+    defp echo_server(in_pod, conns) do
       script = """
       import socket
       s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -806,7 +810,7 @@ exec /bin/sleep 1000
 
       task =
         Task.async(fn ->
-          Cmd.run(["/usr/sbin/ip", "netns", "exec", node.netns, "/usr/bin/python3", "-c", script], timeout: 60_000)
+          Cmd.run(in_pod ++ ["/usr/bin/python3", "-c", script], timeout: 60_000)
         end)
 
       Process.sleep(500)
@@ -823,9 +827,7 @@ exec /bin/sleep 1000
       s
     end
 
-    # Sends payload and reads the echo's length, then closes: kwok v0.8.0
-    # keeps the WebSocket open after the pod's side closed (it waits for
-    # both copies), so the client closes (docs/port-protocol.md).
+    # Sends payload and reads the echo's length, then closes.
     defp roundtrip(addr, payload) do
       s = connect(addr)
       :ok = :gen_tcp.send(s, payload)
@@ -843,9 +845,9 @@ exec /bin/sleep 1000
       end
     end
 
-    test "bytes both ways over several connections", %{n: n, cluster: c, node: node} do
+    test "bytes both ways over several connections", %{n: n, cluster: c, in_pod: in_pod} do
       {k, _} = open!(n, c)
-      server = echo_server(node, 3)
+      server = echo_server(in_pod, 3)
 
       assert {:ok, {f, %{address: {:tcp, "127.0.0.1", port} = addr}}} =
                Native.kube_forward(n, k, %{
@@ -873,11 +875,13 @@ exec /bin/sleep 1000
       assert {:ok, {f, %{address: {:unix, ^path}}}} =
                Native.kube_forward(n, k, %{namespace: c.namespace, pod: "nk", port: @port + 1, listen: {:unix, path}})
 
-      # kwok closes the WebSocket without an error-channel message when
-      # nothing listens: the local socket is closed, nothing came.
+      # Nothing listens in the pod: the kubelet says so on the error
+      # channel; the local socket is closed, nothing came.
       s = connect({:unix, path})
       :ok = :gen_tcp.send(s, "anyone?\n")
       assert {:error, :closed} = :gen_tcp.recv(s, 0, 10_000)
+      assert_receive {:condukt_kube_forward, ^n, ^f, {:error, msg}}, 10_000
+      assert msg =~ "port-forward to #{c.namespace}/nk:#{@port + 1}"
       assert :ok = Native.kube_forward_close(n, f)
       refute File.exists?(path)
     end
@@ -902,7 +906,7 @@ exec /bin/sleep 1000
     end
 
     test "a listener holds at most 16 tunnels; the next connection is refused and reported",
-         %{n: n, cluster: c, node: node} do
+         %{n: n, cluster: c, in_pod: in_pod} do
       {k, _} = open!(n, c)
       # Accepts 17 connections (16, then one more after one closed) and holds them.
       script = """
@@ -915,7 +919,7 @@ exec /bin/sleep 1000
 
       server =
         Task.async(fn ->
-          Cmd.run(["/usr/sbin/ip", "netns", "exec", node.netns, "/usr/bin/python3", "-c", script], timeout: 60_000)
+          Cmd.run(in_pod ++ ["/usr/bin/python3", "-c", script], timeout: 60_000)
         end)
 
       Process.sleep(500)

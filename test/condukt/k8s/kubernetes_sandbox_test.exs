@@ -1,28 +1,26 @@
 defmodule Condukt.K8s.KubernetesSandboxTest do
-  # Condukt.Sandbox.Kubernetes against a real kube-apiserver (the
-  # :kubernetes tier, docs/k8s-tier.md), as the ServiceAccount bound to
-  # the documented Role (Cluster.role_rules/0): init, adoption, stale and
-  # terminating pods, heartbeat, reap_stale, terminate, the network-policy
-  # objects, and a refusal that names the missing grant.
+  # Condukt.Sandbox.Kubernetes against a real kube-apiserver and the real
+  # node (the :kubernetes tier, docs/k8s-tier.md), as the ServiceAccount
+  # bound to the documented Role (Cluster.role_rules/0): init, adoption,
+  # stale and terminating pods, heartbeat, reap_stale, terminate, the
+  # network-policy objects, and a refusal that names the missing grant.
   #
-  # kwok plays the pods' status; it runs nothing here. The operations
-  # inside a pod are in kubernetes_ops_test.exs (a node in a network
-  # namespace), the sidecar end to end in kubernetes_e2e_test.exs.
-  use Condukt.Test.K8s.Case, async: false
+  # The operations inside a pod are in kubernetes_ops_test.exs, the
+  # sidecar end to end in kubernetes_e2e_test.exs and real_node_test.exs.
+  use Condukt.Test.K8s.Case, async: false, node: true
 
   alias Condukt.Sandbox
   alias Condukt.Sandbox.Error
   alias Condukt.Sandbox.Kubernetes
 
   setup_all do
-    c = Cluster.start()
-    %{cluster: c}
+    tier = Condukt.Test.K8s.Case.start_node_tier!()
+    %{cluster: tier.cluster, egress_image: tier.egress_image}
   end
 
   setup %{cluster: c} do
     conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: c.token]
-    # Pods go to the plain kwok node (the netns nodes take one pod each).
-    base = [namespace: c.namespace, conn: conn, node_selector: %{"type" => "kwok"}, ready_timeout: 30_000]
+    base = [namespace: c.namespace, conn: conn, ready_timeout: 60_000]
     %{conn: conn, base: base}
   end
 
@@ -95,8 +93,7 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
        %{cluster: c} do
     # The kubeconfig's context names the namespace (the only one the
     # ServiceAccount may use): no :namespace option is needed.
-    {:ok, sb} =
-      Sandbox.new({Kubernetes, kubeconfig: c.kubeconfig, node_selector: %{"type" => "kwok"}, heartbeat_interval: false})
+    {:ok, sb} = Sandbox.new({Kubernetes, kubeconfig: c.kubeconfig, heartbeat_interval: false})
 
     assert sb.state.namespace == c.namespace
     id = sb.state.id
@@ -111,18 +108,12 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     conn: conn
   } do
     id = id()
-    {:ok, sb} = Sandbox.new({Kubernetes, base}, id: id)
+    # The kubelet ends it at its activeDeadlineSeconds (DeadlineExceeded).
+    {:ok, sb} = Sandbox.new({Kubernetes, base ++ [active_deadline_seconds: 10, heartbeat_interval: false]}, id: id)
     :ok = Sandbox.shutdown(sb)
     uid = pod(c, id)["metadata"]["uid"]
-
-    Cluster.request!(
-      c,
-      :admin,
-      "PATCH",
-      "/api/v1/namespaces/#{c.namespace}/pods/#{Kubernetes.pod_name(id)}/status",
-      %{status: %{phase: "Failed"}},
-      content_type: "application/merge-patch+json"
-    )
+    assert :ok == Cluster.wait_until(fn -> pod(c, id)["status"]["phase"] == "Failed" end, 60_000)
+    assert pod(c, id)["status"]["reason"] == "DeadlineExceeded"
 
     assert {:error, %Error{reason: :backend, detail: {:stale_pod, "Failed"}}} = Sandbox.new({Kubernetes, base}, id: id)
 
@@ -164,12 +155,32 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
     :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
   end
 
+  test "a pod deleted while in use: the operations fail with an error, the same id then gets a new pod",
+       %{cluster: c, base: base, conn: conn} do
+    id = id()
+    {:ok, sb} = Sandbox.new({Kubernetes, base ++ [heartbeat_interval: false]}, id: id)
+    assert {:ok, %{output: "here\n"}} = Sandbox.exec(sb, "echo here")
+    uid = pod(c, id)["metadata"]["uid"]
+    Cluster.request!(c, :admin, "DELETE", "/api/v1/namespaces/#{c.namespace}/pods/#{Kubernetes.pod_name(id)}")
+    wait_gone(c, id)
+
+    assert {:error, %Error{op: :exec}} = Sandbox.exec(sb, "echo here")
+    assert {:error, %Error{op: :read}} = Sandbox.read(sb, "/etc/hostname")
+    :ok = Sandbox.shutdown(sb)
+
+    {:ok, sb} = Sandbox.new({Kubernetes, base ++ [heartbeat_interval: false]}, id: id)
+    assert pod(c, id)["metadata"]["uid"] != uid
+    assert {:ok, %{output: "here\n"}} = Sandbox.exec(sb, "echo here")
+    :ok = Sandbox.shutdown(sb)
+    :ok = Kubernetes.terminate(id, namespace: c.namespace, conn: conn)
+  end
+
   test "a pod of that name not made for this id is refused", %{cluster: c, base: base} do
     id = id()
 
     Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{c.namespace}/pods", %{
       metadata: %{name: Kubernetes.pod_name(id)},
-      spec: %{nodeSelector: %{"type" => "kwok"}, containers: [%{name: "x", image: "x"}]}
+      spec: %{containers: [%{name: "x", image: "condukt.test/none:1"}]}
     })
 
     assert {:error, %Error{reason: :backend} = e} = Sandbox.new({Kubernetes, base}, id: id)
@@ -279,12 +290,10 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
 
   @tag :capture_log
   test "network_policy: two Secrets and a NetworkPolicy owned by the pod; adoption reads the token back; terminate removes all",
-       %{cluster: c, base: base, conn: conn} do
+       %{cluster: c, base: base, conn: conn, egress_image: image} do
     id = id()
     policy = [rules: [allow: ["example.com"]], default: :deny]
-
-    {:ok, sb} =
-      Sandbox.new({Kubernetes, base ++ [network_policy: policy, network_policy_image: "condukt-egress:test"]}, id: id)
+    {:ok, sb} = Sandbox.new({Kubernetes, base ++ [network_policy: policy, network_policy_image: image]}, id: id)
 
     p = pod(c, id)
     uid = p["metadata"]["uid"]
@@ -295,7 +304,7 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
              "condukt-egress"
            ]
 
-    assert Enum.all?(p["spec"]["initContainers"], &(&1["image"] == "condukt-egress:test"))
+    assert Enum.all?(p["spec"]["initContainers"], &(&1["image"] == image))
 
     secrets = list(c, :secrets, id)
 
@@ -327,6 +336,9 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
 
     # Reattach: the bridge comes back with the Secret's token.
     {:ok, sb} = Sandbox.new({Kubernetes, base ++ [network_policy: policy]}, id: id)
+    # The forward listener is a Unix socket in a private directory.
+    assert %File.Stat{mode: mode} = File.stat!(sb.state.forward_dir)
+    assert Bitwise.band(mode, 0o777) == 0o700
     assert pod(c, id)["metadata"]["uid"] == uid
     assert is_pid(sb.state.bridge)
     :ok = Sandbox.shutdown(sb)
@@ -391,10 +403,7 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
 
     conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: token]
 
-    {:ok, sb} =
-      Sandbox.new(
-        {Kubernetes, namespace: ns, conn: conn, node_selector: %{"type" => "kwok"}, heartbeat_interval: false}
-      )
+    {:ok, sb} = Sandbox.new({Kubernetes, namespace: ns, conn: conn, heartbeat_interval: false, ready_timeout: 60_000})
 
     assert {:error, %Error{op: :exec, detail: %Condukt.Kube.Error{reason: :forbidden} = ke} = e} =
              Sandbox.exec(sb, "true")

@@ -1,9 +1,9 @@
 defmodule Condukt.K8s.OperatorE2ETest do
-  # The operator features with real pods (the tier's pod runtime): the
-  # trust bundle the condukt-trust init container writes from the sidecar
+  # The operator features with real pods on the real node: the trust
+  # bundle the condukt-trust init container writes from the sidecar
   # image, body previews with redaction, the sidecar's request duration
   # and decide spans, through the real sidecar and the control bridge.
-  use Condukt.Test.K8s.Case, async: false, pods: true
+  use Condukt.Test.K8s.Case, async: false, node: true
 
   alias Condukt.Sandbox
   alias Condukt.Sandbox.Kubernetes
@@ -11,27 +11,31 @@ defmodule Condukt.K8s.OperatorE2ETest do
   @prefix [:condukt, :sandbox, :network_policy]
 
   setup_all do
-    %{tier: Condukt.Test.K8s.Case.start_pod_tier!()}
+    %{tier: Condukt.Test.K8s.Case.start_node_tier!()}
   end
 
-  defp sandbox(tier, id, policy) do
-    conn = [server: tier.server, ca_pem: File.read!(tier.ca), token: tier.token]
+  defp conn(tier) do
+    c = tier.cluster
+    [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: c.token]
+  end
 
+  # Names resolve through cluster DNS, as in a cluster.
+  defp sandbox(tier, id, policy) do
     {:ok, sb} =
       Sandbox.new(
         {Kubernetes,
          id: id,
-         namespace: tier.namespace,
-         conn: conn,
+         namespace: tier.cluster.namespace,
+         conn: conn(tier),
+         image: "condukt.test/workspace-tools:bookworm",
          heartbeat_interval: false,
-         host_aliases: tier.host_aliases,
          network_policy: policy,
          network_policy_image: tier.egress_image,
          network_policy_upstream_ca: tier.upstream_ca_pem,
          network_policy_allow_private: tier.allow_private}
       )
 
-    on_exit(fn -> Kubernetes.terminate(id, namespace: tier.namespace, conn: conn) end)
+    on_exit(fn -> Kubernetes.terminate(id, namespace: tier.cluster.namespace, conn: conn(tier)) end)
     sb
   end
 
@@ -118,27 +122,33 @@ defmodule Condukt.K8s.OperatorE2ETest do
     assert_receive {:event, [:control_connected], _, _}, 30_000
 
     assert post(sb, "https://allowed.test/echo", ~s({"password":"hunter2","who":"tenant-7","n":1})) == "200"
+    # (the decider is not given the body)
     assert_receive {:asked, nil}, 10_000
     assert_receive {:event, [:decide, :start], _, %{request: %{host: "allowed.test"}}}, 10_000
-    assert_receive {:event, [:decide, :stop], %{duration: d}, %{result: :allow}}, 10_000
+
+    assert_receive {:event, [:decide, :stop], %{duration: d}, %{result: :allow, request: %{host: "allowed.test"}}},
+                   10_000
+
     assert is_integer(d) and d >= 0
 
-    assert_receive {:event, [:request_closed], %{duration: duration}, %{request: request}}, 10_000
+    assert_receive {:event, [:request_closed], %{duration: duration}, %{request: %{host: "allowed.test"} = request}},
+                   10_000
+
     assert is_integer(duration) and duration > 0
     assert request.body_preview == ~s({"password":"[redacted]","who":"[redacted]","n":1})
     assert {"x-api-key", "[redacted]"} in request.headers
 
     # The same request without a preview in the policy: none anywhere.
-    # (The tier's netns node runs one pod at a time.)
     :ok = Sandbox.shutdown(sb)
-    conn = [server: tier.server, ca_pem: File.read!(tier.ca), token: tier.token]
-    :ok = Kubernetes.terminate(id, namespace: tier.namespace, conn: conn)
     id2 = "op-nobody-#{System.unique_integer([:positive])}"
     attach(id2)
     sb2 = sandbox(tier, id2, rules: [allow: ["allowed.test"]])
     assert_receive {:event, [:control_connected], _, %{session_id: ^id2}}, 30_000
     assert post(sb2, "https://allowed.test/echo", ~s({"password":"hunter2"})) == "200"
-    assert_receive {:event, [:request_closed], _, %{session_id: ^id2, request: request}}, 10_000
+
+    assert_receive {:event, [:request_closed], _, %{session_id: ^id2, request: %{host: "allowed.test"} = request}},
+                   10_000
+
     assert request.body_preview == nil
   end
 end

@@ -1,21 +1,24 @@
 defmodule Condukt.K8s.OperatorPodTest do
   # The operator's pod options, `manifests/1` and the size of a session's
-  # objects, against a real kube-apiserver (the :kubernetes tier, kwok
-  # plays the pods' status): each option reaches the pod the API server
-  # stored, admission included (RuntimeClass and PriorityClass must exist).
-  use Condukt.Test.K8s.Case, async: false
+  # objects, against a real kube-apiserver and the real node (the
+  # :kubernetes tier): each option reaches the pod the API server stored,
+  # admission included (RuntimeClass and PriorityClass must exist), and
+  # the pod runs with them.
+  use Condukt.Test.K8s.Case, async: false, node: true
 
   alias Condukt.Sandbox
   alias Condukt.Sandbox.Kubernetes
 
   setup_all do
-    c = Cluster.start()
+    tier = Condukt.Test.K8s.Case.start_node_tier!()
+    c = tier.cluster
 
     Cluster.request!(c, :admin, "POST", "/apis/node.k8s.io/v1/runtimeclasses", %{
       apiVersion: "node.k8s.io/v1",
       kind: "RuntimeClass",
       metadata: %{name: "gvisor"},
-      handler: "runsc"
+      # The node's second runc handler: the pods must run.
+      handler: Condukt.Test.K8s.Node.runtime_handler()
     })
 
     Cluster.request!(c, :admin, "POST", "/apis/scheduling.k8s.io/v1/priorityclasses", %{
@@ -25,13 +28,13 @@ defmodule Condukt.K8s.OperatorPodTest do
       value: 100
     })
 
-    %{cluster: c}
+    %{cluster: c, node: tier.node, egress_image: tier.egress_image}
   end
 
-  setup %{cluster: c} do
+  setup %{cluster: c, egress_image: image} do
     conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: c.token]
-    base = [namespace: c.namespace, conn: conn, node_selector: %{"type" => "kwok"}, ready_timeout: 30_000]
-    %{conn: conn, base: base}
+    base = [namespace: c.namespace, conn: conn, ready_timeout: 60_000, heartbeat_interval: false]
+    %{conn: conn, base: base, image: image}
   end
 
   defp id, do: "op-#{System.unique_integer([:positive])}"
@@ -59,19 +62,21 @@ defmodule Condukt.K8s.OperatorPodTest do
   defp pod(c, id), do: admin_get(c, "/api/v1/namespaces/#{c.namespace}/pods/#{Kubernetes.pod_name(id)}")
 
   @tag :capture_log
-  test "every pod option reaches the pod the API server stored", %{cluster: c, base: base} do
+  test "every pod option reaches the pod the API server stored", %{cluster: c, base: base, image: image, node: node} do
     id = id()
 
     opts =
       base ++
         [
           network_policy: [rules: [allow: ["example.com"]]],
-          network_policy_image: "condukt-egress:test",
+          network_policy_image: image,
           tolerations: [%{key: "agents", operator: "Exists", effect: "NoSchedule"}],
           affinity: %{
             node_affinity: %{
               required_during_scheduling_ignored_during_execution: %{
-                node_selector_terms: [%{match_expressions: [%{key: "type", operator: "In", values: ["kwok"]}]}]
+                node_selector_terms: [
+                  %{match_expressions: [%{key: "kubernetes.io/hostname", operator: "In", values: [node.name]}]}
+                ]
               }
             }
           },
@@ -82,14 +87,20 @@ defmodule Condukt.K8s.OperatorPodTest do
           sidecar_resources: %{requests: %{cpu: "60m", memory: "40Mi"}, limits: %{memory: "200Mi"}}
         ]
 
-    with_session(opts ++ [id: id], fn _sb ->
+    with_session(opts ++ [id: id], fn sb ->
+      # It runs, on the RuntimeClass's handler, with the group asked for.
+      assert {:ok, %{output: "2000\n"}} = Sandbox.exec(sb, "id -g")
       spec = pod(c, id)["spec"]
       assert %{"key" => "agents", "operator" => "Exists", "effect" => "NoSchedule"} in spec["tolerations"]
 
       assert get_in(spec, ["affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution"]) ==
                %{
                  "nodeSelectorTerms" => [
-                   %{"matchExpressions" => [%{"key" => "type", "operator" => "In", "values" => ["kwok"]}]}
+                   %{
+                     "matchExpressions" => [
+                       %{"key" => "kubernetes.io/hostname", "operator" => "In", "values" => [node.name]}
+                     ]
+                   }
                  ]
                }
 
@@ -120,7 +131,8 @@ defmodule Condukt.K8s.OperatorPodTest do
   @tag :capture_log
   test "a LimitRange admits the policy pod with the default resources, and refuses a sidecar limit past its maximum", %{
     cluster: c,
-    base: base
+    base: base,
+    image: image
   } do
     ns = "lr-#{System.unique_integer([:positive])}"
     Cluster.request!(c, :admin, "POST", "/api/v1/namespaces", %{metadata: %{name: ns}})
@@ -145,7 +157,7 @@ defmodule Condukt.K8s.OperatorPodTest do
         namespace: ns,
         conn: conn,
         network_policy: [rules: [allow: ["example.com"]]],
-        network_policy_image: "condukt-egress:test",
+        network_policy_image: image,
         resources: %{requests: %{cpu: "100m", memory: "64Mi"}, limits: %{cpu: "1", memory: "512Mi"}}
       )
 
@@ -196,7 +208,8 @@ defmodule Condukt.K8s.OperatorPodTest do
   end
 
   @tag :capture_log
-  test "manifests/1 returns the objects init/1 creates, as the API server received them", %{cluster: c, base: base} do
+  test "manifests/1 returns the objects init/1 creates, as the API server received them",
+       %{cluster: c, base: base, image: image} do
     id = id()
 
     opts =
@@ -204,7 +217,7 @@ defmodule Condukt.K8s.OperatorPodTest do
         [
           id: id,
           network_policy: [rules: [allow: ["example.com"]], body_preview: 256, redact_headers: ["x-api-key"]],
-          network_policy_image: "condukt-egress:test",
+          network_policy_image: image,
           tolerations: [%{key: "agents", operator: "Exists"}],
           runtime_class_name: "gvisor",
           labels: %{"tenant" => "acme"},
@@ -261,11 +274,11 @@ defmodule Condukt.K8s.OperatorPodTest do
   end
 
   @tag :capture_log
-  test "a session's objects are small: the trust bundle is not stored per session", %{cluster: c, base: base} do
+  test "a session's objects are small: the trust bundle is not stored per session",
+       %{cluster: c, base: base, image: image} do
     id = id()
 
-    opts =
-      base ++ [id: id, network_policy: [rules: [allow: ["example.com"]]], network_policy_image: "condukt-egress:test"]
+    opts = base ++ [id: id, network_policy: [rules: [allow: ["example.com"]]], network_policy_image: image]
 
     with_session(opts, fn _sb ->
       {:ok, manifests} = Kubernetes.manifests(opts)
@@ -287,7 +300,7 @@ defmodule Condukt.K8s.OperatorPodTest do
 
   @tag :capture_log
   test "Pod Security: baseline refuses the policy pod naming the capabilities, admits the plain one",
-       %{cluster: c, base: base} do
+       %{cluster: c, base: base, image: image} do
     ns = "pss-#{System.unique_integer([:positive])}"
 
     Cluster.request!(c, :admin, "POST", "/api/v1/namespaces", %{
@@ -300,8 +313,7 @@ defmodule Condukt.K8s.OperatorPodTest do
 
     assert {:error, %Sandbox.Error{} = e} =
              Sandbox.new(
-               {Kubernetes,
-                opts ++ [network_policy: [rules: [allow: ["a.test"]]], network_policy_image: "condukt-egress:test"]},
+               {Kubernetes, opts ++ [network_policy: [rules: [allow: ["a.test"]]], network_policy_image: image]},
                id: id()
              )
 

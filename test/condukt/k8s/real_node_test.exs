@@ -421,7 +421,8 @@ defmodule Condukt.K8s.RealNodeTest do
       )
   end
 
-  test "workspace_source clones through the sidecar into the pod's emptyDir; a reattach keeps the checkout", ctx do
+  test "workspace_source clones through the sidecar into the pod's emptyDir; the file operations work there; a reattach keeps the checkout",
+       ctx do
     git = ctx.testbed.git
     id = "git-#{System.unique_integer([:positive])}"
     policy = [rules: [allow: ["git.test"]], default: :deny]
@@ -431,13 +432,18 @@ defmodule Condukt.K8s.RealNodeTest do
     assert {:ok, %{output: head, exit_code: 0}} = Sandbox.exec(sb, "git rev-parse HEAD")
     assert String.trim(head) == git.head
     assert {:ok, "# repo.git\n" <> _} = Sandbox.read(sb, "README.md")
+    assert {:ok, ["README.md", "data.txt"]} = Sandbox.glob(sb, "*")
     assert {:ok, [%{path: "data.txt", line_number: 42, line: "line 42"}]} = Sandbox.grep(sb, "^line 42$")
 
+    # Work in progress survives a reattach (same id): the checkout is reused.
     :ok = Sandbox.write(sb, "notes/wip.md", "- half done\n")
+    :ok = Sandbox.edit(sb, "README.md", "Served by", "Cloned from")
     :ok = Sandbox.shutdown(sb)
 
     sb = policy_sandbox!(ctx, id, policy, source)
     assert {:ok, "- half done\n"} = Sandbox.read(sb, "notes/wip.md")
+    assert {:ok, readme} = Sandbox.read(sb, "README.md")
+    assert readme =~ "Cloned from"
     assert {:ok, %{output: head}} = Sandbox.exec(sb, "git rev-parse HEAD")
     assert String.trim(head) == git.head
     :ok = Sandbox.shutdown(sb)

@@ -7,23 +7,21 @@ defmodule Condukt.Test.K8s.Case do
   CONDUKT_REQUIRE_ALL_TIERS=1); the skip matters for `mix test --only
   kubernetes`, whose include overrides the exclusion.
 
-  `use Condukt.Test.K8s.Case, pods: true` is for tests whose pods must
-  really run (`start_pod_tier!/1`): it also tags the module `:netns` and
-  skips it with the netns tier's reason (root, nginx, ...) when that tier
-  cannot run. `node: true` is the same for tests on the real node
-  (`start_node_tier!/1`), which also needs containerd, runc and the CNI
-  plugins (`Condukt.Test.K8s.Node.skip_reason/0`); under
-  CONDUKT_REQUIRE_ALL_TIERS=1 a machine that cannot run the node fails
-  the run instead.
+  `use Condukt.Test.K8s.Case, node: true` is for tests whose pods must
+  really run, on the real node (`start_node_tier!/1`): it also tags the
+  module `:netns` and skips it with the netns tier's reason (root, nginx,
+  ...) when that tier cannot run, or with the node's
+  (`Condukt.Test.K8s.Node.skip_reason/0`: containerd, runc, the CNI
+  plugins); under CONDUKT_REQUIRE_ALL_TIERS=1 a machine that cannot run
+  the node fails the run instead.
   """
   use ExUnit.CaseTemplate
 
-  alias Condukt.Test.K8s.{Cluster, Runtime}
+  alias Condukt.Test.K8s.Cluster
   alias Condukt.Dev.Netns.{Cmd, Testbed}
 
   using opts do
     node = Keyword.get(opts, :node, false)
-    pods = Keyword.get(opts, :pods, false) or node
 
     quote do
       @moduletag :kubernetes
@@ -33,7 +31,7 @@ defmodule Condukt.Test.K8s.Case do
         @moduletag skip: "kubernetes tier: " <> reason
       end
 
-      if unquote(pods) do
+      if unquote(node) do
         @moduletag :netns
 
         if reason = Condukt.Dev.Netns.Tier.skip_reason() do
@@ -51,102 +49,38 @@ defmodule Condukt.Test.K8s.Case do
         end
       end
 
-      alias Condukt.Test.K8s.{Cluster, Runtime}
+      alias Condukt.Test.K8s.Cluster
     end
   end
 
   @typedoc """
-  What `start_pod_tier!/1` returns:
+  What `start_node_tier!/1` returns:
 
-    * `:cluster` — the `Cluster` (API server, controllers, RBAC);
-    * `:node` — the netns node (`Cluster.add_netns_node!/2`), whose network
-      namespace is the testbed's "pod" side;
-    * `:runtime` — the `Runtime` pid realizing pods bound to that node;
-    * `:testbed` — the netns `Testbed` (nginx and friends in "inet");
-    * `:kubeconfig` — path of a kubeconfig for the ServiceAccount
-      `condukt` in `:namespace`, bound to `Cluster.contract_role_rules/0`
-      (docs/kubernetes.md, RBAC); `:token` is its bearer token, `:server`
-      the API server URL and `:ca` the cluster CA file;
-    * `:namespace` — where that ServiceAccount may work ("agents");
+    * `:cluster` — the `Cluster` (API server, controllers, RBAC; its
+      `kubeconfig`, `token`, `namespace` are the ServiceAccount's, bound
+      to `Cluster.contract_role_rules/0`); the namespace enforces the Pod
+      Security level `privileged`, as the user guide asks for sandboxes
+      with a network policy;
+    * `:node` — the real node (`Condukt.Test.K8s.Node`);
+    * `:testbed` — the netns `Testbed` (nginx, the git server and friends
+      in "inet", the pods' outside network);
     * `:upstream_ca_pem` — the testbed's root CA (PEM): pass it as
       `network_policy_upstream_ca` so the sidecar trusts nginx;
     * `:host_aliases` — the pod `hostAliases` mapping the testbed's names
       (allowed.test, denied.test, decide.test, other.test, ws.test,
-      git.test) to its "inet" addresses (IPv4 and IPv6), as
-      `[%{"ip" => ..., "hostnames" => [...]}]`;
-    * `:allow_private` — the CIDRs to give the sidecar as `--allow-private`
-      (the testbed's addresses are private): the inet /24 and the two
-      IPv6 /128s;
-    * `:egress_image` — an image name the runtime maps to the built
-      `condukt-egress` (any name containing "condukt-egress" is).
-  """
-  @type pod_tier :: %{
-          cluster: Cluster.t(),
-          node: map(),
-          runtime: pid(),
-          testbed: Testbed.t(),
-          kubeconfig: Path.t(),
-          token: String.t(),
-          server: String.t(),
-          ca: Path.t(),
-          namespace: String.t(),
-          upstream_ca_pem: String.t(),
-          host_aliases: [map()],
-          allow_private: [String.t()],
-          egress_image: String.t()
-        }
-
-  @doc """
-  Starts everything a test needs to run real pods (docs/k8s-tier.md, "The
-  pod runtime"): a netns testbed, a cluster whose ServiceAccount has the
-  contract's Role, one netns node whose namespace is the testbed's pod
-  side, and a runtime for it. Call it from `setup_all` or `setup`;
-  everything is stopped by `on_exit` (the runtime first, which fails the
-  test on a sanitizer report from a sidecar).
-
-  Options: `:role_rules` (default `Cluster.contract_role_rules/0`),
-  `:testbed` (options for `Testbed.start/1`, default `[big_size: 1 MiB]`),
-  `:runtime` (options for `Runtime.start/3`).
-  """
-  @spec start_pod_tier!(keyword()) :: pod_tier()
-  def start_pod_tier!(opts \\ []) do
-    tb = Testbed.start(Keyword.get(opts, :testbed, big_size: 1024 * 1024))
-    # No plain kwok node: every pod the scheduler places lands on the
-    # runtime's node.
-    c = Cluster.start(role_rules: Keyword.get(opts, :role_rules, Cluster.contract_role_rules()), kwok: false)
-    {c, node} = Cluster.add_netns_node!(c, netns: tb.pod_ns, runtime: true)
-    rt = Runtime.start(c, [node], Keyword.get(opts, :runtime, []))
-    names = Testbed.names()
-
-    %{
-      cluster: c,
-      node: node,
-      runtime: rt,
-      testbed: tb,
-      kubeconfig: c.kubeconfig,
-      token: c.token,
-      server: c.server,
-      ca: Cluster.ca(c),
-      namespace: c.namespace,
-      upstream_ca_pem: File.read!(tb.ca_cert),
-      host_aliases: [%{"ip" => tb.inet.v4, "hostnames" => names}, %{"ip" => tb.inet.v6, "hostnames" => names}],
-      allow_private: [String.replace(tb.inet.v4, ~r/\.\d+$/, ".0/24"), tb.inet.v6 <> "/128", tb.pod.v6 <> "/128"],
-      egress_image: "ghcr.io/tuist/condukt-egress:#{Application.spec(:condukt, :vsn)}"
-    }
-  end
-
-  @typedoc """
-  What `start_node_tier!/1` returns: `:cluster`, `:testbed` and
-  `:upstream_ca_pem`, `:allow_private`, `:egress_image` as in `pod_tier/0`,
-  and `:node`, the real node (`Condukt.Test.K8s.Node`). The namespace
-  enforces the Pod Security level `privileged`, as the user guide asks
-  for sandboxes with a network policy.
+      git.test) to its "inet" IPv4 address, for a test that must not
+      depend on DNS (cluster DNS resolves them too);
+    * `:allow_private` — the CIDRs to give the sidecar as
+      `--allow-private` (the testbed's addresses are private);
+    * `:egress_image` — the sidecar image's name, as imported into the
+      node (`Manifests.default_image/0`'s).
   """
   @type node_tier :: %{
           cluster: Cluster.t(),
           node: Condukt.Test.K8s.Node.t(),
           testbed: Testbed.t(),
           upstream_ca_pem: String.t(),
+          host_aliases: [map()],
           allow_private: [String.t()],
           egress_image: String.t()
         }
@@ -172,7 +106,6 @@ defmodule Condukt.Test.K8s.Case do
     c =
       Cluster.start(
         role_rules: Keyword.get(opts, :role_rules, Cluster.contract_role_rules()),
-        kwok: false,
         kubelet_address_types: Condukt.Test.K8s.Node.kubelet_address_types()
       )
 
@@ -192,6 +125,7 @@ defmodule Condukt.Test.K8s.Case do
       node: node,
       testbed: tb,
       upstream_ca_pem: File.read!(tb.ca_cert),
+      host_aliases: [%{"ip" => tb.inet.v4, "hostnames" => Testbed.names()}],
       allow_private: [String.replace(tb.inet.v4, ~r/\.\d+$/, ".0/24"), tb.inet.v6 <> "/128"],
       egress_image: "ghcr.io/tuist/condukt-egress:#{Application.spec(:condukt, :vsn)}"
     }

@@ -4,15 +4,15 @@ defmodule Condukt.Test.K8s.Cluster do
   # `:kubernetes` tier (docs/k8s-tier.md): etcd, kube-apiserver (TLS from a
   # per-cluster CA made with the openssl CLI, service-account signing keys,
   # RBAC authorization), kube-scheduler and kube-controller-manager (garbage
-  # collector, namespaces, service accounts) when built, and kwok for the
-  # nodes and the pods' status.
+  # collector, namespaces, service accounts). The nodes are added by
+  # `Condukt.Test.K8s.Node` (a real kubelet); without one, pods are stored
+  # and scheduled nowhere, which is all the API-only tests need.
   #
   # `start/1` also creates, as the administrator: the namespace the tests
   # use, a second namespace with a Secret in it (for "cannot read another
   # namespace"), the ServiceAccount `condukt` bound by a RoleBinding to
-  # exactly the Role of `role_rules/0` (docs/kubernetes.md, "RBAC"), a
-  # kwok node, and a token for the
-  # ServiceAccount (TokenRequest). `kubeconfig` is a kubeconfig for that
+  # exactly the Role of `role_rules/0` (docs/kubernetes.md, "RBAC"), and a
+  # token for the ServiceAccount (TokenRequest). `kubeconfig` is a kubeconfig for that
   # ServiceAccount: the tests run as it, never as the administrator.
   #
   # Life cycle: every process is started detached (its own session) and
@@ -34,7 +34,6 @@ defmodule Condukt.Test.K8s.Cluster do
     :token,
     :kubeconfig,
     :admin,
-    :node,
     kubelet_address_types: "InternalIP",
     pids: %{},
     keep_dir: false
@@ -88,8 +87,6 @@ defmodule Condukt.Test.K8s.Cluster do
 
   Options: `:on_exit` (register `stop/1` with ExUnit, default true),
   `:namespace` (default "agents"), `:role_rules` (default `role_rules/0`),
-  `:kwok` (start kwok, default true), `:kwok_config` (extra YAML documents
-  for kwok's --config: ClusterExec, ClusterPortForward, ...),
   `:controllers` (scheduler and controller manager when built, default
   true), `:kubelet_address_types` (the API server's
   --kubelet-preferred-address-types, default "InternalIP"), `:keep_dir`
@@ -108,7 +105,6 @@ defmodule Condukt.Test.K8s.Cluster do
       namespace: Keyword.get(opts, :namespace, "agents"),
       other_namespace: "other-#{id}",
       service_account: "condukt",
-      node: "kwok-#{id}",
       kubelet_address_types: Keyword.get(opts, :kubelet_address_types, "InternalIP"),
       keep_dir: Keyword.get(opts, :keep_dir, System.get_env("CONDUKT_K8S_KEEP") == "1")
     }
@@ -132,7 +128,6 @@ defmodule Condukt.Test.K8s.Cluster do
       |> start_apiserver!()
       |> maybe(Keyword.get(opts, :controllers, true), &start_controllers!/1)
       |> bootstrap!(Keyword.get(opts, :role_rules, role_rules()))
-      |> maybe(Keyword.get(opts, :kwok, true), &start_kwok!(&1, Keyword.get(opts, :kwok_config, "")))
     rescue
       e ->
         stop(c)
@@ -154,20 +149,12 @@ defmodule Condukt.Test.K8s.Cluster do
           Map.values(c.pids)
       end
 
-    # Clients first (kwok, controllers), the API server, etcd last.
+    # Clients first (the node, the controllers), the API server, etcd last.
     Cmd.kill(Enum.reverse(pids), 5_000)
 
-    # Network namespaces of add_netns_node!/2, and whatever still runs in
-    # them (a command an exec left behind).
-    with {:ok, text} <- File.read(Path.join(dir, "netns")) do
-      for ns <- String.split(text, "\n", trim: true) do
-        {out, _} = Cmd.run([Tier.tool!("ip"), "netns", "pids", ns], timeout: 5_000)
-        out |> String.split() |> Enum.map(&String.to_integer/1) |> Cmd.kill(2_000)
-        Cmd.run([Tier.tool!("ip"), "netns", "del", ns], timeout: 5_000)
-      end
-    end
-
-    unless c.keep_dir, do: File.rm_rf(dir)
+    # rm(1), not File.rm_rf/1: a node's image layers are many files, and
+    # --one-file-system leaves alone whatever a crashed run left mounted.
+    unless c.keep_dir, do: Cmd.run(["rm", "-rf", "--one-file-system", dir], timeout: 120_000)
     :ok
   end
 
@@ -195,7 +182,7 @@ defmodule Condukt.Test.K8s.Cluster do
         end
 
       File.write!(Path.join(dir, "pids"), Enum.map_join(pids, &"swept #{&1}\n"))
-      stop(%__MODULE__{id: Path.basename(dir), dir: dir, namespace: nil, other_namespace: nil, node: nil})
+      stop(%__MODULE__{id: Path.basename(dir), dir: dir, namespace: nil, other_namespace: nil})
     end
 
     :ok
@@ -378,8 +365,8 @@ defmodule Condukt.Test.K8s.Cluster do
       "--service-cluster-ip-range=10.96.0.0/24",
       "--authorization-mode=RBAC",
       "--allow-privileged=true",
-      # The API server's client certificate towards the nodes' "kubelet"
-      # (kwok) for exec, attach and port-forward.
+      # The API server's client certificate towards the kubelet for exec,
+      # attach, port-forward and logs.
       "--kubelet-client-certificate=#{p.("admin.crt")}",
       "--kubelet-client-key=#{p.("admin.key")}",
       "--kubelet-preferred-address-types=#{c.kubelet_address_types}",
@@ -436,209 +423,6 @@ defmodule Condukt.Test.K8s.Cluster do
     end
   end
 
-  # kwok manages the node `c.node` (created here with its address and the
-  # port of kwok's own server, which the API server dials for exec and
-  # port-forward) and plays the stages below: nodes become Ready, pods
-  # bound to the node become Running, deleted pods go.
-  defp start_kwok!(c, extra_config) do
-    [port] = free_ports(1)
-    config = Path.join(c.dir, "kwok.yaml")
-    File.write!(config, kwok_stages(false) <> extra_config)
-
-    request!(c, :admin, "POST", "/api/v1/nodes", %{
-      apiVersion: "v1",
-      kind: "Node",
-      metadata: %{
-        name: c.node,
-        annotations: %{"kwok.x-k8s.io/node" => "fake"},
-        labels: %{"type" => "kwok", "kubernetes.io/hostname" => c.node}
-      },
-      status: %{
-        addresses: [%{type: "InternalIP", address: "127.0.0.1"}, %{type: "Hostname", address: c.node}],
-        daemonEndpoints: %{kubeletEndpoint: %{Port: port}},
-        allocatable: %{cpu: "32", memory: "64Gi", pods: "110"},
-        capacity: %{cpu: "32", memory: "64Gi", pods: "110"}
-      }
-    })
-
-    c =
-      spawn!(c, :kwok, [
-        bin(c, "kwok"),
-        "--kubeconfig=#{Path.join(c.dir, "admin.kubeconfig")}",
-        "--config=#{config}",
-        "--manage-single-node=#{c.node}",
-        "--server-address=127.0.0.1:#{port}",
-        "--node-ip=127.0.0.1",
-        "--node-port=#{port}"
-      ])
-
-    c = %{c | ports: Map.put(c.ports, :kwok, port)}
-
-    wait_node_ready!(c, :kwok, c.node)
-
-    c
-  end
-
-  @doc """
-  Adds a node whose "kubelet" (a second kwok, managing only this node)
-  runs inside a new network namespace, and returns `{cluster, node}`. Exec
-  commands run there, so a pod bound to this node (`spec.nodeName`, or
-  the scheduler) has that namespace as its network: docs/k8s-tier.md.
-
-  The API server and this kwok reach each other through two pairs of
-  relays (test/support/k8s/relay.py) joined by unix sockets in the
-  cluster's directory; nothing is added to the host's network. Needs root.
-
-  `node.forward_ports` lists the pod ports that port-forward reaches
-  (127.0.0.1:PORT inside the namespace).
-
-  Options: `:forward_ports`; `:netns`, an existing namespace to use
-  instead of a new one (the netns testbed's "pod" side: its owner deletes
-  it, the cluster only kills what it started there); `:runtime`, true
-  when `Condukt.Test.K8s.Runtime` realizes this node's pods: kwok's pod
-  stage then waits for the pod annotation `runtime_ready_annotation/0`
-  before it reports `Running`.
-  """
-  @spec add_netns_node!(t(), keyword()) :: {t(), map()}
-  def add_netns_node!(%__MODULE__{} = c, opts \\ []) do
-    n = map_size(Map.get(c.ports, :netns_nodes, %{}))
-    name = "kwok-#{c.id}-ns#{n}"
-
-    {netns, own_netns} =
-      case Keyword.get(opts, :netns) do
-        nil -> {"ck-#{c.id}-#{n}", true}
-        existing -> {existing, false}
-      end
-
-    ndir = Path.join(c.dir, "node-#{n}")
-    File.mkdir_p!(ndir)
-    ip = Tier.tool!("ip")
-    python = "/usr/bin/python3"
-    relay = Path.expand("relay.py", __DIR__)
-    [host_port] = free_ports(1)
-    api_sock = Path.join(ndir, "api.sock")
-    kubelet_sock = Path.join(ndir, "kubelet.sock")
-
-    if own_netns do
-      Cmd.run!([ip, "netns", "add", netns])
-      File.write!(Path.join(c.dir, "netns"), "#{netns}\n", [:append])
-    end
-
-    Cmd.run!([ip, "-n", netns, "link", "set", "lo", "up"])
-
-    c =
-      spawn!(c, :"relay-host-#{n}", [
-        python,
-        relay,
-        "unix:#{api_sock}=tcp:127.0.0.1:#{c.ports.apiserver}",
-        "tcp:127.0.0.1:#{host_port}=unix:#{kubelet_sock}"
-      ])
-
-    c =
-      spawn!(c, :"relay-ns-#{n}", [
-        ip,
-        "netns",
-        "exec",
-        netns,
-        python,
-        relay,
-        "tcp:127.0.0.1:6443=unix:#{api_sock}",
-        "unix:#{kubelet_sock}=tcp:127.0.0.1:10250"
-      ])
-
-    kubeconfig = Path.join(ndir, "kwok.kubeconfig")
-
-    File.write!(
-      kubeconfig,
-      c.dir |> Path.join("admin.kubeconfig") |> File.read!() |> String.replace(c.server, "https://127.0.0.1:6443")
-    )
-
-    ports = Keyword.get(opts, :forward_ports, [])
-
-    forwards =
-      Enum.map_join(ports, "", fn port ->
-        "  - ports: [#{port}]\n    target: {address: 127.0.0.1, port: #{port}}\n"
-      end)
-
-    config = Path.join(ndir, "kwok.yaml")
-    runtime = Keyword.get(opts, :runtime, false)
-
-    File.write!(
-      config,
-      kwok_stages(runtime) <>
-        """
-        ---
-        apiVersion: kwok.x-k8s.io/v1alpha1
-        kind: ClusterExec
-        metadata:
-          name: condukt-local
-        spec:
-          execs:
-          - local:
-              workDir: #{ndir}
-        ---
-        apiVersion: kwok.x-k8s.io/v1alpha1
-        kind: ClusterPortForward
-        metadata:
-          name: condukt-local
-        spec:
-        #{if forwards == "", do: "  forwards: []\n", else: "  forwards:\n" <> forwards}\
-        """
-    )
-
-    request!(c, :admin, "POST", "/api/v1/nodes", %{
-      apiVersion: "v1",
-      kind: "Node",
-      metadata: %{name: name, labels: %{"type" => "kwok-netns", "kubernetes.io/hostname" => name}},
-      status: %{
-        addresses: [%{type: "InternalIP", address: "127.0.0.1"}, %{type: "Hostname", address: name}],
-        daemonEndpoints: %{kubeletEndpoint: %{Port: host_port}},
-        allocatable: %{cpu: "32", memory: "64Gi", pods: "1"},
-        capacity: %{cpu: "32", memory: "64Gi", pods: "1"}
-      }
-    })
-
-    kwok_name = :"kwok-ns-#{n}"
-    kwok_args = kwok_node_args(c, kubeconfig, config, name)
-    c = spawn!(c, kwok_name, [ip, "netns", "exec", netns | kwok_args])
-
-    wait_node_ready!(c, kwok_name, name)
-
-    node = %{
-      name: name,
-      netns: netns,
-      dir: ndir,
-      forward_ports: ports,
-      kwok_pid: c.pids[kwok_name],
-      kwok_kubeconfig: kubeconfig,
-      kwok_config: config,
-      runtime: runtime
-    }
-
-    nodes = Map.put(Map.get(c.ports, :netns_nodes, %{}), name, node)
-    {%{c | ports: Map.put(c.ports, :netns_nodes, nodes)}, node}
-  end
-
-  @doc """
-  The argv (without any namespace prefix) of the kwok that plays netns
-  node `name` with `config` (its --config file): the runtime restarts it
-  inside a pod's workspace view (docs/k8s-tier.md).
-  """
-  @spec kwok_node_args(t(), Path.t(), Path.t(), String.t()) :: [String.t()]
-  def kwok_node_args(c, kubeconfig, config, name) do
-    [
-      bin(c, "kwok"),
-      "--kubeconfig=#{kubeconfig}",
-      "--config=#{config}",
-      "--manage-single-node=#{name}",
-      "--server-address=127.0.0.1:10250"
-    ]
-  end
-
-  @doc "The annotation whose value \"true\" lets kwok report a runtime node's pod Running."
-  @spec runtime_ready_annotation() :: String.t()
-  def runtime_ready_annotation, do: "condukt.test/runtime-ready"
-
   @doc """
   Starts a detached process (its own session, output to `log`) and
   records it in the cluster's pids file, so `stop/1` kills it even when
@@ -649,15 +433,6 @@ defmodule Condukt.Test.K8s.Cluster do
     pid = Cmd.spawn_daemon(argv, log)
     File.write!(Path.join(dir, "pids"), "#{name} #{pid}\n", [:append])
     pid
-  end
-
-  # The TaintNodesByCondition admission plugin gives every new node the
-  # not-ready taint; the node lifecycle controller would lift it once
-  # kwok reports Ready. That controller also evicts, so the tier does not
-  # run it: the administrator lifts the taint instead.
-  defp wait_node_ready!(c, proc, node) do
-    wait!(c, proc, fn -> node_ready?(c, node) end)
-    untaint_node!(c, node)
   end
 
   @doc "Whether node `name` reports the Ready condition."
@@ -767,106 +542,6 @@ defmodule Condukt.Test.K8s.Cluster do
     """)
 
     path
-  end
-
-  @doc """
-  Our own minimal stages (kwok's Stage API): a managed node is Ready with
-  the addresses it was created with; a pod bound to it becomes Running
-  with every container running (with `runtime` true, only once the pod
-  carries `runtime_ready_annotation/0` = "true"); a pod being deleted is
-  removed.
-  """
-  @spec kwok_stages(boolean()) :: String.t()
-  def kwok_stages(runtime) do
-    ready =
-      if runtime,
-        do: """
-            - key: '.metadata.annotations["#{runtime_ready_annotation()}"]'
-              operator: In
-              values: ['true']
-        """,
-        else: ""
-
-    """
-    apiVersion: kwok.x-k8s.io/v1alpha1
-    kind: Stage
-    metadata:
-      name: condukt-node-ready
-    spec:
-      resourceRef: {apiGroup: v1, kind: Node}
-      selector:
-        matchExpressions:
-        - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
-          operator: NotIn
-          values: ['True']
-      next:
-        statusTemplate: |
-          conditions:
-          - type: Ready
-            status: "True"
-            reason: KubeletReady
-            message: kwok
-            lastHeartbeatTime: {{ Now | Quote }}
-            lastTransitionTime: {{ Now | Quote }}
-    ---
-    apiVersion: kwok.x-k8s.io/v1alpha1
-    kind: Stage
-    metadata:
-      name: condukt-pod-running
-    spec:
-      resourceRef: {apiGroup: v1, kind: Pod}
-      selector:
-        matchExpressions:
-        - key: '.metadata.deletionTimestamp'
-          operator: DoesNotExist
-        - key: '.status.phase'
-          operator: In
-          values: ['Pending']
-    #{ready}  next:
-        statusTemplate: |
-          phase: Running
-          startTime: {{ Now | Quote }}
-          hostIP: "127.0.0.1"
-          podIP: "127.0.0.1"
-          conditions:
-          - {type: Initialized, status: "True", lastTransitionTime: {{ Now | Quote }}}
-          - {type: Ready, status: "True", lastTransitionTime: {{ Now | Quote }}}
-          - {type: ContainersReady, status: "True", lastTransitionTime: {{ Now | Quote }}}
-          containerStatuses:
-          {{ range .spec.containers }}
-          - name: {{ .name | Quote }}
-            image: {{ .image | Quote }}
-            ready: true
-            restartCount: 0
-            state: {running: {startedAt: {{ Now | Quote }}}}
-          {{ end }}
-          initContainerStatuses:
-          {{ range .spec.initContainers }}
-          - name: {{ .name | Quote }}
-            image: {{ .image | Quote }}
-            ready: true
-            restartCount: 0
-            {{ if .restartPolicy }}
-            started: true
-            state: {running: {startedAt: {{ Now | Quote }}}}
-            {{ else }}
-            state: {terminated: {exitCode: 0, reason: Completed, startedAt: {{ Now | Quote }}, finishedAt: {{ Now | Quote }}}}
-            {{ end }}
-          {{ end }}
-    ---
-    apiVersion: kwok.x-k8s.io/v1alpha1
-    kind: Stage
-    metadata:
-      name: condukt-pod-delete
-    spec:
-      resourceRef: {apiGroup: v1, kind: Pod}
-      selector:
-        matchExpressions:
-        - key: '.metadata.deletionTimestamp'
-          operator: Exists
-      next:
-        delete: true
-    """
   end
 
   # --- helpers --------------------------------------------------------------

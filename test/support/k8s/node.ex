@@ -42,6 +42,14 @@ defmodule Condukt.Test.K8s.Node do
   @pod_cidr "10.244.0.0/24"
   @sandbox_image "condukt.test/pause:1"
   @cgroup_base "/sys/fs/cgroup"
+  @runtime_handler "condukt-test"
+
+  @doc """
+  The name of the node's second container runtime handler (runc, as the
+  default one), for a RuntimeClass whose pods must run.
+  """
+  @spec runtime_handler() :: String.t()
+  def runtime_handler, do: @runtime_handler
 
   @doc "The API server's --kubelet-preferred-address-types a cluster with this node needs."
   @spec kubelet_address_types() :: String.t()
@@ -71,7 +79,7 @@ defmodule Condukt.Test.K8s.Node do
   @doc """
   Starts a node in network namespace `netns` (whose address `ip` becomes
   the node's InternalIP) for cluster `c` (started with
-  `kubelet_address_types: kubelet_address_types()` and without kwok), imports
+  `kubelet_address_types: kubelet_address_types()`), imports
   `images` (a list of OCI archive paths) and waits until the node is Ready.
   Options: `:upstream_hosts` (a hosts file cluster DNS answers other names
   from, standing in for the internet's DNS; default: none, only cluster
@@ -192,6 +200,11 @@ defmodule Condukt.Test.K8s.Node do
       runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
       SystemdCgroup = false
+    # A second handler for RuntimeClass (`runtime_handler/0`): runc again.
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.#{@runtime_handler}]
+      runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.#{@runtime_handler}.options]
+      SystemdCgroup = false
     [plugins."io.containerd.grpc.v1.cri".cni]
       bin_dir = "/usr/lib/cni"
       conf_dir = "#{cni_conf}"
@@ -310,16 +323,38 @@ defmodule Condukt.Test.K8s.Node do
   def kubelet_pid(%__MODULE__{} = n), do: Enum.at(pids_naming("--config=#{n.dir}/kubelet.yaml"), 0)
 
   @doc """
-  Restarts the kubelet as an upgrade or a crash would: TERM (KILL after
-  5 s), `outage_ms` without it (the containers keep running; exec,
-  port-forward and logs through it fail), then the same command again,
-  returning once it listens again.
+  Restarts the kubelet as an upgrade or a crash would: `stop_kubelet!/1`,
+  `outage_ms` without it, then `start_kubelet!/2`.
   """
   @spec restart_kubelet!(t(), Cluster.t(), non_neg_integer()) :: t()
   def restart_kubelet!(%__MODULE__{} = n, %Cluster{} = c, outage_ms) do
-    Cmd.kill(Enum.reject([kubelet_pid(n)], &is_nil/1), 5_000)
+    stop_kubelet!(n)
     Process.sleep(outage_ms)
-    n = spawn!(n, c, :kubelet, n.kubelet_argv)
+    start_kubelet_again!(n, c)
+  end
+
+  @doc """
+  Stops the kubelet (TERM, KILL after 5 s). The containers keep running;
+  exec, port-forward and logs through it fail, and the port-forward
+  streams it served end.
+  """
+  @spec stop_kubelet!(t()) :: :ok
+  def stop_kubelet!(%__MODULE__{} = n) do
+    Cmd.kill(Enum.reject([kubelet_pid(n)], &is_nil/1), 5_000)
+    :ok
+  end
+
+  @doc """
+  Starts the kubelet stopped by `stop_kubelet!/1` again, with the same
+  command, returning once it listens. Does nothing when it runs.
+  """
+  @spec start_kubelet_again!(t(), Cluster.t()) :: t()
+  def start_kubelet_again!(%__MODULE__{} = n, %Cluster{} = c) do
+    n =
+      case kubelet_pid(n) do
+        nil -> spawn!(n, c, :kubelet, n.kubelet_argv)
+        pid -> %{n | pids: Map.put(n.pids, :kubelet, pid)}
+      end
 
     # Listening on its port again. (The API server's node proxy would
     # tell more, but it refuses a loopback address: the tier's relay.)
@@ -329,6 +364,51 @@ defmodule Condukt.Test.K8s.Node do
     end)
 
     n
+  end
+
+  @doc """
+  The host pid of container `container` of the pod `pod` (as the API
+  server returns it), through containerd: for `nsenter` into its
+  namespaces, or `/proc/PID/root` to see its file system.
+  """
+  @spec container_pid(t(), map(), String.t()) :: pos_integer()
+  def container_pid(%__MODULE__{} = n, pod, container) do
+    statuses = (pod["status"]["initContainerStatuses"] || []) ++ (pod["status"]["containerStatuses"] || [])
+    %{"containerID" => "containerd://" <> cid} = Enum.find(statuses, &(&1["name"] == container))
+    {out, 0} = ctr(n, ["tasks", "ls"])
+
+    out
+    |> String.split("\n", trim: true)
+    |> Enum.find_value(fn line ->
+      case String.split(line) do
+        [^cid, pid | _] -> String.to_integer(pid)
+        _ -> nil
+      end
+    end) || raise("container #{container} (#{cid}) has no task")
+  end
+
+  @doc "The host directory of the pod's emptyDir volume `volume` (as the kubelet made it)."
+  @spec empty_dir(t(), map(), String.t()) :: Path.t()
+  def empty_dir(%__MODULE__{} = n, pod, volume) do
+    Path.join([n.dir, "kubelet", "pods", pod["metadata"]["uid"], "volumes", "kubernetes.io~empty-dir", volume])
+  end
+
+  @doc """
+  The lines the container `container` of `pod` wrote (stdout and stderr,
+  every restart in order), read from the kubelet's log files (CRI format:
+  `TIME STREAM TAG LINE`, one line per entry) with the time, stream and
+  tag removed. Works while the kubelet is down.
+  """
+  @spec container_log(t(), map(), String.t()) :: [String.t()]
+  def container_log(%__MODULE__{} = n, pod, container) do
+    m = pod["metadata"]
+    dir = Path.join([n.dir, "pod-logs", "#{m["namespace"]}_#{m["name"]}_#{m["uid"]}", container])
+
+    for file <- Enum.sort(Path.wildcard(Path.join(dir, "*.log"))),
+        {:ok, text} <- [File.read(file)],
+        line <- String.split(text, "\n", trim: true),
+        [_, _, _, entry] <- [String.split(line, " ", parts: 4)],
+        do: entry
   end
 
   # The TaintNodesByCondition admission plugin gives the new node the

@@ -3,8 +3,8 @@ defmodule Condukt.Test.K8s.Tier do
   # Decides whether the `:kubernetes` tier can run on this machine
   # (docs/k8s-tier.md).
   #
-  # The tier needs the binaries of scripts/k8s/binaries.sh (etcd,
-  # kube-apiserver, kube-scheduler, kube-controller-manager, kwok; built
+  # The tier needs the binaries of scripts/k8s/binaries.sh (the control
+  # plane, the kubelet, kube-proxy, CoreDNS and kube-router; built
   # once into a cache outside the repository, or taken from
   # KUBEBUILDER_ASSETS), openssl and curl. This check never builds: `make`
   # does that before the tests (scripts/k8s/binaries.sh), and a machine

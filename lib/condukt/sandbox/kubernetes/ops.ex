@@ -94,7 +94,7 @@ defmodule Condukt.Sandbox.Kubernetes.Ops do
             end
 
           # Runtimes that report a killed command only as a Status
-          # (kwok: "signal: killed") give no exit code.
+          # ("signal: killed") give no exit code.
           {:ok, r} ->
             if System.monotonic_time(:millisecond) - started >= timeout do
               output = output(r.stdout, r.stdout_dropped, max)
