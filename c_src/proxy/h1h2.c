@@ -30,6 +30,7 @@
 #include "common/error.h"
 #include "common/trace.h"
 #include "h2/headers.h"
+#include "h2/session.h"
 #include "http1/writer.h"
 #include "proxy/conn_internal.h"
 #include "proxy/proxy.h"
@@ -351,35 +352,21 @@ static int start(ce_conn_t *c) {
     return CE_ENOMEM;
   h->c = c;
   c->h1h2 = h;
-  nghttp2_session_callbacks *cb = NULL;
-  nghttp2_option *opt = NULL;
-  int rc = CE_ENOMEM;
-  if (nghttp2_session_callbacks_new(&cb) != 0 || nghttp2_option_new(&opt) != 0)
-    goto out;
-  nghttp2_option_set_no_auto_window_update(opt, 1);
-  nghttp2_option_set_max_outbound_ack(opt, 1000);
-  nghttp2_option_set_max_settings(opt, 32);
-  nghttp2_option_set_max_continuations(opt, 16);
-  nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
-  nghttp2_session_callbacks_set_on_header_callback(cb, on_header);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, on_frame_recv);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, on_data);
-  nghttp2_session_callbacks_set_on_stream_close_callback(cb, on_stream_close);
-  if (nghttp2_session_client_new2(&h->s, cb, h, opt) != 0)
-    goto out;
-  nghttp2_settings_entry set[] = {
-      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, H1H2_BUF},
-      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
-      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, H1H2_MAX_HEADER_LIST},
+  static const ce_h2_session_params_t params = {
+      .role = CE_H2_SESSION_CLIENT,
+      .stream_window = H1H2_BUF,
+      .conn_window = H1H2_CONN_WINDOW,
+      .max_header_list = H1H2_MAX_HEADER_LIST,
   };
-  if (nghttp2_submit_settings(h->s, NGHTTP2_FLAG_NONE, set, 3) != 0 ||
-      nghttp2_session_set_local_window_size(h->s, NGHTTP2_FLAG_NONE, 0, H1H2_CONN_WINDOW) != 0)
-    goto out;
-  rc = CE_OK;
-  CE_TRACE_D("proxy", 'c', c->id, "HTTP/1.1 workspace over an h2 upstream");
-out:
-  nghttp2_session_callbacks_del(cb);
-  nghttp2_option_del(opt);
+  static const ce_h2_session_callbacks_t cbs = {
+      .header = on_header,
+      .frame_recv = on_frame_recv,
+      .data_chunk_recv = on_data,
+      .stream_close = on_stream_close,
+  };
+  int rc = ce_h2_session_new(&params, &cbs, h, &h->s);
+  if (rc == CE_OK)
+    CE_TRACE_D("proxy", 'c', c->id, "HTTP/1.1 workspace over an h2 upstream");
   return rc;
 }
 

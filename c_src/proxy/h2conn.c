@@ -26,6 +26,7 @@
 #include "common/trace.h"
 #include "h2/guard.h"
 #include "h2/headers.h"
+#include "h2/session.h"
 #include "http1/writer.h"
 #include "proxy/conn_internal.h"
 #include "proxy/netaddr.h"
@@ -2268,88 +2269,46 @@ void ce_h2conn_close_handles(ce_conn_t *c) {
 
 /* ---- sessions ------------------------------------------------------------------------ */
 
-/* The options of both sessions: windows open again only as bytes leave
- * (docs/http2.md §4); the library's own flood limits are set explicitly
- * as a second layer behind the guard (§5). */
-static nghttp2_option *session_options(void) {
-  nghttp2_option *opt = NULL;
-  if (nghttp2_option_new(&opt) != 0)
-    return NULL;
-  nghttp2_option_set_no_auto_window_update(opt, 1);
-  nghttp2_option_set_max_outbound_ack(opt, 1000);
-  nghttp2_option_set_max_settings(opt, 32);
-  nghttp2_option_set_max_continuations(opt, CE_H2G_MAX_CONTINUATIONS);
-  nghttp2_option_set_stream_reset_rate_limit(opt, CE_H2G_MAX_RST, CE_H2G_MAX_RST / CE_H2G_WINDOW_S);
-  nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
-  nghttp2_option_set_max_send_header_block_length(opt, 2u * CE_H2_MAX_HEADER_LIST);
-  return opt;
-}
-
 /* A client session towards an h2 upstream connection, its SETTINGS
- * submitted. */
+ * submitted (h2/session.h). */
 static int up_session_new(h2_t *h, nghttp2_session **out) {
-  nghttp2_session_callbacks *cb = NULL;
-  nghttp2_option *opt = session_options();
-  nghttp2_session *sess = NULL;
-  int rc = CE_ENOMEM;
-  if (opt == NULL || nghttp2_session_callbacks_new(&cb) != 0)
-    goto out;
-  nghttp2_session_callbacks_set_on_header_callback(cb, up_header);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, up_frame_recv);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, up_data);
-  nghttp2_session_callbacks_set_on_stream_close_callback(cb, up_stream_close);
-  if (nghttp2_session_client_new2(&sess, cb, h, opt) != 0)
-    goto out;
-  nghttp2_settings_entry up_set[] = {
-      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, CE_H2_STREAM_BUF},
-      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
-      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, CE_H2_MAX_HEADER_LIST},
+  static const ce_h2_session_params_t params = {
+      .role = CE_H2_SESSION_CLIENT,
+      .stream_window = CE_H2_STREAM_BUF,
+      .conn_window = CE_H2_CONN_WINDOW,
+      .max_header_list = CE_H2_MAX_HEADER_LIST,
   };
-  if (nghttp2_submit_settings(sess, NGHTTP2_FLAG_NONE, up_set, 3) != 0 ||
-      nghttp2_session_set_local_window_size(sess, NGHTTP2_FLAG_NONE, 0, CE_H2_CONN_WINDOW) != 0) {
-    nghttp2_session_del(sess);
-    goto out;
-  }
-  *out = sess;
-  rc = CE_OK;
-out:
-  nghttp2_session_callbacks_del(cb);
-  nghttp2_option_del(opt);
-  return rc;
+  static const ce_h2_session_callbacks_t cbs = {
+      .header = up_header,
+      .frame_recv = up_frame_recv,
+      .data_chunk_recv = up_data,
+      .stream_close = up_stream_close,
+  };
+  return ce_h2_session_new(&params, &cbs, h, out);
 }
 
 static int new_sessions(h2_t *h) {
-  nghttp2_session_callbacks *cb = NULL;
-  nghttp2_option *opt = session_options();
-  int rc = CE_ENOMEM;
-  if (opt == NULL || nghttp2_session_callbacks_new(&cb) != 0)
-    goto out;
-  nghttp2_session_callbacks_set_on_begin_headers_callback(cb, srv_begin_headers);
-  nghttp2_session_callbacks_set_on_header_callback(cb, srv_header);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, srv_frame_recv);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, srv_data);
-  nghttp2_session_callbacks_set_on_frame_send_callback(cb, srv_frame_send);
-  nghttp2_session_callbacks_set_on_stream_close_callback(cb, srv_stream_close);
-  if (nghttp2_session_server_new2(&h->srv, cb, h, opt) != 0)
-    goto out;
-
-  nghttp2_settings_entry srv_set[] = {
-      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, CE_H2_MAX_STREAMS},
-      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, CE_H2_STREAM_BUF},
-      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
-      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, CE_H2_MAX_HEADER_LIST},
+  static const ce_h2_session_params_t params = {
+      .role = CE_H2_SESSION_SERVER,
+      .stream_window = CE_H2_STREAM_BUF,
+      .conn_window = CE_H2_CONN_WINDOW,
+      .max_header_list = CE_H2_MAX_HEADER_LIST,
+      .max_streams = CE_H2_MAX_STREAMS,
   };
-  if (nghttp2_submit_settings(h->srv, NGHTTP2_FLAG_NONE, srv_set, 4) != 0 ||
-      nghttp2_session_set_local_window_size(h->srv, NGHTTP2_FLAG_NONE, 0, CE_H2_CONN_WINDOW) != 0)
-    goto out;
+  static const ce_h2_session_callbacks_t cbs = {
+      .begin_headers = srv_begin_headers,
+      .header = srv_header,
+      .frame_recv = srv_frame_recv,
+      .data_chunk_recv = srv_data,
+      .frame_send = srv_frame_send,
+      .stream_close = srv_stream_close,
+  };
+  if (ce_h2_session_new(&params, &cbs, h, &h->srv) != CE_OK)
+    return CE_ENOMEM;
   /* The pre-connected upstream spoke h2: its session on slot 0 (c->u). */
   if (h->h2up && up_session_new(h, &h->slots[0].sess) != CE_OK)
-    goto out;
-  rc = CE_OK;
-out:
-  nghttp2_session_callbacks_del(cb);
-  nghttp2_option_del(opt);
-  return rc;
+    return CE_ENOMEM;
+  return CE_OK;
 }
 
 int ce_h2conn_start(ce_conn_t *c) {
