@@ -159,7 +159,7 @@ static bool write_head(h1h2_t *h, int status, unsigned flags) {
   int rc = ce_h2h_write_response(&w, status, h->f, h->fn, flags);
   if (rc == CE_OK) {
     ce_conn_side_write(&c->c, c->proxy->head_buf, w.len);
-    c->req.bytes_in += w.len;
+    c->x.req.bytes_in += w.len;
   }
   return rc == CE_OK;
 }
@@ -185,7 +185,7 @@ static void final_head(h1h2_t *h, int status) {
     x->value = h->f[i].value;
     x->value_len = h->f[i].value_len;
   }
-  ce_reqinfo_set_response(&c->req, hd, c->proxy->opts);
+  ce_reqinfo_set_response(&c->x.req, hd, c->proxy->opts);
   free(hd);
 
   bool head_method = strcmp(c->method, "HEAD") == 0;
@@ -265,7 +265,7 @@ static int on_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, c
   ce_conn_side_write(&c->c, (const char *)data, len);
   if (h->chunked_out)
     ce_conn_side_write(&c->c, "\r\n", 2);
-  c->req.bytes_in += len;
+  c->x.req.bytes_in += len;
   h->unconsumed += len;
   return 0;
 }
@@ -331,8 +331,8 @@ static ssize_t body_read(nghttp2_session *session, int32_t stream_id, uint8_t *b
     memcpy(buf, h->up, n);
     memmove(h->up, h->up + n, h->up_len - n);
     h->up_len -= n;
-    c->req.bytes_out += n;
-    ce_reqinfo_add_preview(&c->req, (const char *)buf, n, c->proxy->opts->body_preview);
+    c->x.req.bytes_out += n;
+    ce_reqinfo_add_preview(&c->x.req, (const char *)buf, n, c->proxy->opts->body_preview);
     up_release(h);
   }
   if (h->up_len == 0 && c->req_done) {
@@ -586,10 +586,10 @@ void ce_h1h2_process(ce_conn_t *c) {
      * connection when nothing of it is lost (no body read, no 100
      * Continue said) and no GOAWAY said the upstream gave up on us. */
     bool again = h->refused && !h->body_taken && !h->continued && !h->goaway_error && !c->proxy->draining &&
-                 c->h1h2_retried != c->req.id;
+                 c->h1h2_retried != c->x.req.id;
     h->sid = 0;
     if (again) {
-      c->h1h2_retried = c->req.id;
+      c->h1h2_retried = c->x.req.id;
       ce_conn_retry_exchange(c); /* frees h */
       return;
     }
