@@ -30,6 +30,7 @@
 #include "proxy/connector.h"
 #include "proxy/exchange.h"
 #include "proxy/netaddr.h"
+#include "proxy/transport.h"
 #include "tls/context.h"
 #include "tls/tlsconn.h"
 
@@ -218,16 +219,8 @@ void conn__upstream_reset(ce_conn_t *c) {
   c->h1h2 = NULL;
   ce_connector_reset(&c->uk);
   side_close(&c->u);
-  ce_tlsconn_free(c->u.tls);
-  c->u.tls = NULL;
-  c->u.handshaken = false;
-  c->u.connected = false;
-  c->u.eof = false;
-  c->u.close_notify = false;
-  c->u.shut = c->u.shut_done = false;
-  c->u.in_len = 0;
+  ce_transport_reset(&c->u);
   ce_conn_release_input(&c->u);
-  c->u.close_after_flush = false;
   c->up_h2 = false;
   c->up_host[0] = '\0';
 }
@@ -251,9 +244,9 @@ void conn__abort(ce_conn_t *c) {
 /* An HTTP/1.1 upstream asked for h2 streams (ce_conn_h2_connect) is ready
  * (status 0) or failed: tell the HTTP/2 path. False when none was being made. */
 static bool h2_connect_end(ce_conn_t *c, int status, const char *reason) {
-  if (!c->h2_connecting || c->dead)
+  if (c->up_for != CE_UP_FOR_H2_STREAMS || c->dead)
     return false;
-  c->h2_connecting = false;
+  c->up_for = CE_UP_FOR_REQUEST;
   if (status != 0)
     conn__upstream_reset(c);
   conn__arm(c, c->proxy->opts->idle_ms);
@@ -304,10 +297,8 @@ static void finish_close(ce_conn_t *c) {
 void conn__close_after_flush(ce_conn_t *c) {
   conn__set_state(c, ST_CLOSING);
   conn__arm(c, c->proxy->opts->idle_ms);
-  if (c->c.tls != NULL && c->c.handshaken && c->c.open && !c->c.shut) {
-    ce_tlsconn_shutdown(c->c.tls);
+  if (!c->c.shut && ce_transport_close_notify(&c->c))
     conn__side_write(&c->c, NULL, 0);
-  }
   c->c.close_after_flush = true;
   if (c->c.queued == 0)
     finish_close(c);
@@ -338,7 +329,7 @@ static void on_timer(uv_timer_t *t) {
     }
     break;
   case ST_CONNECTING:
-    if (c->preconnecting) {
+    if (c->up_for == CE_UP_FOR_PRECONNECT) {
       preconnect_done(c, false);
       return;
     }
@@ -493,7 +484,7 @@ static void upstream_ready(ce_conn_t *c) {
   if (c->state != ST_CONNECTING)
     return;
   trace(c, "upstream %s:%u ready", c->up_host, (unsigned)c->up_port);
-  if (c->preconnecting) {
+  if (c->up_for == CE_UP_FOR_PRECONNECT) {
     preconnect_done(c, true);
     return;
   }
@@ -504,7 +495,7 @@ static void upstream_ready(ce_conn_t *c) {
  * request meets the failure again on its own path), an h2 workspace's
  * streams are told, a request is answered in words. */
 static void upstream_failed(ce_conn_t *c, int status, const char *reason) {
-  if (c->preconnecting) {
+  if (c->up_for == CE_UP_FOR_PRECONNECT) {
     preconnect_done(c, false);
     return;
   }
@@ -547,7 +538,7 @@ static void up_reading(ce_connector_t *k) {
  * to go (a request sent again said so already). */
 static void up_resolved(ce_connector_t *k) {
   ce_conn_t *c = k->owner;
-  if (!c->preconnecting && !c->h2_connecting && c->state == ST_CONNECTING)
+  if (c->up_for == CE_UP_FOR_REQUEST && c->state == ST_CONNECTING)
     ce_exchange_allowed(&c->x);
 }
 
@@ -580,7 +571,8 @@ static const ce_connector_ops_t up_ops = {
  * and a WebSocket upgrade (no extended CONNECT here) ask for HTTP/1.1
  * only, except the new connection after an h2 upstream's GOAWAY. */
 static void upstream_connect(ce_conn_t *c) {
-  bool both = c->preconnecting || (c->h2_connecting ? c->h2_offer : !c->req_upgrade);
+  bool both = c->up_for == CE_UP_FOR_PRECONNECT ||
+              (c->up_for == CE_UP_FOR_H2_STREAMS ? c->h2_offer : !c->req_upgrade);
   int rc = ce_connector_start(&c->uk, c->up_host, c->up_port, c->tls, both ? CE_ALPN_H2_HTTP11 : CE_ALPN_HTTP11);
   if (rc == CE_OK)
     return;
@@ -594,9 +586,9 @@ static void upstream_connect(ce_conn_t *c) {
  * host and port), then starts the exchange. The allowed event is sent
  * once the resolved addresses passed the private-address check. */
 void conn__connect_upstream(ce_conn_t *c) {
-  bool h2_ok = !ce_connector_speaks_h2(&c->u) || (!c->req_upgrade && (c->h1h2 == NULL || ce_h1h2_usable(c)));
+  bool h2_ok = !ce_transport_speaks_h2(&c->u) || (!c->req_upgrade && (c->h1h2 == NULL || ce_h1h2_usable(c)));
   if (c->u.open && c->u.connected && !c->u.eof && c->u.in_len == 0 && strcmp(c->up_host, c->x.req.host) == 0 &&
-      c->up_port == c->port && (!c->tls || c->u.handshaken) && h2_ok) {
+      c->up_port == c->port && ce_transport_ready(&c->u) && h2_ok) {
     ce_exchange_allowed(&c->x);
     h1__start_exchange(c);
     return;
@@ -659,7 +651,7 @@ static void client_handshake(ce_conn_t *c) {
 /* docs/http2.md §1: a workspace that offers h2 for a host the policy
  * allows learns what the upstream speaks before it is answered. */
 static void start_preconnect(ce_conn_t *c) {
-  c->preconnecting = true;
+  c->up_for = CE_UP_FOR_PRECONNECT;
   snprintf(c->up_host, sizeof(c->up_host), "%s", c->sni.text);
   c->up_port = c->port;
   conn__set_state(c, ST_CONNECTING);
@@ -672,14 +664,12 @@ static void start_preconnect(ce_conn_t *c) {
  * HTTP/1.1 request's upstream); on failure it goes, and the first request
  * meets the failure again on its own path, answered in words. */
 static void preconnect_done(ce_conn_t *c, bool ok) {
-  if (!c->preconnecting || c->dead)
+  if (c->up_for != CE_UP_FOR_PRECONNECT || c->dead)
     return;
-  c->preconnecting = false;
+  c->up_for = CE_UP_FOR_REQUEST;
   c->up_h2 = false;
-  if (ok && c->u.tls != NULL) {
-    size_t n = 0;
-    const char *p = ce_tlsconn_alpn(c->u.tls, &n);
-    c->up_h2 = p != NULL && n == 2 && memcmp(p, "h2", 2) == 0;
+  if (ok) {
+    c->up_h2 = ce_transport_speaks_h2(&c->u);
   } else {
     conn__upstream_reset(c);
   }
@@ -839,7 +829,7 @@ static void pump_tls_input(side_t *s) {
       s->close_notify = true;
       break;
     }
-    if (s != &c->c && c->state == ST_H2 && (s != &c->u || !c->h2_connecting)) {
+    if (s != &c->c && c->state == ST_H2 && (s != &c->u || c->up_for != CE_UP_FOR_H2_STREAMS)) {
       /* The streams on it fail; the workspace's connection goes on. */
       s->eof = true;
       break;
@@ -1195,14 +1185,14 @@ void ce_conn_retry_exchange(ce_conn_t *c) {
 }
 
 void ce_conn_h2_connect(ce_conn_t *c, bool offer_h2) {
-  if (c->dead || c->h2_connecting)
+  if (c->dead || c->up_for == CE_UP_FOR_H2_STREAMS)
     return;
   c->h2_offer = offer_h2;
   if (c->u.open)
     conn__upstream_reset(c);
   snprintf(c->up_host, sizeof(c->up_host), "%s", c->sni.text);
   c->up_port = c->port;
-  c->h2_connecting = true;
+  c->up_for = CE_UP_FOR_H2_STREAMS;
   trace(c, "h2: connecting %s for HTTP/1.1 streams", c->up_host);
   conn__arm(c, c->proxy->opts->connect_ms);
   upstream_connect(c);

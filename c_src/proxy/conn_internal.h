@@ -34,6 +34,16 @@ typedef enum {
 } conn_state_t;
 
 
+/* What a connect of c->u is for: the current HTTP/1.1 request (or none:
+ * the state says whether one runs), the pre-connect that learns the
+ * upstream's ALPN before the workspace is answered (docs/http2.md §1), or
+ * the HTTP/1.1 upstream of an h2 workspace's streams (ST_H2). */
+typedef enum {
+  CE_UP_FOR_REQUEST = 0,
+  CE_UP_FOR_PRECONNECT,
+  CE_UP_FOR_H2_STREAMS,
+} ce_up_for_t;
+
 typedef struct side {
   uv_tcp_t tcp;
   struct ce_conn *conn;
@@ -125,10 +135,9 @@ struct ce_conn {
 
   /* HTTP/2 (docs/http2.md). */
   bool offers_h2;          /* the ClientHello offered h2 */
-  bool preconnecting;      /* connecting upstream before answering the hello */
+  ce_up_for_t up_for;      /* what a connect of c->u in progress is for */
   bool up_h2;              /* the upstream negotiated h2 */
   struct ce_h2conn *h2;    /* the sessions, in ST_H2 */
-  bool h2_connecting;      /* ST_H2: connecting an HTTP/1.1 upstream for streams */
   bool h2_offer;           /* ... offering h2 too (after an h2 upstream's GOAWAY) */
   bool hard_deadline;      /* the timer runs to a fixed end: nothing re-arms it */
   struct ce_h1h2 *h1h2;    /* HTTP/1.1 path over an h2 upstream (http2/h1h2.c), with c->u */

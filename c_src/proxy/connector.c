@@ -91,12 +91,6 @@ bool ce_connector_addr_ok(const ce_proxy_t *p, const struct sockaddr *sa, char *
 
 /* ---- TLS ------------------------------------------------------------------ */
 
-bool ce_connector_speaks_h2(const struct side *s) {
-  size_t n = 0;
-  const char *p = s->tls != NULL ? ce_tlsconn_alpn(s->tls, &n) : NULL;
-  return p != NULL && n == 2 && memcmp(p, "h2", 2) == 0;
-}
-
 void ce_connector_handshake(ce_connector_t *k) {
   if (k->state != CE_CONNECTOR_HANDSHAKING)
     return;

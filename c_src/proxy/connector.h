@@ -129,9 +129,6 @@ static inline bool ce_connector_busy(const ce_connector_t *k) {
          k->state == CE_CONNECTOR_HANDSHAKING;
 }
 
-/* Did the upstream of s pick h2 in its ALPN? */
-bool ce_connector_speaks_h2(const struct side *s);
-
 /* Is addr usable as an upstream? Public addresses are; private, loopback
  * and link-local ones only when the policy allows their IP literal by an
  * allow rule or an --allow-private range covers them (DESIGN §4). On

@@ -17,6 +17,7 @@
 #include "http1/writer.h"
 #include "proxy/conn_internal.h"
 #include "proxy/exchange.h"
+#include "proxy/transport.h"
 
 #define trace(c, fmt, ...) CE_TRACE_D("proxy", 'c', (c)->id, fmt, ##__VA_ARGS__)
 
@@ -320,7 +321,7 @@ void h1__process_head(ce_conn_t *c) {
 void h1__start_exchange(ce_conn_t *c) {
   conn__set_state(c, ST_EXCHANGE);
   conn__arm(c, c->proxy->opts->idle_ms);
-  if (ce_connector_speaks_h2(&c->u)) {
+  if (ce_transport_speaks_h2(&c->u)) {
     /* docs/http2.md §6: the exchange is one stream of the upstream's
      * session (http2/h1h2.c). */
     int rc = ce_h1h2_begin(c);
@@ -507,8 +508,8 @@ void h1__finish_exchange(ce_conn_t *c) {
   conn__end_request(c);
   /* A rest point: the TLS engines give back the room of their largest
    * read and write (docs/proxy.md "Memory of an idle connection"). */
-  ce_tlsconn_trim(c->c.tls);
-  ce_tlsconn_trim(c->u.tls);
+  ce_transport_rest(&c->c);
+  ce_transport_rest(&c->u);
   /* Bytes after a complete response (a HEAD or 304 answered with a body,
    * a Content-Length shorter than what came) would be read as the next
    * request's response (RFC 9112 §6.3 leaves no way to frame them): such
@@ -565,7 +566,7 @@ static void pump_response_body(ce_conn_t *c) {
      * body delimited by the close; a bare TCP close may be an attacker's
      * (or a crash) cutting it short. The workspace must not see a clean
      * end: the chunked body gets no last chunk, the connection a reset. */
-    if (c->u.tls != NULL && !c->u.close_notify) {
+    if (!ce_transport_clean_end(&c->u)) {
       h1__upstream_failed_mid_response(c, "upstream_tls: truncated: the server closed without close_notify");
       return;
     }
@@ -683,10 +684,8 @@ static void shutdown_side(side_t *s) {
   if (s->shut)
     return;
   s->shut = true;
-  if (s->tls != NULL && s->handshaken && s->open) {
-    ce_tlsconn_shutdown(s->tls);
+  if (ce_transport_close_notify(s))
     conn__side_write(s, NULL, 0);
-  }
   s->shut_req.data = s;
   if (!s->open || uv_shutdown(&s->shut_req, (uv_stream_t *)&s->tcp, on_tunnel_shutdown) != 0)
     s->shut_done = true;

@@ -44,6 +44,7 @@
 #include "proxy/conn_internal.h"
 #include "proxy/netaddr.h"
 #include "proxy/proxy.h"
+#include "proxy/transport.h"
 #include "tls/context.h"
 
 /* Per stream and direction: one stream window (docs/http2.md §4). */

@@ -346,7 +346,7 @@ static bool h1_read_response(h2s_t *s) {
       /* RFC 8446 §6.1, RFC 9112 §9.8: over TLS only a close_notify ends a
        * close-delimited body; any other end (a TCP FIN alone, a TLS or
        * read error) is a truncation, as on the HTTP/1.1 path. */
-      if (u->tls == NULL || !u->close_notify) {
+      if (!ce_transport_clean_end(u)) {
         h1_broke(s, "upstream_tls: truncated: the server closed without close_notify");
         return true;
       }
@@ -404,14 +404,14 @@ static bool slot_open(const h1slot_t *sl) {
 }
 
 static bool slot_connecting(const h1slot_t *sl) {
-  return sl->conn_slot ? sl->h->c->h2_connecting : sl->connecting;
+  return sl->conn_slot ? sl->h->c->up_for == CE_UP_FOR_H2_STREAMS : sl->connecting;
 }
 
 /* Connected, verified, idle and clean: it may take a stream (over
  * HTTP/1.1; an h2 connection takes its streams in up_take_queue). */
 static bool slot_ready(const h1slot_t *sl) {
   const side_t *u = sl->s;
-  return sl->cur == NULL && sl->sess == NULL && !slot_connecting(sl) && u->open && u->connected && u->handshaken &&
+  return sl->cur == NULL && sl->sess == NULL && !slot_connecting(sl) && ce_transport_ready(u) &&
          !u->eof && u->in_len == 0;
 }
 
@@ -440,10 +440,7 @@ void h2__slot_reset(h1slot_t *sl) {
   if (sl->timer_init && !sl->timer_closing)
     uv_timer_stop(&sl->timer);
   own_close_handle(sl);
-  ce_tlsconn_free(sl->own.tls);
-  sl->own.tls = NULL;
-  sl->own.connected = sl->own.handshaken = sl->own.eof = sl->own.close_notify = false;
-  sl->own.in_len = 0;
+  ce_transport_reset(&sl->own);
 }
 
 /* The stream the slot served is gone half-way: the connection goes too. */
@@ -524,7 +521,7 @@ static void own_done(ce_connector_t *k, int status, const char *reason) {
     /* A connection opened after a GOAWAY (docs/http2.md §6): h2 again, or
      * HTTP/1.1 from now on if that is what the upstream picked. */
     sl->want_h2 = false;
-    if (ce_connector_speaks_h2(&sl->own)) {
+    if (ce_transport_speaks_h2(&sl->own)) {
       if (h2__up_session_new(sl->h, &sl->sess) != CE_OK) {
         slot_failed(sl, 502, "out_of_memory");
         ce_conn_process(c);
@@ -564,7 +561,7 @@ static void own_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   ce_conn_touch(c);
-  if (ce_tlsconn_feed(sl->own.tls, (const uint8_t *)buf->base, (size_t)nread) != CE_OK)
+  if (ce_transport_received(&sl->own, buf->base, (size_t)nread) != CE_OK)
     slot_failed(sl, 502, "out_of_memory");
   else if (!sl->own.handshaken)
     ce_connector_handshake(&sl->k);
@@ -695,7 +692,7 @@ void h2__h1_pump(h2_t *h) {
     h1slot_t *sl = &h->slots[i];
     if (sl->sess != NULL)
       continue; /* an h2 connection: h2__up_links */
-    if (!sl->conn_slot && sl->own.open && sl->own.handshaken) {
+    if (!sl->conn_slot && ce_transport_ready(&sl->own)) {
       /* Decrypted input while there is room; a full buffer that the
        * stream drains is filled again at once. */
       for (int round = 0; round < 64 && !c->dead; round++) {
@@ -713,7 +710,7 @@ void h2__h1_pump(h2_t *h) {
     if (c->dead)
       return;
     /* Nothing asked of an idle upstream: stray bytes or its close end it. */
-    if (sl->cur == NULL && !slot_connecting(sl) && slot_open(sl) && sl->s->handshaken &&
+    if (sl->cur == NULL && !slot_connecting(sl) && ce_transport_ready(sl->s) &&
         (sl->s->eof || sl->s->in_len > 0))
       h2__slot_reset(sl);
   }
@@ -785,9 +782,7 @@ void ce_h2conn_upstream_done(ce_conn_t *c, int status, const char *reason) {
     return;
   /* Slot 0 connected again after a GOAWAY (docs/http2.md §6): h2, or
    * HTTP/1.1 from now on if that is what the upstream picked. */
-  size_t n = 0;
-  const char *p = c->u.tls != NULL ? ce_tlsconn_alpn(c->u.tls, &n) : NULL;
-  if (p != NULL && n == 2 && memcmp(p, "h2", 2) == 0) {
+  if (ce_transport_speaks_h2(&c->u)) {
     if (h2__up_session_new(h, &sl->sess) != CE_OK) {
       ce_conn_upstream_reset(c);
       slot_failed(sl, 502, "out_of_memory");
