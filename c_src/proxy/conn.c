@@ -339,7 +339,10 @@ static void on_timer(uv_timer_t *t) {
     conn__close_after_flush(c);
     return;
   case ST_DECIDING:
-    /* The control channel owns the decide timeout; this cannot fire. */
+    /* The control channel owns the decide timeout; the timer runs only
+     * while the question waits for the body it carries. */
+    ce_exchange_body(&c->x, true);
+    conn__process(c);
     return;
   case ST_CLOSING:
     /* Flushing or lingering took too long: the request was reported. */
@@ -1003,6 +1006,8 @@ void conn__process(ce_conn_t *c) {
         ce_h1h2_idle(c);
       else
         h1__drop_stray_upstream(c);
+      /* Body bytes for the question's preview. */
+      ce_exchange_body(&c->x, false);
       break;
     case ST_CONNECTING:
       break;
@@ -1171,6 +1176,14 @@ void ce_conn_pump_tls_input(side_t *s) { pump_tls_input(s); }
 void ce_conn_release(ce_conn_t *c) {
   c->handles--;
   maybe_free(c);
+}
+void ce_conn_wake_in(ce_conn_t *c, uint32_t ms) {
+  /* Not while an upstream for the streams is being connected: the timer
+   * is that connect's timeout then (the wait is checked as frames come). */
+  if (c->up_for == CE_UP_FOR_H2_STREAMS ||
+      (uv_is_active((uv_handle_t *)&c->timer) && uv_timer_get_due_in(&c->timer) <= ms))
+    return;
+  conn__arm(c, ms);
 }
 void ce_conn_touch(ce_conn_t *c) {
   if (c->state == ST_H2)

@@ -172,6 +172,9 @@ void ce_conn_release_input(side_t *s);
 /* A handle (or lookup) of the HTTP/2 path counted in c->handles is done: may
  * free the connection, so the caller touches nothing after. */
 void ce_conn_release(ce_conn_t *c);
+/* The connection's timer fires within ms at the latest (ST_H2: a stream's
+ * wait for its body preview; ce_h2conn_timeout then asks those streams). */
+void ce_conn_wake_in(ce_conn_t *c, uint32_t ms);
 /* Bytes moved: the idle timer starts again. */
 void ce_conn_touch(ce_conn_t *c);
 /* ST_H2 without an h2 upstream: (re)connects the SNI host for HTTP/1.1

@@ -2,7 +2,9 @@
 #include "proxy/exchange.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/error.h"
 #include "common/trace.h"
@@ -10,12 +12,19 @@
 #define trace(x, fmt, ...) CE_TRACE_D("proxy", 'c', (x)->conn.conn_id, "[request %llu] " fmt, \
                                       (unsigned long long)(x)->req.id, ##__VA_ARGS__)
 
-static const char *const state_names[] = {"idle", "open", "waiting", "deciding", "allowed", "refused"};
+static const char *const state_names[] = {"idle",     "open",    "previewing", "waiting",
+                                          "deciding", "allowed", "refused"};
 
 static void set_state(ce_exchange_t *x, ce_exchange_state_t s) {
   if (x->state != s)
     trace(x, "%s -> %s", state_names[x->state], state_names[s]);
   x->state = s;
+}
+
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 /* ---- the control channel as the exchange's channel ---------------------- */
@@ -85,6 +94,7 @@ void ce_exchange_open(ce_exchange_t *x, const ce_exchange_conn_t *conn, int32_t 
   x->allowed_sent = false;
   x->decide_rule = -1;
   x->decide_cache = false;
+  x->previewed = false;
   memset(&x->verdict, 0, sizeof(x->verdict));
   set_state(x, CE_EXCHANGE_OPEN);
 }
@@ -281,6 +291,13 @@ static void decided(ce_exchange_t *x, bool allow, const char *reason) {
   x->req.matched_rule = x->decide_rule;
   x->req.matched_kind = "decide";
   if (allow) {
+    if (x->previewed) {
+      /* The forwarding path previews the same bytes again, as it does
+       * for every request: the record starts over. */
+      free(x->req.body_preview);
+      x->req.body_preview = NULL;
+      x->req.body_preview_len = 0;
+    }
     set_state(x, CE_EXCHANGE_ALLOWED);
     x->ops->forward(x);
     return;
@@ -335,6 +352,16 @@ static void ask(ce_exchange_t *x) {
     decided(x, allow, allow ? NULL : reason);
     return;
   }
+  if (!x->previewed && x->conn.proxy->opts->body_preview > 0 && x->ops->preview != NULL) {
+    /* The question carries the first body bytes: they are awaited (read
+     * into the connection's bounded buffer, nothing forwarded), at most
+     * CE_EXCHANGE_PREVIEW_WAIT_MS. */
+    set_state(x, CE_EXCHANGE_PREVIEWING);
+    x->preview_until = mono_ms() + CE_EXCHANGE_PREVIEW_WAIT_MS;
+    if (x->ops->previewing != NULL)
+      x->ops->previewing(x);
+    return;
+  }
   if (x->asks != NULL && x->asks->out >= x->asks->max) {
     /* Asked (the cache first) when a question ends: ce_exchange_resume. */
     set_state(x, CE_EXCHANGE_WAITING);
@@ -375,6 +402,16 @@ void ce_exchange_decide(ce_exchange_t *x) {
   else
     snprintf(who, sizeof(who), "the policy default");
   deny(x, who, reason);
+}
+
+void ce_exchange_body(ce_exchange_t *x, bool final) {
+  if (x->state != CE_EXCHANGE_PREVIEWING)
+    return;
+  if (!x->ops->preview(x, final || mono_ms() >= x->preview_until))
+    return;
+  x->previewed = true;
+  trace(x, "the question carries %zu body bytes", x->req.body_preview_len);
+  ask(x);
 }
 
 bool ce_exchange_resume(ce_exchange_t *x) {

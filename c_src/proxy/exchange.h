@@ -83,6 +83,7 @@ typedef struct {
 typedef enum {
   CE_EXCHANGE_IDLE = 0,     /* no request */
   CE_EXCHANGE_OPEN,         /* a record, not yet decided */
+  CE_EXCHANGE_PREVIEWING,   /* a decide rule; the first body bytes are awaited for the question */
   CE_EXCHANGE_WAITING,      /* a decide rule; the connection has no room for another question yet */
   CE_EXCHANGE_DECIDING,     /* the question is out */
   CE_EXCHANGE_ALLOWED,      /* handed to ops->forward */
@@ -97,6 +98,18 @@ typedef struct {
   /* The proxy answers the request itself with status and text (a short
    * text/plain body); its event went out already. */
   void (*respond)(ce_exchange_t *x, int status, const char *text);
+  /* The decider's question carries the body preview (--body-preview):
+   * put the first bytes of the request body buffered so far into
+   * x->req's preview (replacing what is there) and say whether it is
+   * complete: the preview size reached, the body ended, no body will come
+   * before an answer (Expect: 100-continue), the buffer is full, or final
+   * (the wait is over). NULL: questions carry no preview. */
+  bool (*preview)(ce_exchange_t *x, bool final);
+  /* The exchange waits for body bytes (PREVIEWING) until
+   * ce_exchange_body says they came or the wait is over: the protocol
+   * calls ce_exchange_body(x, true) at the latest after
+   * CE_EXCHANGE_PREVIEW_WAIT_MS (NULL: nothing to do). */
+  void (*previewing)(ce_exchange_t *x);
   /* A question is about to go to the decider (NULL: nothing to do). */
   void (*asking)(ce_exchange_t *x);
   /* An answer came back: false when the request cannot take it any more
@@ -126,7 +139,14 @@ struct ce_exchange {
   uint64_t ask_id;          /* the question out, 0 = none */
   int32_t decide_rule;
   bool decide_cache;
+  bool previewed;           /* the question's preview was taken */
+  uint64_t preview_until;   /* PREVIEWING: the wait ends then (CLOCK_MONOTONIC ms) */
 };
+
+/* How long a decide question waits for the first body bytes it carries
+ * (--body-preview): a client that sends its body late is asked about
+ * without it (or with what came), rather than held. */
+#define CE_EXCHANGE_PREVIEW_WAIT_MS 1000u
 
 /* The 403 text of a policy refusal, in the same words on every protocol:
  * the host, who refused ("rule 2 (deny)", "the policy default", "the
@@ -204,6 +224,12 @@ void ce_exchange_refuse(ce_exchange_t *x, const char *event, int status, const c
  * the rule, 403), decide (the cache, else a question; the answer later
  * allows or denies the same way; without an answer: fail closed). */
 void ce_exchange_decide(ce_exchange_t *x);
+
+/* Body bytes came (or the wait is over: final) for a PREVIEWING
+ * exchange: when its preview is complete (or final, or
+ * CE_EXCHANGE_PREVIEW_WAIT_MS passed since the wait began), the question
+ * goes. */
+void ce_exchange_body(ce_exchange_t *x, bool final);
 
 /* A WAITING exchange asks now if the connection has room (the owner calls
  * this when a question ends). True when it did (or was decided from the

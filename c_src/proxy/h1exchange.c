@@ -196,9 +196,50 @@ static bool h1_answer_wanted(ce_exchange_t *x) {
 
 static void h1_answered(ce_exchange_t *x) { conn__process(x->owner); }
 
+/* The first body bytes read so far, decoded (a chunked body's framing is
+ * not part of it), into the record for the decider's question. The input
+ * is not consumed: the same bytes are forwarded once allowed. */
+static bool h1_preview(ce_exchange_t *x, bool final) {
+  ce_conn_t *c = x->owner;
+  size_t cap = c->proxy->opts->body_preview;
+  /* No body, or none before an answer: a client that sent Expect:
+   * 100-continue waits for a 100 the decision comes before. */
+  if (c->req_done || c->req_expect_continue || c->req_upgrade)
+    return true;
+  ce_reqinfo_t *r = &x->req;
+  free(r->body_preview);
+  r->body_preview = NULL;
+  r->body_preview_len = 0;
+  ce_h1_body_t body = c->req_body; /* a copy: the real decoder starts at the same place later */
+  ce_h1_body_keep_trailers(&body, NULL);
+  size_t off = 0;
+  int rc = 0;
+  while (off < c->c.in_len && r->body_preview_len < cap) {
+    size_t used = 0, dlen = 0;
+    const char *data = NULL, *why = NULL;
+    rc = ce_h1_body_next(&body, c->c.in + off, c->c.in_len - off, &used, &data, &dlen, &why);
+    if (rc < 0)
+      return true; /* a malformed body fails when it is forwarded */
+    ce_reqinfo_add_preview(r, data, dlen, cap);
+    off += used;
+    if (rc == 1 || used == 0)
+      break;
+  }
+  return final || rc == 1 || r->body_preview_len >= cap || c->c.eof || c->c.in_len >= CE_CONN_INPUT_MAX;
+}
+
+/* The question waits for the body under the connection's timer. */
+static void h1_previewing(ce_exchange_t *x) {
+  ce_conn_t *c = x->owner;
+  conn__set_state(c, ST_DECIDING);
+  conn__arm(c, CE_EXCHANGE_PREVIEW_WAIT_MS);
+}
+
 const ce_exchange_ops_t h1__ops = {
     .forward = h1_forward,
     .respond = h1_respond,
+    .preview = h1_preview,
+    .previewing = h1_previewing,
     .asking = h1_asking,
     .answer_wanted = h1_answer_wanted,
     .answered = h1_answered,

@@ -80,6 +80,7 @@ typedef struct {
   size_t nevents;
   /* The decider: the last question, and what ask answers. */
   uint64_t next_id;    /* 0: ask fails */
+  char asked_preview[64]; /* the body preview the question carried */
   uint64_t asked;      /* questions sent */
   uint64_t cancelled;
   int32_t asked_rule;
@@ -107,13 +108,14 @@ static void fake_emit(void *ctx, const char *name, const ce_reqinfo_t *r, const 
 
 static uint64_t fake_ask(void *ctx, const ce_reqinfo_t *r, int32_t rule, uint32_t timeout_ms,
                          ce_control_decision_cb cb, void *data) {
-  (void)r;
   (void)timeout_ms;
   channel_t *ch = ctx;
   if (ch->next_id == 0)
     return 0;
   ch->asked++;
   ch->asked_rule = rule;
+  snprintf(ch->asked_preview, sizeof(ch->asked_preview), "%.*s", (int)r->body_preview_len,
+           r->body_preview != NULL ? r->body_preview : "");
   ch->cb = cb;
   ch->cb_data = data;
   return ch->next_id++;
@@ -138,6 +140,10 @@ typedef struct {
   int answered;
   bool refuse_answers; /* answer_wanted says no */
   bool end_on_respond; /* respond ends the request, as HTTP/1.1 does */
+  char body[64];       /* the request body buffered so far */
+  bool body_ended;
+  int previews;
+  int previewing;
 } side_t;
 
 static void op_forward(ce_exchange_t *x) { ((side_t *)x->owner)->forwarded++; }
@@ -154,7 +160,27 @@ static void op_asking(ce_exchange_t *x) { ((side_t *)x->owner)->asking++; }
 static bool op_answer_wanted(ce_exchange_t *x) { return !((side_t *)x->owner)->refuse_answers; }
 static void op_answered(ce_exchange_t *x) { ((side_t *)x->owner)->answered++; }
 
-static const ce_exchange_ops_t ops = {op_forward, op_respond, op_asking, op_answer_wanted, op_answered};
+/* The body buffered so far, as the protocol would preview it. */
+static bool op_preview(ce_exchange_t *x, bool final) {
+  side_t *s = x->owner;
+  s->previews++;
+  free(x->req.body_preview);
+  x->req.body_preview = NULL;
+  x->req.body_preview_len = 0;
+  ce_reqinfo_add_preview(&x->req, s->body, strlen(s->body), x->conn.proxy->opts->body_preview);
+  return final || s->body_ended || x->req.body_preview_len >= x->conn.proxy->opts->body_preview;
+}
+static void op_previewing(ce_exchange_t *x) { ((side_t *)x->owner)->previewing++; }
+
+static const ce_exchange_ops_t ops = {
+    .forward = op_forward,
+    .respond = op_respond,
+    .preview = op_preview,
+    .previewing = op_previewing,
+    .asking = op_asking,
+    .answer_wanted = op_answer_wanted,
+    .answered = op_answered,
+};
 
 static const char *POLICY =
     "{\"version\":2,\"default\":\"deny\",\"rules\":["
@@ -531,6 +557,75 @@ Test(exchange, a_rejected_request_names_the_connection_and_may_leave_the_answer_
   ce_exchange_reject(&x, 0, "request_header_budget", NULL);
   cr_assert_eq(reset.responded, 0, "the caller resets the stream itself");
   cr_assert_str_eq(f.ch.events[f.ch.nevents - 1].name, "request_denied");
+  ce_exchange_end(&x);
+  fixture_free(&f);
+}
+
+Test(exchange, with_a_body_preview_the_question_waits_for_the_first_body_bytes_and_carries_them) {
+  fixture_t f;
+  fixture(&f, true, "ask.example", 443);
+  f.opts.body_preview = 8;
+  ce_exchange_t x;
+  side_t s = {0};
+  snprintf(s.body, sizeof(s.body), "abc");
+  cr_assert(request(&f, &x, &s, "ask.example", "POST", "/"));
+  cr_assert_eq(x.state, CE_EXCHANGE_PREVIEWING);
+  cr_assert_eq(s.previewing, 1);
+  cr_assert_eq(f.ch.asked, 0, "no question before the body");
+  ce_exchange_body(&x, false);
+  cr_assert_eq(f.ch.asked, 0, "3 of 8 bytes: still waiting");
+  snprintf(s.body, sizeof(s.body), "abcdefghijkl");
+  ce_exchange_body(&x, false);
+  cr_assert_eq(f.ch.asked, 1);
+  cr_assert_str_eq(f.ch.asked_preview, "abcdefgh", "the question carries the first 8 bytes");
+  cr_assert_eq(x.state, CE_EXCHANGE_DECIDING);
+  ce_exchange_body(&x, true); /* late: nothing happens */
+  cr_assert_eq(f.ch.asked, 1);
+  f.ch.cb(f.ch.cb_data, CE_OK, true, NULL, false);
+  cr_assert_eq(s.forwarded, 1);
+  cr_assert_eq(x.req.body_preview_len, 0, "forwarding previews the same bytes again, from the start");
+  ce_exchange_end(&x);
+  fixture_free(&f);
+}
+
+Test(exchange, the_wait_for_the_body_ends_with_what_came) {
+  fixture_t f;
+  fixture(&f, true, "ask.example", 443);
+  f.opts.body_preview = 8;
+  ce_exchange_t x;
+  side_t s = {0};
+  snprintf(s.body, sizeof(s.body), "ab");
+  cr_assert(request(&f, &x, &s, "ask.example", "POST", "/"));
+  ce_exchange_body(&x, true); /* the protocol's timer */
+  cr_assert_eq(f.ch.asked, 1);
+  cr_assert_str_eq(f.ch.asked_preview, "ab");
+  f.ch.cb(f.ch.cb_data, CE_OK, false, "no", false);
+  cr_assert_eq(s.status, 403);
+  cr_assert_eq(x.req.body_preview_len, 2, "a refusal's event keeps the preview the decider saw");
+  ce_exchange_end(&x);
+
+  /* A body that ended short of the preview size: asked at once. */
+  side_t short_body = {0};
+  snprintf(short_body.body, sizeof(short_body.body), "x");
+  short_body.body_ended = true;
+  cr_assert(request(&f, &x, &short_body, "ask.example", "POST", "/"));
+  ce_exchange_body(&x, false);
+  cr_assert_eq(f.ch.asked, 2);
+  cr_assert_str_eq(f.ch.asked_preview, "x");
+  ce_exchange_end(&x);
+  fixture_free(&f);
+}
+
+Test(exchange, an_allow_or_deny_rule_never_waits_for_the_body) {
+  fixture_t f;
+  fixture(&f, true, "ok.example", 443);
+  f.opts.body_preview = 8;
+  ce_exchange_t x;
+  side_t s = {0};
+  cr_assert(request(&f, &x, &s, "ok.example", "POST", "/"));
+  cr_assert_eq(s.forwarded, 1);
+  cr_assert_eq(s.previews, 0);
+  cr_assert_eq(s.previewing, 0);
   ce_exchange_end(&x);
   fixture_free(&f);
 }

@@ -31,6 +31,7 @@ static int srv_stream_close(nghttp2_session *session, int32_t stream_id, uint32_
 static int new_sessions(h2_t *h);
 static void conn_fail(h2_t *h, uint32_t code, const char *reason);
 static const ce_exchange_ops_t h2_ops;
+static bool previews(h2_t *h, bool final);
 
 /* The session a stream's uid belongs to, or NULL. */
 nghttp2_session *h2__stream_up(const h2s_t *s) {
@@ -484,9 +485,32 @@ static void h2_answered(ce_exchange_t *x) {
   ce_conn_process(s->h->c);
 }
 
+/* The first DATA bytes of the stream, not yet forwarded (s->up holds
+ * them from its start until the stream is allowed), into the record. */
+static bool h2_preview(ce_exchange_t *x, bool final) {
+  h2s_t *s = x->owner;
+  size_t cap = s->h->c->proxy->opts->body_preview;
+  ce_reqinfo_t *r = &x->req;
+  free(r->body_preview);
+  r->body_preview = NULL;
+  r->body_preview_len = 0;
+  if (s->up.len > 0)
+    ce_reqinfo_add_preview(r, (const char *)s->up.data, s->up.len, cap);
+  return final || s->up.eof || r->body_preview_len >= cap || s->up.len >= CE_H2_STREAM_BUF;
+}
+
+/* The question waits for DATA under the connection's timer (its expiry
+ * asks every waiting stream: ce_h2conn_timeout). */
+static void h2_previewing(ce_exchange_t *x) {
+  h2s_t *s = x->owner;
+  ce_conn_wake_in(s->h->c, CE_EXCHANGE_PREVIEW_WAIT_MS);
+}
+
 static const ce_exchange_ops_t h2_ops = {
     .forward = h2_forward,
     .respond = h2_respond,
+    .preview = h2_preview,
+    .previewing = h2_previewing,
     .answer_wanted = h2_answer_wanted,
     .answered = h2_answered,
 };
@@ -932,6 +956,10 @@ void ce_h2conn_process(ce_conn_t *c) {
     }
   }
   c->c.in_len = 0;
+  /* DATA (or the end) for questions that wait for their body preview. */
+  previews(h, false);
+  if (c->dead)
+    return;
   /* The h2 upstream connections' frames, then the HTTP/1.1 ones and the
    * streams waiting for a connection (docs/http2.md §6). */
   h2__up_links(h);
@@ -970,8 +998,30 @@ void ce_h2conn_process(ce_conn_t *c) {
   }
 }
 
+/* Streams whose question waits for its body preview: asked now when the
+ * bytes came or the wait is over (final). True when there was one. */
+static bool previews(h2_t *h, bool final) {
+  bool any = false;
+  if (h->c->proxy->opts->body_preview == 0)
+    return false;
+  for (h2s_t *s = h->streams, *next; s != NULL; s = next) {
+    next = s->next;
+    if (s->x.state == CE_EXCHANGE_PREVIEWING) {
+      any = true;
+      ce_exchange_body(&s->x, final);
+    }
+  }
+  return any;
+}
+
 void ce_h2conn_timeout(ce_conn_t *c) {
   h2_t *h = c->h2;
+  /* The timer was the preview wait's: the waiting streams are asked. */
+  if (h != NULL && !h->failed && !c->hard_deadline && previews(h, true)) {
+    ce_conn_touch(c);
+    ce_conn_process(c);
+    return;
+  }
   if (h != NULL) {
     for (h2s_t *s = h->streams; s != NULL; s = s->next)
       ce_exchange_finish(&s->x, s->rs_head_done ? "upstream_timeout: response body stalled"
