@@ -287,7 +287,7 @@ static void on_lookup(void *data, int status, const ce_dns_addrs_t *addrs) {
 
 int ce_connector_start(ce_connector_t *k, const char *host, uint16_t port, bool tls, ce_connector_alpn_t alpn) {
   ce_connector_reset(k);
-  snprintf(k->host, sizeof(k->host), "%s", host);
+  k->host = host;
   k->port = port;
   k->tls = tls;
   k->alpn = alpn;

@@ -88,7 +88,7 @@ struct ce_connector {
   uint64_t conn_id;         /* for traces */
   struct side *s;           /* the side it connects */
   ce_connector_state_t state;
-  char host[256];
+  const char *host;         /* the caller's; unchanged until the attempt ends or is reset */
   uint16_t port;
   bool tls;
   ce_connector_alpn_t alpn;
@@ -103,7 +103,8 @@ struct ce_connector {
 void ce_connector_init(ce_connector_t *k, const ce_connector_ops_t *ops, void *owner, ce_proxy_t *proxy,
                        uint64_t conn_id, struct side *s);
 
-/* Connects s to host:port (TLS with alpn when tls). Returns CE_OK (done
+/* Connects s to host:port (TLS with alpn when tls; host is kept by
+ * pointer, see the field). Returns CE_OK (done
  * follows, later), or CE_EAGAIN (the resolver is busy), CE_ENOMEM with
  * nothing started. An attempt running is reset first. */
 int ce_connector_start(ce_connector_t *k, const char *host, uint16_t port, bool tls, ce_connector_alpn_t alpn);

@@ -281,7 +281,10 @@ bool ce_exchange_admit(ce_exchange_t *x, const char *auth, size_t len, const cha
     ce_exchange_refuse(x, "request_denied", t.status, t.reason, t.detail);
     return false;
   }
-  x->verdict = t.verdict;
+  x->verdict.decision = t.verdict.decision;
+  x->verdict.reason = t.verdict.reason;
+  x->verdict.rule_index = t.verdict.rule_index;
+  x->verdict.rule_kind = t.verdict.rule_kind;
   return true;
 }
 
@@ -382,7 +385,7 @@ static void ask(ce_exchange_t *x) {
 }
 
 void ce_exchange_decide(ce_exchange_t *x) {
-  const ce_verdict_t *v = &x->verdict;
+  const ce_exchange_verdict_t *v = &x->verdict;
   x->req.matched_rule = v->rule_index;
   x->req.matched_kind = v->rule_index >= 0 ? ce_rule_kind_name(v->rule_kind) : NULL;
   if (v->decision == CE_DECISION_DECIDE && v->rule_index >= 0) {

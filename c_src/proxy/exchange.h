@@ -126,6 +126,15 @@ typedef struct {
   size_t max;
 } ce_exchange_asks_t;
 
+/* What the exchange keeps of the policy's verdict (ce_verdict_t without
+ * the normalised host, which the record has). */
+typedef struct {
+  ce_decision_t decision;
+  ce_reason_t reason;
+  int32_t rule_index;
+  ce_rule_kind_t rule_kind;
+} ce_exchange_verdict_t;
+
 struct ce_exchange {
   const ce_exchange_ops_t *ops;
   void *owner;              /* the connection or stream, for the ops */
@@ -133,7 +142,7 @@ struct ce_exchange {
   ce_exchange_conn_t conn;
   ce_exchange_state_t state;
   ce_reqinfo_t req;
-  ce_verdict_t verdict;     /* set by ce_exchange_admit */
+  ce_exchange_verdict_t verdict; /* set by ce_exchange_admit */
   bool ended;               /* the closing event (closed, failed, denied) went out */
   bool allowed_sent;        /* request_allowed went out */
   uint64_t ask_id;          /* the question out, 0 = none */
