@@ -1,6 +1,6 @@
 /*
- * The connection record shared by conn.c and h2conn.c (the HTTP/2 path,
- * docs/http2.md), h1h2.c, and stats.c (which only reads it). Nothing else
+ * The connection record shared by conn.c and the HTTP/2 path (proxy/http2/,
+ * docs/http2.md), and stats.c (which only reads it). Nothing else
  * includes this.
  */
 #ifndef CE_PROXY_CONN_INTERNAL_H
@@ -16,7 +16,9 @@
 #include "policy/host.h"
 #include "proxy/clienthello.h"
 #include "proxy/conn.h"
+#include "proxy/connector.h"
 #include "proxy/event.h"
+#include "proxy/exchange.h"
 #include "tls/tlsconn.h"
 
 typedef enum {
@@ -31,6 +33,16 @@ typedef enum {
   ST_H2,
 } conn_state_t;
 
+
+/* What a connect of c->u is for: the current HTTP/1.1 request (or none:
+ * the state says whether one runs), the pre-connect that learns the
+ * upstream's ALPN before the workspace is answered (docs/http2.md §1), or
+ * the HTTP/1.1 upstream of an h2 workspace's streams (ST_H2). */
+typedef enum {
+  CE_UP_FOR_REQUEST = 0,
+  CE_UP_FOR_PRECONNECT,
+  CE_UP_FOR_H2_STREAMS,
+} ce_up_for_t;
 
 typedef struct side {
   uv_tcp_t tcp;
@@ -73,8 +85,6 @@ struct ce_conn {
   side_t u;                /* the upstream */
   uv_timer_t timer;
   int handles;             /* open handles still to be closed */
-  bool resolving;          /* a ce_conn_resolve is in flight */
-  bool connect_pending;    /* connect_next waits for the old upstream handle */
   bool dead;               /* aborting: handles closing */
   bool processing;         /* conn_process is on the stack */
   bool again;
@@ -93,13 +103,10 @@ struct ce_conn {
   /* The upstream currently connected (or being connected). */
   char up_host[256];
   uint16_t up_port;
-  ce_dns_addrs_t *addrs;   /* from ce_conn_resolve, owned */
-  size_t next_addr;        /* the next one of addrs to try */
-  uv_connect_t connect_req;
+  ce_connector_t uk;       /* connects c->u (proxy/connector.h) */
 
-  /* The current request. */
-  bool have_req;
-  ce_reqinfo_t req;
+  /* The current request (proxy/exchange.h). */
+  ce_exchange_t x;
   ce_h1_head_t head;       /* scratch for the last parsed head */
   char *up_head;           /* the request head as forwarded upstream */
   size_t up_head_len;
@@ -124,98 +131,50 @@ struct ce_conn {
   char *resp_trailers;     /* ... of a chunked response body going chunked to
                               the workspace */
   bool denied_discard;     /* reading and dropping a denied request's body */
-  uint64_t ask_id;         /* pending decision, 0 = none */
-  int32_t decide_rule;
-  bool decide_cache;
-  bool failed_reported;
   char abort_reason[160];  /* the first failure reported: the h2 streams' closing event on abort */
 
   /* HTTP/2 (docs/http2.md). */
   bool offers_h2;          /* the ClientHello offered h2 */
-  bool preconnecting;      /* connecting upstream before answering the hello */
+  ce_up_for_t up_for;      /* what a connect of c->u in progress is for */
   bool up_h2;              /* the upstream negotiated h2 */
   struct ce_h2conn *h2;    /* the sessions, in ST_H2 */
-  bool h2_connecting;      /* ST_H2: connecting an HTTP/1.1 upstream for streams */
   bool h2_offer;           /* ... offering h2 too (after an h2 upstream's GOAWAY) */
   bool hard_deadline;      /* the timer runs to a fixed end: nothing re-arms it */
-  struct ce_h1h2 *h1h2;    /* HTTP/1.1 path over an h2 upstream (h1h2.c), with c->u */
+  struct ce_h1h2 *h1h2;    /* HTTP/1.1 path over an h2 upstream (http2/h1h2.c), with c->u */
   uint64_t h1h2_retried;   /* the request (id) sent again after its stream was refused */
-  uint64_t retrying;       /* the request (id) being connected again: request_allowed was said */
 };
 
-/* conn.c, for h2conn.c. */
+/* conn.c, for the HTTP/2 path (proxy/http2/). */
 void ce_conn_side_write(side_t *s, const char *data, size_t len);
+/* Closes a side's handle (closed: its close callback, which counts the
+ * handle out); its queued writes no longer count. */
+void ce_conn_side_close(side_t *s, uv_close_cb closed);
 void ce_conn_report_failed(ce_conn_t *c, const char *reason);
-void ce_conn_emit(ce_conn_t *c, const ce_reqinfo_t *r, const char *name, const char *reason);
 void ce_conn_abort(ce_conn_t *c);
 void ce_conn_close_after_flush(ce_conn_t *c);
 /* The connection failed: it ends within CE_CONN_LINGER_MS (or the idle
  * timeout if shorter) whatever the workspace does; nothing re-arms the timer. */
 void ce_conn_hard_deadline(ce_conn_t *c);
 void ce_conn_upstream_reset(ce_conn_t *c);
-/* The target a request names (HTTP/1.1: Host or the absolute-form
- * authority; h2: :authority), checked against the connection: present, a
- * valid host with a valid optional port, and (TLS) the connection's server
- * name and the port dialled. One check for both paths: it is what stops
- * domain fronting and coalescing. */
-typedef struct {
-  int status;           /* 0: go on to the verdict; else 400 or 421 */
-  const char *reason;   /* the event's reason when refused (static) */
-  char detail[700];     /* the answer's words when refused */
-  ce_verdict_t verdict; /* the policy's verdict for the host (status 0) */
-} ce_target_check_t;
-/* host (host_cap bytes) receives the record's host: the normalised host,
- * the raw authority when it is invalid, the connection's name when there
- * is none. label names the field in the answer ("Host", ":authority").
- * method and target (the request's path and query) go to the policy's
- * method and path conditions (docs/path-matching.md); method may be NULL. */
-void ce_conn_check_target(const ce_conn_t *c, const char *auth, size_t len, const char *method, size_t method_len,
-                          const char *target, size_t target_len, const char *label, char *host,
-                          size_t host_cap, ce_target_check_t *t);
 void ce_conn_process(ce_conn_t *c);
-/* A decider's answer (the control channel's status, allow, reason,
- * cacheable) as the request's outcome: true to allow; *why the deny
- * reason (NULL when allowed): the decider's words, "denied_by_decider",
- * "decider_timeout" or "control_channel_unavailable" (fail closed). A
- * cacheable answer is cached when the rule caches (cache). One mapping
- * for the HTTP/1.1 request and the h2 stream. */
-bool ce_conn_decision_outcome(ce_proxy_t *p, int status, bool allow, const char *reason, bool cacheable,
-                              bool cache, int32_t rule, const char *host, const char **why);
-/* The 403 text of a policy refusal, in the same words on HTTP/1.1 and
- * h2: the host, who refused ("rule 2 (deny)", "the policy default", "the
- * decider of rule 2") and the reason. The reason is kept whole up to
- * CE_CONN_DENY_REASON_MAX bytes, the control channel's limit on a
- * decider's reason, so the workspace reads everything a decider said;
- * bytes outside printable ASCII become '?'. out holds
- * CE_CONN_DENY_TEXT_MAX bytes. */
-#define CE_CONN_DENY_REASON_MAX CE_CONTROL_MAX_REASON
-#define CE_CONN_DENY_WHO_MAX 64u
-#define CE_CONN_DENY_TEXT_MAX (128u + CE_HOST_TEXT_MAX + CE_CONN_DENY_WHO_MAX + CE_CONN_DENY_REASON_MAX)
-void ce_conn_deny_text(char *out, size_t cap, const char *host, const char *who, const char *reason);
+/* The connector's counting ops for an upstream of the connection
+ * (k->s->conn): handles and lookups in c->handles; alive until aborted. */
+void ce_conn_connector_hold(ce_connector_t *k);
+void ce_conn_connector_release(ce_connector_t *k);
+bool ce_conn_connector_alive(ce_connector_t *k);
+/* What the connection's requests know of it (proxy/exchange.h). */
+void ce_conn_exchange_conn(const ce_conn_t *c, ce_exchange_conn_t *out);
 /* Moves a TLS side's decrypted bytes into its input buffer. */
 void ce_conn_pump_tls_input(side_t *s);
 /* Gives an empty input buffer back to the proxy's pool (docs/proxy.md
  * "Memory"); a side with bytes keeps it. */
 void ce_conn_release_input(side_t *s);
-/* The one way an upstream host becomes addresses, for conn.c and
- * h2conn.c alike: the proxy's own resolver (docs/dns.md: the hosts table
- * of --hosts, else the --dns-upstream resolvers; never getaddrinfo, so
- * nothing the workspace can write decides where an allowed name
- * connects), then the private-address rule (loopback, private and
- * link-local addresses only when the policy names them, DESIGN §4),
- * in resolver order. The callback runs once, later: status 0 with keep
- * (at least one address, owned by the callee, free() it), or 502
- * (resolution failed: reason "upstream_unreachable: cannot resolve HOST:
- * ...") or 403 (every address refused: reason
- * "upstream_private_address: ADDR") with keep NULL. c must stay alive
- * until then (count the lookup as the callers do). Returns CE_OK, or
- * CE_EAGAIN (the resolver is busy), CE_EINVAL, CE_ENOMEM with no
- * callback. */
-typedef void (*ce_conn_resolved_cb)(void *data, int status, ce_dns_addrs_t *keep, const char *reason);
-int ce_conn_resolve(ce_conn_t *c, const char *host, uint16_t port, ce_conn_resolved_cb cb, void *data);
-/* A handle (or lookup) of h2conn.c counted in c->handles is done: may
+/* A handle (or lookup) of the HTTP/2 path counted in c->handles is done: may
  * free the connection, so the caller touches nothing after. */
 void ce_conn_release(ce_conn_t *c);
+/* The connection's timer fires within ms at the latest (ST_H2: a stream's
+ * wait for its body preview; ce_h2conn_timeout then asks those streams). */
+void ce_conn_wake_in(ce_conn_t *c, uint32_t ms);
 /* Bytes moved: the idle timer starts again. */
 void ce_conn_touch(ce_conn_t *c);
 /* ST_H2 without an h2 upstream: (re)connects the SNI host for HTTP/1.1
@@ -235,7 +194,7 @@ void ce_conn_finish_exchange(ce_conn_t *c);
  * the request is sent again over a new connection, made like the first. */
 void ce_conn_retry_exchange(ce_conn_t *c);
 
-/* h1h2.c: an HTTP/1.1 workspace over an h2 upstream (docs/http2.md §6). */
+/* http2/h1h2.c: an HTTP/1.1 workspace over an h2 upstream (docs/http2.md §6). */
 struct ce_h1h2;
 /* Opens the stream for the current request (c->up_head), creating the
  * session on c->u first. CE_OK, CE_ENOMEM or CE_EINVAL (the head cannot
@@ -252,7 +211,7 @@ void ce_h1h2_idle(ce_conn_t *c);
 bool ce_h1h2_usable(ce_conn_t *c);
 void ce_h1h2_free(struct ce_h1h2 *h);
 
-/* h2conn.c. */
+/* proxy/http2/: the HTTP/2 path. */
 struct ce_h2conn;
 int ce_h2conn_start(ce_conn_t *c);
 void ce_h2conn_process(ce_conn_t *c);
@@ -271,5 +230,33 @@ void ce_h2conn_close_handles(ce_conn_t *c);
 /* The HTTP/1.1 upstream asked by ce_conn_h2_connect is ready (status 0) or
  * could not be had (status 502, 504 or 403 and reason). */
 void ce_h2conn_upstream_done(ce_conn_t *c, int status, const char *reason);
+
+
+/* Between conn.c (the connection: sockets, timers, states; conn__) and
+ * h1exchange.c (one HTTP/1.1 request on it; h1__). Internal to the two. */
+void conn__set_state(ce_conn_t *c, conn_state_t s);
+void conn__begin_connection_record(ce_conn_t *c);
+void conn__end_request(ce_conn_t *c);
+void conn__report_failed(ce_conn_t *c, const char *reason);
+void conn__consume(side_t *s, size_t n);
+void conn__upstream_reset(ce_conn_t *c);
+void conn__abort(ce_conn_t *c);
+void conn__close_after_flush(ce_conn_t *c);
+void conn__arm(ce_conn_t *c, uint32_t ms);
+void conn__side_write(side_t *s, const char *data, size_t len);
+void conn__side_printf(side_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void conn__connect_upstream(ce_conn_t *c);
+void conn__process(ce_conn_t *c);
+void h1__answer(ce_conn_t *c, int status, const char *body, bool keep);
+extern const ce_exchange_ops_t h1__ops;
+void h1__process_head(ce_conn_t *c);
+void h1__start_exchange(ce_conn_t *c);
+void h1__pump_request_body(ce_conn_t *c);
+void h1__discard_request_body(ce_conn_t *c);
+void h1__finish_exchange(ce_conn_t *c);
+void h1__drop_stray_upstream(ce_conn_t *c);
+void h1__upstream_failed_mid_response(ce_conn_t *c, const char *reason);
+void h1__pump_response(ce_conn_t *c);
+void h1__pump_tunnel(ce_conn_t *c);
 
 #endif

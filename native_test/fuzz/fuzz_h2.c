@@ -3,7 +3,7 @@
  * (docs/http2.md §5, §8): the bytes after the client preface go through
  * the frame guard (c_src/h2/guard.c) and, while it lets them through, to an
  * nghttp2 server session set up with the proxy's options and settings
- * (proxy/h2conn.c new_sessions), whose every complete request is answered
+ * (h2/session.c, with the parameters of proxy/http2/server.c), whose every complete request is answered
  * with a short body the way the proxy answers a refusal.
  *
  * The first input byte picks the size of the pieces the rest is fed in
@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "h2/guard.h"
+#include "h2/session.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -128,34 +129,25 @@ static int on_close(nghttp2_session *s, int32_t id, uint32_t code, void *u) {
   return 0;
 }
 
+/* The proxy's own session builder, with the workspace session's
+ * parameters (proxy/http2/server.c new_sessions). */
 static nghttp2_session *new_session(fz_t *z) {
-  nghttp2_session_callbacks *cb = NULL;
-  nghttp2_option *opt = NULL;
-  nghttp2_session *s = NULL;
-  CHECK(nghttp2_session_callbacks_new(&cb) == 0 && nghttp2_option_new(&opt) == 0);
-  nghttp2_option_set_no_auto_window_update(opt, 1);
-  nghttp2_option_set_max_outbound_ack(opt, 1000);
-  nghttp2_option_set_max_settings(opt, 32);
-  nghttp2_option_set_max_continuations(opt, CE_H2G_MAX_CONTINUATIONS);
-  nghttp2_option_set_stream_reset_rate_limit(opt, CE_H2G_MAX_RST, CE_H2G_MAX_RST / CE_H2G_WINDOW_S);
-  nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
-  nghttp2_option_set_max_send_header_block_length(opt, 2u * MAX_LIST);
-  nghttp2_session_callbacks_set_on_begin_headers_callback(cb, on_begin);
-  nghttp2_session_callbacks_set_on_header_callback(cb, on_header);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, on_frame);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, on_data);
-  nghttp2_session_callbacks_set_on_stream_close_callback(cb, on_close);
-  CHECK(nghttp2_session_server_new2(&s, cb, z, opt) == 0);
-  nghttp2_settings_entry set[] = {
-      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, 100},
-      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 65535},
-      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
-      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, MAX_LIST},
+  static const ce_h2_session_params_t params = {
+      .role = CE_H2_SESSION_SERVER,
+      .stream_window = 65535,
+      .conn_window = 1024 * 1024,
+      .max_header_list = MAX_LIST,
+      .max_streams = 100,
   };
-  CHECK(nghttp2_submit_settings(s, NGHTTP2_FLAG_NONE, set, 4) == 0);
-  CHECK(nghttp2_session_set_local_window_size(s, NGHTTP2_FLAG_NONE, 0, 1024 * 1024) == 0);
-  nghttp2_session_callbacks_del(cb);
-  nghttp2_option_del(opt);
+  static const ce_h2_session_callbacks_t cbs = {
+      .begin_headers = on_begin,
+      .header = on_header,
+      .frame_recv = on_frame,
+      .data_chunk_recv = on_data,
+      .stream_close = on_close,
+  };
+  nghttp2_session *s = NULL;
+  CHECK(ce_h2_session_new(&params, &cbs, z, &s) == 0);
   return s;
 }
 

@@ -45,7 +45,8 @@ defmodule Condukt.Netns.SidecarHttpTest do
 
     unless ctx[:drain], do: on_exit(fn -> Sidecar.stop(sc) end)
 
-    {:ok, peer} = ControlPeer.start_link(sc, self(), fn _ -> {:deny, "the decider says no"} end)
+    decide = Map.get(ctx, :decide, fn _ -> {:deny, "the decider says no"} end)
+    {:ok, peer} = ControlPeer.start_link(sc, self(), decide)
     assert_receive {:egress_frame, %{"type" => "welcome", "version" => 2}}, 10_000
     on_exit(fn -> if Process.alive?(peer), do: ControlPeer.stop(peer) end)
     %{sc: sc, peer: peer}
@@ -402,6 +403,55 @@ defmodule Condukt.Netns.SidecarHttpTest do
       denied = List.last(events_for(sc, "#{q}-80-2"))
       assert denied["event"] == "request_denied" and denied["reason"] == "the decider says no"
       assert denied["matched_rule"] == %{"index" => 2, "kind" => "decide"}
+    end
+  end
+
+  # Allows a request whose body starts with "please", whatever else it
+  # says; refuses the others, quoting the preview it was asked with. An
+  # answer that depends on the body is not for the decision cache (which
+  # keys on the rule and the host).
+  def preview_decider(request) do
+    preview = Base.decode64!(request["body_preview"] || "")
+    answer = if String.starts_with?(preview, "please"), do: :allow, else: {:deny, "preview: " <> preview}
+    {answer, false}
+  end
+
+  describe "decide rules and the body preview" do
+    @tag sidecar: [extra_args: ~w(--body-preview 16)]
+    @tag decide: &__MODULE__.preview_decider/1
+    test "the decider's question carries the first body bytes, on HTTP/1.1 and h2", %{tb: tb, sc: sc} do
+      for http <- [:h1, :h2] do
+        q = tag()
+
+        r =
+          Client.run(tb, :curl, "https://decide.test/echo?#{q}",
+            method: "POST",
+            body: "please-let-me-through-#{http}",
+            ca: sc.ca_cert,
+            http: http
+          )
+
+        events = events_for(sc, q)
+        assert "request_allowed" in names(events), "#{http}: #{inspect(events)}"
+        assert Result.header(r, "x-condukt-egress") == nil, inspect(r)
+
+        q = tag()
+
+        r =
+          Client.run(tb, :curl, "https://decide.test/echo?#{q}",
+            method: "POST",
+            body: "nope-0123456789abcdef",
+            ca: sc.ca_cert,
+            http: http
+          )
+
+        assert r.status == 403, inspect(r)
+        # The first 16 bytes, as the decider saw them, and in the refusal's words.
+        assert r.body =~ "reason: preview: nope-0123456789a\n", inspect(r.body)
+        denied = List.last(events_for(sc, q))
+        assert denied["event"] == "request_denied" and denied["reason"] == "preview: nope-0123456789a"
+        assert denied["matched_rule"] == %{"index" => 2, "kind" => "decide"}
+      end
     end
   end
 

@@ -25,10 +25,13 @@ defmodule Condukt.Sandbox.NetworkPolicy.Capture do
       it*: compressed or binary bodies are previewed as bytes, and the cap
       may cut a value (a pattern then sees only its start; the built-in
       ones redact a cut value to the end of the preview).
-    * The sidecar asks a decider before it reads the body, so the
-      `Request` a decider gets has no preview (`body_preview: nil`); the
-      preview appears in the events of the request's end
-      (`:request_closed`, `:request_failed`).
+    * A decider's `Request` carries the preview of the body that arrived
+      within a second of the request head (the sidecar waits that long,
+      forwarding nothing); a client that sends its body later, or only
+      after a `100 Continue`, is asked about with what came (often
+      `nil`). The events of the request's end (`:request_closed`,
+      `:request_failed`) carry the preview of the body as forwarded.
+      A decision that depends on the body should not be cached.
     * Redaction is pattern matching: a credential in a shape no pattern
       knows stays. Keep `:body_preview` at 0 (the default) where bodies
       may hold secrets you cannot describe.

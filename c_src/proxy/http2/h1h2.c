@@ -30,6 +30,7 @@
 #include "common/error.h"
 #include "common/trace.h"
 #include "h2/headers.h"
+#include "h2/session.h"
 #include "http1/writer.h"
 #include "proxy/conn_internal.h"
 #include "proxy/proxy.h"
@@ -158,7 +159,7 @@ static bool write_head(h1h2_t *h, int status, unsigned flags) {
   int rc = ce_h2h_write_response(&w, status, h->f, h->fn, flags);
   if (rc == CE_OK) {
     ce_conn_side_write(&c->c, c->proxy->head_buf, w.len);
-    c->req.bytes_in += w.len;
+    c->x.req.bytes_in += w.len;
   }
   return rc == CE_OK;
 }
@@ -184,7 +185,7 @@ static void final_head(h1h2_t *h, int status) {
     x->value = h->f[i].value;
     x->value_len = h->f[i].value_len;
   }
-  ce_reqinfo_set_response(&c->req, hd, c->proxy->opts);
+  ce_reqinfo_set_response(&c->x.req, hd, c->proxy->opts);
   free(hd);
 
   bool head_method = strcmp(c->method, "HEAD") == 0;
@@ -264,7 +265,7 @@ static int on_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, c
   ce_conn_side_write(&c->c, (const char *)data, len);
   if (h->chunked_out)
     ce_conn_side_write(&c->c, "\r\n", 2);
-  c->req.bytes_in += len;
+  c->x.req.bytes_in += len;
   h->unconsumed += len;
   return 0;
 }
@@ -330,8 +331,8 @@ static ssize_t body_read(nghttp2_session *session, int32_t stream_id, uint8_t *b
     memcpy(buf, h->up, n);
     memmove(h->up, h->up + n, h->up_len - n);
     h->up_len -= n;
-    c->req.bytes_out += n;
-    ce_reqinfo_add_preview(&c->req, (const char *)buf, n, c->proxy->opts->body_preview);
+    c->x.req.bytes_out += n;
+    ce_reqinfo_add_preview(&c->x.req, (const char *)buf, n, c->proxy->opts->body_preview);
     up_release(h);
   }
   if (h->up_len == 0 && c->req_done) {
@@ -351,35 +352,21 @@ static int start(ce_conn_t *c) {
     return CE_ENOMEM;
   h->c = c;
   c->h1h2 = h;
-  nghttp2_session_callbacks *cb = NULL;
-  nghttp2_option *opt = NULL;
-  int rc = CE_ENOMEM;
-  if (nghttp2_session_callbacks_new(&cb) != 0 || nghttp2_option_new(&opt) != 0)
-    goto out;
-  nghttp2_option_set_no_auto_window_update(opt, 1);
-  nghttp2_option_set_max_outbound_ack(opt, 1000);
-  nghttp2_option_set_max_settings(opt, 32);
-  nghttp2_option_set_max_continuations(opt, 16);
-  nghttp2_option_set_max_deflate_dynamic_table_size(opt, 4096);
-  nghttp2_session_callbacks_set_on_header_callback(cb, on_header);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, on_frame_recv);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, on_data);
-  nghttp2_session_callbacks_set_on_stream_close_callback(cb, on_stream_close);
-  if (nghttp2_session_client_new2(&h->s, cb, h, opt) != 0)
-    goto out;
-  nghttp2_settings_entry set[] = {
-      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, H1H2_BUF},
-      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
-      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, H1H2_MAX_HEADER_LIST},
+  static const ce_h2_session_params_t params = {
+      .role = CE_H2_SESSION_CLIENT,
+      .stream_window = H1H2_BUF,
+      .conn_window = H1H2_CONN_WINDOW,
+      .max_header_list = H1H2_MAX_HEADER_LIST,
   };
-  if (nghttp2_submit_settings(h->s, NGHTTP2_FLAG_NONE, set, 3) != 0 ||
-      nghttp2_session_set_local_window_size(h->s, NGHTTP2_FLAG_NONE, 0, H1H2_CONN_WINDOW) != 0)
-    goto out;
-  rc = CE_OK;
-  CE_TRACE_D("proxy", 'c', c->id, "HTTP/1.1 workspace over an h2 upstream");
-out:
-  nghttp2_session_callbacks_del(cb);
-  nghttp2_option_del(opt);
+  static const ce_h2_session_callbacks_t cbs = {
+      .header = on_header,
+      .frame_recv = on_frame_recv,
+      .data_chunk_recv = on_data,
+      .stream_close = on_stream_close,
+  };
+  int rc = ce_h2_session_new(&params, &cbs, h, &h->s);
+  if (rc == CE_OK)
+    CE_TRACE_D("proxy", 'c', c->id, "HTTP/1.1 workspace over an h2 upstream");
   return rc;
 }
 
@@ -599,10 +586,10 @@ void ce_h1h2_process(ce_conn_t *c) {
      * connection when nothing of it is lost (no body read, no 100
      * Continue said) and no GOAWAY said the upstream gave up on us. */
     bool again = h->refused && !h->body_taken && !h->continued && !h->goaway_error && !c->proxy->draining &&
-                 c->h1h2_retried != c->req.id;
+                 c->h1h2_retried != c->x.req.id;
     h->sid = 0;
     if (again) {
-      c->h1h2_retried = c->req.id;
+      c->h1h2_retried = c->x.req.id;
       ce_conn_retry_exchange(c); /* frees h */
       return;
     }

@@ -1,0 +1,87 @@
+/* Tests for c_src/h2/session.c: every session the proxy makes announces
+ * the limits it was given, in its first bytes on the wire, whatever its
+ * role. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "h2/session.h"
+
+typedef struct {
+  uint32_t values[8]; /* by settings id; 0xffffffff = not sent */
+  uint32_t conn_window_increment;
+} announced_t;
+
+/* Reads the SETTINGS and WINDOW_UPDATE frames a fresh session sends. */
+static void announced(nghttp2_session *s, bool client, announced_t *out) {
+  memset(out->values, 0xff, sizeof(out->values));
+  out->conn_window_increment = 0;
+  uint8_t wire[512];
+  size_t n = 0;
+  const uint8_t *data;
+  ssize_t got;
+  while ((got = nghttp2_session_mem_send(s, &data)) > 0) {
+    cr_assert_leq(n + (size_t)got, sizeof(wire));
+    memcpy(wire + n, data, (size_t)got);
+    n += (size_t)got;
+  }
+  size_t off = client ? 24 : 0; /* the client preface */
+  if (client)
+    cr_assert_eq(memcmp(wire, NGHTTP2_CLIENT_MAGIC, 24), 0);
+  while (off + 9 <= n) {
+    uint32_t len = (uint32_t)wire[off] << 16 | (uint32_t)wire[off + 1] << 8 | wire[off + 2];
+    uint8_t type = wire[off + 3];
+    const uint8_t *p = wire + off + 9;
+    cr_assert_leq(off + 9 + len, n);
+    if (type == NGHTTP2_SETTINGS)
+      for (uint32_t i = 0; i + 6 <= len; i += 6) {
+        uint16_t id = (uint16_t)(p[i] << 8 | p[i + 1]);
+        uint32_t v = (uint32_t)p[i + 2] << 24 | (uint32_t)p[i + 3] << 16 | (uint32_t)p[i + 4] << 8 | p[i + 5];
+        if (id < 8)
+          out->values[id] = v;
+      }
+    if (type == NGHTTP2_WINDOW_UPDATE && len == 4)
+      out->conn_window_increment = ((uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]) &
+                                   0x7fffffffu;
+    off += 9 + len;
+  }
+}
+
+static const ce_h2_session_callbacks_t no_callbacks = {0};
+
+Test(h2_session, a_server_session_announces_its_limits_and_no_push) {
+  ce_h2_session_params_t p = {.role = CE_H2_SESSION_SERVER,
+                              .stream_window = 65535,
+                              .conn_window = 1024 * 1024,
+                              .max_header_list = 65536,
+                              .max_streams = 100};
+  nghttp2_session *s = NULL;
+  cr_assert_eq(ce_h2_session_new(&p, &no_callbacks, NULL, &s), CE_OK);
+  announced_t a;
+  announced(s, false, &a);
+  cr_assert_eq(a.values[NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS], 100);
+  cr_assert_eq(a.values[NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE], 65535);
+  cr_assert_eq(a.values[NGHTTP2_SETTINGS_ENABLE_PUSH], 0);
+  cr_assert_eq(a.values[NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE], 65536);
+  cr_assert_eq(a.conn_window_increment, 1024 * 1024 - 65535);
+  nghttp2_session_del(s);
+}
+
+Test(h2_session, a_client_session_sends_the_preface_and_no_stream_limit) {
+  ce_h2_session_params_t p = {.role = CE_H2_SESSION_CLIENT,
+                              .stream_window = 32768,
+                              .conn_window = 65535 * 4,
+                              .max_header_list = 8192,
+                              .max_streams = 7 /* a server's setting: not sent */};
+  nghttp2_session *s = NULL;
+  cr_assert_eq(ce_h2_session_new(&p, &no_callbacks, NULL, &s), CE_OK);
+  announced_t a;
+  announced(s, true, &a);
+  cr_assert_eq(a.values[NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS], 0xffffffffu);
+  cr_assert_eq(a.values[NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE], 32768);
+  cr_assert_eq(a.values[NGHTTP2_SETTINGS_ENABLE_PUSH], 0);
+  cr_assert_eq(a.values[NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE], 8192);
+  cr_assert_eq(a.conn_window_increment, 65535 * 3);
+  nghttp2_session_del(s);
+}
