@@ -29,7 +29,9 @@ static void usage(FILE *out) {
           "       " PROG " policy eval [--method METHOD] [--] FILE URL_OR_HOST\n"
           "\n"
           "  check  validate a sidecar policy document (docs/policy-json.md)\n"
-          "  eval   print the verdict for a URL or host[:port] as one JSON line;\n"
+          "  eval   print the verdict for a URL or host[:port] as one JSON line,\n"
+          "         with the credentials the request would get (header and\n"
+          "         secret name, never a value) when the policy has some;\n"
           "         --method names the request's method (rules with methods\n"
           "         match no request whose method is not given)\n");
 }
@@ -56,10 +58,13 @@ static int load(const char *file, ce_policy_t **out) {
   return CE_EXIT_OK;
 }
 
-/* Every member is either a fixed word, an integer or the normalised host,
- * whose bytes are limited to [a-z0-9._*:-] by host.c, so nothing needs JSON
- * escaping. */
-static void print_verdict(const ce_verdict_t *v) {
+/* Every member is either a fixed word, an integer, the normalised host,
+ * whose bytes are limited to [a-z0-9._*:-] by host.c, or a credential's
+ * header (a token) and secret name ([A-Za-z0-9._-]), as the loader checked
+ * them, so nothing needs JSON escaping. "credentials" is printed only for a
+ * policy that has some: idx[0..n) are the entries the request would get,
+ * never a value (the dry run has none). */
+static void print_verdict(const ce_verdict_t *v, const ce_policy_t *policy, const size_t *idx, int n) {
   const char *reason = ce_reason_name(v->reason);
   printf("{\"decision\":\"%s\",\"reason\":", ce_decision_name(v->decision));
   if (reason != NULL)
@@ -77,6 +82,16 @@ static void print_verdict(const ce_verdict_t *v) {
     printf("\"%s\"", v->host.text);
   else
     printf("null");
+  if (ce_policy_credential_count(policy) > 0) {
+    printf(",\"credentials\":[");
+    for (int i = 0; i < n; i++) {
+      ce_credential_info_t info;
+      ce_policy_credential(policy, idx[i], &info);
+      printf("%s{\"index\":%zu,\"header\":\"%s\",\"secret\":\"%s\"}", i > 0 ? "," : "", idx[i], info.header,
+             info.secret);
+    }
+    printf("]");
+  }
   printf("}\n");
 }
 
@@ -140,14 +155,22 @@ int ce_cmd_policy(int argc, char **argv) {
     if (code != CE_EXIT_OK)
       return code;
     ce_verdict_t verdict;
-    int rc = ce_policy_eval_input(policy, words[2], strlen(words[2]), method, method != NULL ? strlen(method) : 0,
-                                  &verdict);
-    ce_policy_free(policy);
+    size_t method_len = method != NULL ? strlen(method) : 0;
+    size_t idx[CE_POLICY_MAX_CREDENTIALS];
+    int n_creds = 0;
+    int rc = ce_policy_eval_input(policy, words[2], strlen(words[2]), method, method_len, &verdict);
+    if (rc == 0) {
+      n_creds = ce_policy_eval_input_credentials(policy, words[2], strlen(words[2]), method, method_len,
+                                                 verdict.decision, idx, CE_POLICY_MAX_CREDENTIALS);
+      rc = n_creds < 0 ? n_creds : 0;
+    }
     if (rc != 0) {
+      ce_policy_free(policy);
       fprintf(stderr, PROG ": policy eval: %s\n", ce_strerror(rc));
       return CE_EXIT_FAIL;
     }
-    print_verdict(&verdict);
+    print_verdict(&verdict, policy, idx, n_creds);
+    ce_policy_free(policy);
     if (fflush(stdout) != 0) {
       fprintf(stderr, PROG ": policy eval: cannot write the verdict\n");
       return CE_EXIT_FAIL;

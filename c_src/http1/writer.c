@@ -145,13 +145,13 @@ static int name_cmp(const char *a, size_t al, const char *b, size_t bl) {
 }
 
 /* Sorts idx[0..n) by field name: a merge sort, O(n log n) comparisons. */
-static void sort_fields(const ce_h1_head_t *h, size_t *idx, size_t *tmp, size_t n) {
+static void sort_fields(const ce_h1_field_t *fields, size_t *idx, size_t *tmp, size_t n) {
   for (size_t width = 1; width < n; width *= 2) {
     for (size_t lo = 0; lo < n; lo += 2 * width) {
       size_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
       size_t a = lo, b = mid, k = lo;
       while (a < mid && b < hi) {
-        const ce_h1_field_t *fa = &h->fields[idx[a]], *fb = &h->fields[idx[b]];
+        const ce_h1_field_t *fa = &fields[idx[a]], *fb = &fields[idx[b]];
         tmp[k++] = name_cmp(fa->name, fa->name_len, fb->name, fb->name_len) <= 0 ? idx[a++] : idx[b++];
       }
       while (a < mid)
@@ -171,18 +171,30 @@ static void sort_fields(const ce_h1_head_t *h, size_t *idx, size_t *tmp, size_t 
  * log fields), not fields × Connection bytes (the h2 review, #11).
  */
 void ce_h1_connection_named(const ce_h1_head_t *h, bool *named) {
-  size_t n = h->field_count < CE_H1_MAX_FIELDS ? h->field_count : CE_H1_MAX_FIELDS;
+  ce_h1_fields_connection_named(h->fields, h->field_count, named);
+}
+
+static bool is_connection(const ce_h1_field_t *f) {
+  return ce__h1_ieq(f->name, f->name_len, "connection");
+}
+
+void ce_h1_fields_connection_named(const ce_h1_field_t *fields, size_t count, bool *named) {
+  size_t n = count < CE_H1_MAX_FIELDS ? count : CE_H1_MAX_FIELDS;
   size_t idx[CE_H1_MAX_FIELDS], tmp[CE_H1_MAX_FIELDS];
+  bool any = false;
   for (size_t i = 0; i < n; i++) {
     named[i] = false;
     idx[i] = i;
+    any = any || is_connection(&fields[i]);
   }
-  if (ce_h1_find(h, "connection", 0) < 0)
+  if (!any)
     return;
-  sort_fields(h, idx, tmp, n);
-  for (int i = ce_h1_find(h, "connection", 0); i >= 0; i = ce_h1_find(h, "connection", i + 1)) {
-    const char *v = h->fields[i].value;
-    size_t vl = h->fields[i].value_len, p = 0;
+  sort_fields(fields, idx, tmp, n);
+  for (size_t i = 0; i < n; i++) {
+    if (!is_connection(&fields[i]))
+      continue;
+    const char *v = fields[i].value;
+    size_t vl = fields[i].value_len, p = 0;
     while (p < vl) {
       while (p < vl && (v[p] == ' ' || v[p] == '\t' || v[p] == ','))
         p++;
@@ -195,13 +207,13 @@ void ce_h1_connection_named(const ce_h1_head_t *h, bool *named) {
       size_t tl = p - start, lo = 0, hi = n;
       while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        const ce_h1_field_t *f = &h->fields[idx[mid]];
+        const ce_h1_field_t *f = &fields[idx[mid]];
         int c = name_cmp(tok, tl, f->name, f->name_len);
         if (c == 0) {
           if (!named[idx[mid]]) {
-            for (size_t j = mid + 1; j-- > 0 && name_cmp(tok, tl, h->fields[idx[j]].name, h->fields[idx[j]].name_len) == 0;)
+            for (size_t j = mid + 1; j-- > 0 && name_cmp(tok, tl, fields[idx[j]].name, fields[idx[j]].name_len) == 0;)
               named[idx[j]] = true;
-            for (size_t j = mid + 1; j < n && name_cmp(tok, tl, h->fields[idx[j]].name, h->fields[idx[j]].name_len) == 0; j++)
+            for (size_t j = mid + 1; j < n && name_cmp(tok, tl, fields[idx[j]].name, fields[idx[j]].name_len) == 0; j++)
               named[idx[j]] = true;
           }
           break;

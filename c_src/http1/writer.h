@@ -177,4 +177,9 @@ int ce_h1_write_last_chunk_trailers(ce_h1_writer_t *w, const char *kept, size_t 
  */
 void ce_h1_connection_named(const ce_h1_head_t *h, bool *named);
 
+/* The same over a bare field array fields[0..count) (an h2 stream's or a
+ * head's fields being rewritten): named[i] for i < min(count,
+ * CE_H1_MAX_FIELDS); fields past that bound are never marked. */
+void ce_h1_fields_connection_named(const ce_h1_field_t *fields, size_t count, bool *named);
+
 #endif

@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "common/json.h"
 #include "common/text.h"
+#include "http1/writer.h"
 
 typedef struct {
   char name[CE_CRED_NAME_MAX + 1];
@@ -311,6 +312,46 @@ static void remove_named(ce_h1_field_t *f, size_t *n, const char *name, size_t l
   *n = k;
 }
 
+/*
+ * A Connection field names the fields of the hop it came on (RFC 9110
+ * §7.6.1): the workspace's, never one the proxy adds. The writers drop
+ * every field a Connection option names, so "Connection: authorization"
+ * would take the credential away with the workspace's own copy. When a
+ * Connection field of the block names one of the k credentials at its
+ * end, the workspace's hop-by-hop fields are dropped here, as the writers
+ * would drop them (Upgrade and Host aside, which the writers handle
+ * themselves), and so are the Connection fields themselves, which never go
+ * upstream: the origin gets the same fields, with the credential. A block
+ * longer than the writers' bound of fields is refused.
+ */
+static int keep_from_connection(ce_h1_field_t *f, size_t *n, size_t k) {
+  bool any = false;
+  for (size_t i = 0; i < *n && !any; i++)
+    any = f[i].name_len == 10 && strncasecmp(f[i].name, "connection", 10) == 0;
+  if (!any)
+    return (int)k;
+  if (*n > CE_H1_MAX_FIELDS)
+    return CE_ETOOBIG;
+  bool named[CE_H1_MAX_FIELDS];
+  ce_h1_fields_connection_named(f, *n, named);
+  bool hit = false;
+  for (size_t i = *n - k; i < *n; i++)
+    hit = hit || named[i];
+  if (!hit)
+    return (int)k;
+  size_t out = 0;
+  for (size_t i = 0; i < *n; i++) {
+    bool credential = i >= *n - k;
+    bool connection = f[i].name_len == 10 && strncasecmp(f[i].name, "connection", 10) == 0;
+    bool own = (f[i].name_len == 7 && strncasecmp(f[i].name, "upgrade", 7) == 0) ||
+               (f[i].name_len == 4 && strncasecmp(f[i].name, "host", 4) == 0);
+    if (credential || (!connection && (!named[i] || own)))
+      f[out++] = f[i];
+  }
+  *n = out;
+  return (int)k;
+}
+
 int ce_credential_apply(const ce_policy_t *policy, const ce_secrets_t *secrets, const ce_credential_request_t *rq,
                         ce_h1_field_t *f, size_t *n, size_t cap) {
   if (!rq->tls || ce_policy_credential_count(policy) == 0)
@@ -337,5 +378,5 @@ int ce_credential_apply(const ce_policy_t *policy, const ce_secrets_t *secrets, 
     f[*n] = (ce_h1_field_t){.name = info.header, .name_len = hlen, .value = value, .value_len = vlen};
     (*n)++;
   }
-  return k;
+  return k > 0 ? keep_from_connection(f, n, (size_t)k) : 0;
 }

@@ -936,6 +936,15 @@ int ce_policy_eval_input(const ce_policy_t *policy, const char *input, size_t le
   return ce_policy_eval_request(policy, url.host, url.host_len, method, method_len, url.path, url.path_len, out);
 }
 
+int ce_policy_eval_input_credentials(const ce_policy_t *policy, const char *input, size_t len, const char *method,
+                                     size_t method_len, ce_decision_t decision, size_t *idx, size_t cap) {
+  ce_url_t url;
+  if (decision == CE_DECISION_DENY || ce_url_split(input, len, &url) != 0 || url.plain)
+    return 0;
+  return ce_policy_credentials_match(policy, url.host, url.host_len, method, method_len, url.path, url.path_len, idx,
+                                     cap);
+}
+
 ce_decision_t ce_policy_could_allow(const ce_policy_t *policy, const char *name, size_t len, ce_verdict_t *out) {
   /* A DNS name never carries a port: "host:53" is not a name. */
   if (memchr(name, ':', len) != NULL || memchr(name, '[', len) != NULL) {

@@ -143,6 +143,17 @@ int ce_policy_eval_host(const ce_policy_t *policy, const char *host,
 int ce_policy_eval_input(const ce_policy_t *policy, const char *input, size_t len, const char *method,
                          size_t method_len, ce_verdict_t *out);
 
+/* The dry run's credentials (docs/credentials.md): the entries whose
+ * header a request for the same input and method would get, given the
+ * decision ce_policy_eval_input() returned for it. None when the decision
+ * is a deny, when the input is a plain http:// or ws:// URL (a credential
+ * never goes out in clear) or not a valid URL; a bare host counts as TLS
+ * and has no path. A decide decision lists what the request would get if
+ * the decider allowed it. Indices as ce_policy_credentials_match() gives
+ * them, into idx[0..cap); returns the count or CE_ENOMEM. */
+int ce_policy_eval_input_credentials(const ce_policy_t *policy, const char *input, size_t len, const char *method,
+                                     size_t method_len, ce_decision_t decision, size_t *idx, size_t cap);
+
 /* The DNS side (docs/dns.md): could some request to the name
  * name[0..len) be allowed? The sidecar's resolver answers only such
  * names. It answers as ce_policy_eval_host() does, so an allow rule whose

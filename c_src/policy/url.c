@@ -23,6 +23,7 @@ int ce_url_split(const char *in, size_t len, ce_url_t *out) {
 
   if (sep == NULL) {
     out->is_url = false;
+    out->plain = false;
     out->host = in;
     out->host_len = len;
     out->path = NULL;
@@ -30,6 +31,7 @@ int ce_url_split(const char *in, size_t len, ce_url_t *out) {
     return 0;
   }
   out->is_url = true;
+  out->plain = false;
   out->host = in;
   out->host_len = 0;
   out->path = "/";
@@ -44,6 +46,8 @@ int ce_url_split(const char *in, size_t len, ce_url_t *out) {
   }
   if (!known)
     return CE_EINVAL;
+  out->plain = (scheme_len == 4 && strncasecmp(in, "http", 4) == 0) ||
+               (scheme_len == 2 && strncasecmp(in, "ws", 2) == 0);
 
   const char *auth = sep + 3;
   const char *end = in + len;

@@ -12,6 +12,7 @@
 
 typedef struct {
   bool is_url;      /* the input contained "://" */
+  bool plain;       /* the scheme is http or ws: no TLS (a bare host: false) */
   const char *host; /* host[:port] inside the input, not NUL-terminated */
   size_t host_len;
   const char *path; /* URL: the path and query up to '#' ("/" when empty

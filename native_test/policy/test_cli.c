@@ -25,7 +25,7 @@ static void path_in_dir(char *buf, size_t cap, const char *name) {
 }
 
 static void teardown(void) {
-  static const char *names[] = {"policy.json", "bad.json", "stdout", "stderr"};
+  static const char *names[] = {"policy.json", "bad.json", "mp.json", "cred.json", "stdout", "stderr"};
   char path[128];
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
     path_in_dir(path, sizeof(path), names[i]);
@@ -208,6 +208,8 @@ Test(cli, eval_default_deny_and_bad_policy) {
 
 static void expect_usage(const char *const *args, const char *needle);
 
+static const char *show_method(const char *m) { return m != NULL ? m : "(none)"; }
+
 Test(cli, eval_takes_a_method) {
   char p[128];
   result_t r;
@@ -230,6 +232,68 @@ Test(cli, eval_takes_a_method) {
                           "\"kind\":\"allow\"},\"host\":\"a.com\"}\n");
   expect_usage((const char *[]){"policy", "eval", p, "a.com", "--method", NULL}, "--method needs a value");
   expect_usage((const char *[]){"policy", "check", "--method", "GET", p, NULL}, "--method is an option of eval");
+}
+
+/* A policy with credentials: the line names the entries the request
+ * would get (index, header, secret name), the first per header, none for a
+ * deny, a plain URL or an invalid one; a decide lists what an allow by the
+ * decider would add. */
+Test(cli, eval_names_the_credentials) {
+  static const char *policy =
+      "{\"version\":3,\"default\":\"deny\",\"rules\":["
+      "{\"index\":0,\"kind\":\"deny\",\"hosts\":[\"d.a.com\"]},"
+      "{\"index\":1,\"kind\":\"allow\",\"hosts\":[\"*.a.com\",\"b.com\"]},"
+      "{\"index\":2,\"kind\":\"decide\",\"timeout_ms\":1000,\"cache\":false}],"
+      "\"credentials\":["
+      "{\"host\":\"api.a.com\",\"methods\":[\"POST\"],\"paths\":[\"/r/**\"],\"header\":\"Authorization\","
+      "\"secret\":\"narrow\"},"
+      "{\"host\":\"*.a.com\",\"header\":\"authorization\",\"secret\":\"wide\"},"
+      "{\"host\":\"*.a.com\",\"header\":\"x-key\",\"secret\":\"key\"},"
+      "{\"host\":\"c.com\",\"header\":\"x-key\",\"secret\":\"c\"}]}";
+#define ALLOW1(host)                                                                            \
+  "{\"decision\":\"allow\",\"reason\":null,\"matched_rule\":{\"index\":1,\"kind\":\"allow\"},\"host\":\"" \
+  host "\""
+#define C_NARROW "{\"index\":0,\"header\":\"authorization\",\"secret\":\"narrow\"}"
+#define C_WIDE "{\"index\":1,\"header\":\"authorization\",\"secret\":\"wide\"}"
+#define C_KEY "{\"index\":2,\"header\":\"x-key\",\"secret\":\"key\"}"
+  static const struct {
+    const char *method, *input, *line;
+  } cases[] = {
+      {"POST", "https://api.a.com/r/x", ALLOW1("api.a.com") ",\"credentials\":[" C_NARROW "," C_KEY "]}\n"},
+      {"GET", "https://api.a.com/r/x", ALLOW1("api.a.com") ",\"credentials\":[" C_WIDE "," C_KEY "]}\n"},
+      {"POST", "https://api.a.com/r/../x", ALLOW1("api.a.com") ",\"credentials\":[" C_WIDE "," C_KEY "]}\n"},
+      {NULL, "WSS://x.a.com/", ALLOW1("x.a.com") ",\"credentials\":[" C_WIDE "," C_KEY "]}\n"},
+      /* A bare host has no path: the entry with paths does not match. */
+      {"POST", "api.a.com:443", ALLOW1("api.a.com") ",\"credentials\":[" C_WIDE "," C_KEY "]}\n"},
+      {"GET", "http://api.a.com/r/x", ALLOW1("api.a.com") ",\"credentials\":[]}\n"},
+      {NULL, "ws://api.a.com/", ALLOW1("api.a.com") ",\"credentials\":[]}\n"},
+      {NULL, "https://b.com/", ALLOW1("b.com") ",\"credentials\":[]}\n"},
+      {NULL, "https://d.a.com/",
+       "{\"decision\":\"deny\",\"reason\":\"denied_by_rule\",\"matched_rule\":{\"index\":0,\"kind\":\"deny\"},"
+       "\"host\":\"d.a.com\",\"credentials\":[]}\n"},
+      {NULL, "https://c.com/",
+       "{\"decision\":\"decide\",\"reason\":null,\"matched_rule\":{\"index\":2,\"kind\":\"decide\"},"
+       "\"host\":\"c.com\",\"credentials\":[{\"index\":3,\"header\":\"x-key\",\"secret\":\"c\"}]}\n"},
+      {NULL, "ftp://api.a.com/",
+       "{\"decision\":\"deny\",\"reason\":\"invalid_url\",\"matched_rule\":null,\"host\":null,"
+       "\"credentials\":[]}\n"},
+  };
+#undef ALLOW1
+#undef C_NARROW
+#undef C_WIDE
+#undef C_KEY
+  char p[128];
+  result_t r;
+  write_file("cred.json", policy);
+  path_in_dir(p, sizeof(p), "cred.json");
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    if (cases[i].method != NULL)
+      run(&r, (const char *[]){"policy", "eval", "--method", cases[i].method, p, cases[i].input, NULL});
+    else
+      run(&r, (const char *[]){"policy", "eval", p, cases[i].input, NULL});
+    cr_expect_eq(r.status, 0, "%s: %s", cases[i].input, r.err);
+    cr_expect_str_eq(r.out, cases[i].line, "%s %s", show_method(cases[i].method), cases[i].input);
+  }
 }
 
 static void expect_usage(const char *const *args, const char *needle) {

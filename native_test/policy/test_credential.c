@@ -297,6 +297,16 @@ static void expect_field(const ce_h1_field_t *f, const char *name, const char *v
   cr_expect(memcmp(f->value, value, f->value_len) == 0, "value %.*s", (int)f->value_len, f->value);
 }
 
+/* f[0..n) is exactly the name/value pairs (NULL-terminated). */
+static void expect_fields(const ce_h1_field_t *f, size_t n, const char *const *pairs) {
+  size_t want = 0;
+  while (pairs[2 * want] != NULL)
+    want++;
+  cr_assert_eq(n, want, "%zu fields, %zu expected", n, want);
+  for (size_t i = 0; i < n; i++)
+    expect_field(&f[i], pairs[2 * i], pairs[2 * i + 1]);
+}
+
 Test(credential_apply, replaces_every_copy_in_any_case) {
   ce_policy_t *p = load_ok(CREDS);
   ce_secrets_t *s = secrets_ok("{\"version\":1,\"secrets\":{\"gh\":\"Bearer narrow\",\"gh-any\":\"Bearer broad\","
@@ -361,6 +371,63 @@ Test(credential_apply, several_headers_and_a_full_block) {
   n = 0;
   cr_assert_eq(ce_credential_apply(p, empty, &rq, f, &n, 3), CE_EINVAL);
   ce_secrets_free(empty);
+  ce_secrets_free(s);
+  ce_policy_free(p);
+}
+
+/* "Connection: authorization" names the workspace's field for its own
+ * hop: it must not take away the credential the proxy adds. The block
+ * loses the Connection fields and the fields they name (as the writers
+ * would drop them), keeps Host and Upgrade (the writers handle those) and
+ * the credential. */
+Test(credential_apply, a_connection_option_does_not_remove_the_credential) {
+  ce_policy_t *p = load_ok(CREDS);
+  ce_secrets_t *s = secrets_ok("{\"version\":1,\"secrets\":{\"gh\":\"a\",\"gh-any\":\"Bearer broad\",\"ex\":\"c\"}}");
+  ce_h1_field_t f[16];
+  size_t n = fields(f, (const char *const[]){"Host", "api.github.com", "Connection", "x-hop, Authorization",
+                                             "x-hop", "1", "accept", "*/*", "connection", "upgrade , host",
+                                             "Upgrade", "websocket", "Authorization", "mine", "X-HOP", "2", NULL});
+  ce_credential_request_t rq = {"api.github.com", 14, "POST", 4, "/", 1, true};
+  cr_assert_eq(ce_credential_apply(p, s, &rq, f, &n, 16), 1);
+  expect_fields(f, n,
+                (const char *const[]){"Host", "api.github.com", "accept", "*/*", "Upgrade", "websocket",
+                                      "authorization", "Bearer broad", NULL});
+
+  /* A Connection field that names no credential changes nothing here
+   * (the writers drop what it names). */
+  n = fields(f, (const char *const[]){"Connection", "x-hop", "x-hop", "1", NULL});
+  cr_assert_eq(ce_credential_apply(p, s, &rq, f, &n, 16), 1);
+  expect_fields(f, n, (const char *const[]){"Connection", "x-hop", "x-hop", "1", "authorization", "Bearer broad", NULL});
+
+  /* No credential for the request: the block is left alone. */
+  n = fields(f, (const char *const[]){"Connection", "authorization", "authorization", "mine", NULL});
+  ce_credential_request_t other = {"other.test", 10, "GET", 3, "/", 1, true};
+  cr_assert_eq(ce_credential_apply(p, s, &other, f, &n, 16), 0);
+  cr_assert_eq(n, 2);
+  ce_secrets_free(s);
+  ce_policy_free(p);
+}
+
+/* A block with a Connection field and more fields than the writers take
+ * is refused rather than judged on part of it. */
+Test(credential_apply, a_connection_field_in_an_oversized_block_is_refused) {
+  ce_policy_t *p = load_ok(CREDS);
+  ce_secrets_t *s = secrets_ok("{\"version\":1,\"secrets\":{\"gh\":\"a\",\"gh-any\":\"b\",\"ex\":\"c\"}}");
+  size_t cap = CE_H1_MAX_FIELDS + 2;
+  ce_h1_field_t *f = calloc(cap, sizeof(*f));
+  cr_assert_not_null(f);
+  for (size_t i = 0; i < CE_H1_MAX_FIELDS; i++)
+    f[i] = (ce_h1_field_t){.name = "x-filler", .name_len = 8, .value = "1", .value_len = 1};
+  f[0] = (ce_h1_field_t){.name = "connection", .name_len = 10, .value = "authorization", .value_len = 13};
+  size_t n = CE_H1_MAX_FIELDS;
+  ce_credential_request_t rq = {"api.github.com", 14, "POST", 4, "/", 1, true};
+  cr_expect_eq(ce_credential_apply(p, s, &rq, f, &n, cap), CE_ETOOBIG);
+  /* Without the Connection field the same block takes the credential. */
+  f[0] = (ce_h1_field_t){.name = "x-filler", .name_len = 8, .value = "1", .value_len = 1};
+  n = CE_H1_MAX_FIELDS;
+  cr_expect_eq(ce_credential_apply(p, s, &rq, f, &n, cap), 1);
+  cr_expect_eq(n, CE_H1_MAX_FIELDS + 1);
+  free(f);
   ce_secrets_free(s);
   ce_policy_free(p);
 }

@@ -51,6 +51,21 @@ Test(url, schemes) {
   expect_invalid("a.com/x://y");
 }
 
+/* plain: the schemes without TLS, in any case; a bare host is not plain. */
+Test(url, plain_schemes) {
+  static const struct {
+    const char *in;
+    bool plain;
+  } cases[] = {{"http://a", true},   {"HTTP://a", true},   {"ws://a", true},    {"Ws://a", true},
+               {"https://a", false}, {"HTTPS://a", false}, {"wss://a", false},  {"wSS://a", false},
+               {"a:80", false},      {"a", false}};
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    ce_url_t u;
+    cr_assert_eq(ce_url_split(cases[i].in, strlen(cases[i].in), &u), 0, "%s", cases[i].in);
+    cr_expect_eq(u.plain, cases[i].plain, "%s", cases[i].in);
+  }
+}
+
 Test(url, authority_ends_at_path_query_or_fragment) {
   expect_host("https://api.github.com/repos", "api.github.com", true);
   expect_host("https://api.github.com:8443/repos", "api.github.com:8443", true);

@@ -4,6 +4,7 @@
  * input through cr_expect, so one run shows all of them. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "common/error.h"
@@ -149,6 +150,20 @@ Test(vectors, groups) {
                 name, input, show(want_decision), show(want_reason), want_rule,
                 show(want_host), got_decision, show(got_reason), (int)v.rule_index,
                 show(got_host));
+
+      /* "credentials": the entries the request would get, by index. */
+      const json_t *want_creds = json_object_get(c, "credentials");
+      if (want_creds != NULL) {
+        size_t idx[CE_POLICY_MAX_CREDENTIALS];
+        int n = ce_policy_eval_input_credentials(p, input, json_string_length(ij), method,
+                                                 method != NULL ? json_string_length(mj) : 0, v.decision, idx,
+                                                 CE_POLICY_MAX_CREDENTIALS);
+        bool ok = json_is_array(want_creds) && n >= 0 && (size_t)n == json_array_size(want_creds);
+        for (size_t k = 0; ok && k < (size_t)n; k++)
+          ok = (long long)idx[k] == (long long)json_integer_value(json_array_get(want_creds, k));
+        cr_expect(ok, "group \"%s\" input \"%s\" method %s: expected credentials %zu long, got %d (first %lld)", name,
+                  input, show(method), json_array_size(want_creds), n, n > 0 ? (long long)idx[0] : -1LL);
+      }
     }
     ce_policy_free(p);
   }

@@ -10,8 +10,14 @@ defmodule Condukt.Test.Vectors do
 
   # The Elixir form of a vector group's sidecar policy: decide rules get a
   # function callable, since the sidecar document carries none.
-  def elixir_policy(%{"default" => default, "rules" => rules}) do
+  # Version 3 credentials become {host, header:, value: {:secret, name}},
+  # each secret a placeholder value (the vectors hold names, not values).
+  def elixir_policy(%{"default" => default, "rules" => rules} = doc) do
+    credentials = Enum.map(doc["credentials"] || [], &credential/1)
+
     %Condukt.Sandbox.NetworkPolicy{
+      credentials: credentials,
+      secrets: Map.new(credentials, fn {_, opts} -> {elem(opts[:value], 1), "placeholder"} end),
       default: String.to_existing_atom(default),
       rules:
         Enum.map(rules, fn
@@ -31,4 +37,9 @@ defmodule Condukt.Test.Vectors do
   end
 
   defp entry(host) when is_binary(host), do: host
+
+  defp credential(%{"header" => header, "secret" => secret} = object) do
+    {host, conditions} = entry(Map.drop(object, ["header", "secret"]))
+    {host, [header: header, value: {:secret, secret}] ++ conditions}
+  end
 end

@@ -251,6 +251,72 @@ defmodule Condukt.Sandbox.NetworkPolicy do
     end
   end
 
+  @doc """
+  Dry-runs credential injection (`Condukt.Sandbox.NetworkPolicy.Credentials`):
+  which of the policy's credentials the sidecar would add to a request
+  for `target` (a URL, a bare `host[:port]` or a `%Request{}`, as in
+  `evaluate/3`, with the same `method:` option), so that you can check
+  their scopes before a sandbox runs.
+
+  Returns one `%{index: i, header: header, secret: name}` per header the
+  request would get: `index` is the entry's position in `:credentials`
+  (the first matching entry for each header wins), `header` the header in
+  lower case, `secret` the name of the secret whose value it takes. Never
+  a value: the dry run resolves no secret. The list is empty when
+  `evaluate/3` denies the request, when `target` is a plain `http://` or
+  `ws://` URL (a credential never crosses the network in clear), or when
+  no entry matches. A bare host counts as HTTPS and has no path, so
+  entries with `paths:` do not match it. When the decision is a decide
+  rule, the list says what the request would get if the decider allowed
+  it. `condukt-egress policy eval` prints the same list.
+
+      iex> policy = Condukt.Sandbox.NetworkPolicy.new!(
+      ...>   rules: [allow: ["api.github.com"]],
+      ...>   credentials: [{"api.github.com", header: "Authorization", value: {:secret, "gh"}, methods: ["GET"]}],
+      ...>   secrets: %{"gh" => "Bearer t0ken"}
+      ...> )
+      iex> Condukt.Sandbox.NetworkPolicy.evaluate_credentials(policy, "https://api.github.com/user", method: "GET")
+      [%{index: 0, header: "authorization", secret: "gh"}]
+      iex> Condukt.Sandbox.NetworkPolicy.evaluate_credentials(policy, "https://api.github.com/user", method: "POST")
+      []
+      iex> Condukt.Sandbox.NetworkPolicy.evaluate_credentials(policy, "http://api.github.com/user", method: "GET")
+      []
+
+  Raises `Condukt.Sandbox.NetworkPolicy.Error` if the policy is invalid.
+  """
+  @spec evaluate_credentials(t() | keyword() | map(), Request.t() | String.t(), [{:method, String.t()}]) :: [
+          %{index: non_neg_integer(), header: String.t(), secret: String.t()}
+        ]
+  def evaluate_credentials(policy, target, opts \\ []) do
+    {rules, default, credentials} = compile!(policy)
+
+    with false <- plain?(target),
+         {:ok, host} <- target_host(target),
+         request = {host, target_method(target, opts), target_path(target)},
+         {decision, _} when decision == :allow or (is_tuple(decision) and elem(decision, 0) == :decide) <-
+           walk(rules, request, default) do
+      credentials
+      |> Enum.with_index()
+      |> Enum.filter(fn {{pattern, conditions, _header, _name}, _i} ->
+        entry_match({pattern, conditions}, request) == :yes
+      end)
+      |> Enum.uniq_by(fn {{_, _, header, _}, _i} -> header end)
+      |> Enum.map(fn {{_, _, header, name}, i} -> %{index: i, header: header, secret: name} end)
+    else
+      _ -> []
+    end
+  end
+
+  # Requests that go upstream in clear (or are not HTTP) never get one.
+  defp plain?(%Request{scheme: scheme}), do: scheme in [:http, :dns]
+
+  defp plain?(url) when is_binary(url) do
+    case :binary.split(url, "://") do
+      [scheme, _] -> String.downcase(scheme, :ascii) in ["http", "ws"]
+      [_host] -> false
+    end
+  end
+
   @ca_env_vars ~w(NODE_EXTRA_CA_CERTS REQUESTS_CA_BUNDLE SSL_CERT_FILE PIP_CERT CURL_CA_BUNDLE GIT_SSL_CAINFO)
 
   @doc """

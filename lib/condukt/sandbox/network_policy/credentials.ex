@@ -44,6 +44,13 @@ defmodule Condukt.Sandbox.NetworkPolicy.Credentials do
   host comes back to the workspace, whose next request is matched afresh
   and gets no credential unless an entry names that host too.
 
+  A `Connection` field of the workspace names fields of its own hop, never
+  the credential: naming the credential's header there does not remove it.
+
+  `Condukt.Sandbox.NetworkPolicy.evaluate_credentials/3` dry-runs this:
+  which entries (index, header, secret name; never a value) a request
+  would get.
+
   Events and decider requests show the request as the workspace sent it,
   never the credential; headers named by a credential are redacted in
   them like `authorization`.

@@ -155,6 +155,47 @@ defmodule Condukt.Sandbox.NetworkPolicy.SidecarCliTest do
     end
   end
 
+  test "policy eval names the credentials a request would get, as evaluate_credentials/3 does", %{tmp_dir: dir} do
+    groups = Enum.filter(Vectors.load!()["groups"], &Map.has_key?(&1["policy"], "credentials"))
+    assert groups != []
+
+    for group <- groups, c <- group["cases"] do
+      policy = Vectors.elixir_policy(group["policy"])
+      file = write!(dir, "cred.json", NetworkPolicy.to_sidecar_json(policy))
+      method = if c["method"], do: ["--method", c["method"]], else: []
+      {out, 0} = egress(["policy", "eval"] ++ method ++ ["--", file, c["input"]])
+      opts = if c["method"], do: [method: c["method"]], else: []
+
+      expected =
+        for %{index: i, header: h, secret: s} <- NetworkPolicy.evaluate_credentials(policy, c["input"], opts),
+            do: %{"index" => i, "header" => h, "secret" => s}
+
+      assert Condukt.JSON.decode!(out)["credentials"] == expected, "#{inspect(c["method"])} #{c["input"]}"
+      assert Enum.map(expected, & &1["index"]) == c["credentials"], "#{inspect(c["method"])} #{c["input"]}"
+    end
+
+    # Names, never values: the value is not in the document, nor in the line.
+    policy =
+      NetworkPolicy.new!(
+        rules: [allow: ["api.github.com"]],
+        credentials: [{"api.github.com", header: "Authorization", value: {:secret, "gh"}}],
+        secrets: %{"gh" => "Bearer ghp_v4lue"}
+      )
+
+    file = write!(dir, "gh.json", NetworkPolicy.to_sidecar_json(policy))
+    {out, 0} = egress(["policy", "eval", file, "https://api.github.com/user"])
+    refute out =~ "v4lue"
+
+    assert Condukt.JSON.decode!(out)["credentials"] == [
+             %{"index" => 0, "header" => "authorization", "secret" => "gh"}
+           ]
+
+    # A policy without credentials prints no "credentials" member.
+    file = write!(dir, "none.json", NetworkPolicy.to_sidecar_json(rules: [allow: ["api.github.com"]]))
+    {out, 0} = egress(["policy", "eval", file, "https://api.github.com/user"])
+    refute Map.has_key?(Condukt.JSON.decode!(out), "credentials")
+  end
+
   test "policy eval prints one JSON object", %{tmp_dir: dir} do
     file =
       write!(

@@ -101,7 +101,12 @@ defmodule Condukt.Sandbox.NetworkPolicy.VectorsTest do
         Enum.flat_map(group["cases"], fn c ->
           opts = if c["method"], do: [method: c["method"]], else: []
           got = summarize(NetworkPolicy.evaluate(policy, c["input"], opts), c["input"])
-          expected = Map.take(c, ["decision", "reason", "matched_rule", "host"])
+          expected = Map.take(c, ["decision", "reason", "matched_rule", "host", "credentials"])
+
+          got =
+            if Map.has_key?(c, "credentials"),
+              do: Map.put(got, "credentials", credential_indices(policy, c["input"], opts)),
+              else: got
 
           if got == expected,
             do: [],
@@ -124,6 +129,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.VectorsTest do
               rule
           end)
         end)
+        |> Map.replace_lazy("credentials", fn creds -> Enum.map(creds, &normalized_credential/1) end)
 
       json = group["policy"] |> Vectors.elixir_policy() |> NetworkPolicy.to_sidecar_json()
       assert Condukt.JSON.decode!(json) == expected, group["name"]
@@ -154,6 +160,19 @@ defmodule Condukt.Sandbox.NetworkPolicy.VectorsTest do
   end
 
   defp normalized_entry(host), do: normalized_host(host)
+
+  defp normalized_credential(object) do
+    object |> normalized_entry() |> Map.update!("header", &String.downcase/1)
+  end
+
+  defp credential_indices(policy, input, opts) do
+    for %{index: i, header: h, secret: s} <- NetworkPolicy.evaluate_credentials(policy, input, opts) do
+      # The header and secret are the entry's own.
+      {:secret, ^s} = Enum.at(policy.credentials, i) |> elem(1) |> Keyword.fetch!(:value)
+      ^h = Enum.at(policy.credentials, i) |> elem(1) |> Keyword.fetch!(:header) |> String.downcase()
+      i
+    end
+  end
 
   defp normalized_host(host), do: host |> Host.normalize_pattern() |> elem(1) |> Host.to_text()
 
