@@ -11,7 +11,7 @@ defmodule Condukt.Sandbox.OperatorLocalCaptureTest do
     %{tb: Testbed.start()}
   end
 
-  defp start(tb, id, capture) do
+  defp start(tb, id, capture, rules \\ [allow: ["allowed.test"]]) do
     me = self()
 
     :telemetry.attach(
@@ -22,7 +22,7 @@ defmodule Condukt.Sandbox.OperatorLocalCaptureTest do
     )
 
     on_exit(fn -> :telemetry.detach({__MODULE__, id}) end)
-    policy = NetworkPolicy.new!([rules: [allow: ["allowed.test"]]] ++ capture)
+    policy = NetworkPolicy.new!([rules: rules] ++ capture)
 
     network = [
       uplink: {:netns, tb.inet_ns},
@@ -57,7 +57,9 @@ defmodule Condukt.Sandbox.OperatorLocalCaptureTest do
     id = "cap-#{System.unique_integer([:positive])}"
     sb = start(tb, id, body_preview: 64, redact_headers: ["x-api-key"], redact_body: ["tenant-7"])
     post(sb)
-    assert_receive {:closed, %{duration: d}, request}, 10_000
+    # A Local session's first request on a loaded machine (the sanitizer
+    # build of the sidecar) can take several seconds.
+    assert_receive {:closed, %{duration: d}, request}, 30_000
     assert is_integer(d) and d > 0
     assert request.body_preview == ~s({"password":"[redacted]","who":"[redacted]","n":1})
     assert {"x-api-key", "[redacted]"} in request.headers
@@ -80,5 +82,31 @@ defmodule Condukt.Sandbox.OperatorLocalCaptureTest do
     assert request.body_preview == nil
     events = Condukt.Sandbox.Local.Network.events(sb.state.network)
     refute Enum.any?(events, &Map.has_key?(&1, "body_preview"))
+  end
+
+  # A decider that reports what it was asked: the body preview travels in
+  # the question (the sidecar waits for the first body bytes before
+  # asking), redacted by the policy's patterns before the decider sees it.
+  defp asking_decider do
+    me = self()
+    [decide: [call: fn _ctx, req -> send(me, {:asked, req}) && :allow end, cache: false]]
+  end
+
+  test "a decider's request carries the body preview, redacted, when body_preview is set", %{tb: tb} do
+    id = "dcap-#{System.unique_integer([:positive])}"
+    sb = start(tb, id, [body_preview: 64, redact_body: ["tenant-7"]], asking_decider())
+    post(sb)
+    assert_receive {:asked, request}, 30_000
+    assert request.host == "allowed.test" and request.method == "POST"
+    assert request.body_preview == ~s({"password":"[redacted]","who":"[redacted]","n":1})
+  end
+
+  test "without body_preview a decider's request has no preview", %{tb: tb} do
+    id = "dnocap-#{System.unique_integer([:positive])}"
+    sb = start(tb, id, [], asking_decider())
+    post(sb)
+    assert_receive {:asked, request}, 30_000
+    assert request.host == "allowed.test"
+    assert request.body_preview == nil
   end
 end
