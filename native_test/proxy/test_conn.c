@@ -2,10 +2,12 @@
  * over a socketpair, without network namespaces. The connection is given
  * its "dialled address" (ce_conn_adopt) instead of a redirect's original
  * destination; its events go to a recorder (ce_proxy_t.channel); the test
- * plays the workspace on the other end of the pair. The policy allows
- * nothing, so every request is answered by the proxy itself: the deny
- * page, its framing, keep-alive, a refused body skipped (a short one) or
- * closing the connection (a chunked one), and a workspace that resets in the middle of a head. */
+ * plays the workspace on the other end of the pair and, for an allowed
+ * request, the upstream on 127.0.0.1. Refused requests: the deny page and
+ * its framing, keep-alive, a refused body skipped (a short one) or closing
+ * the connection (a chunked one). Allowed ones: the head and a chunked
+ * body as the upstream receives them, the answer as the workspace does.
+ * And a workspace that resets in the middle of a head. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -35,6 +37,15 @@ typedef struct {
   size_t got_len;
   bool ws_eof;        /* the proxy closed the connection */
   char events[4096];  /* "name reason\n" per event */
+  /* The upstream, for an allowed request: it answers once it has seen
+   * up_until in what it read. */
+  uv_tcp_t server, peer;
+  bool peer_open;
+  uint16_t port;
+  char up_got[8192];
+  size_t up_got_len;
+  const char *up_until;
+  bool up_answered;
 } fx_t;
 
 static void rec_emit(void *ctx, const char *name, const ce_reqinfo_t *r, const char *reason) {
@@ -54,11 +65,84 @@ static void rec_cancel(void *ctx, uint64_t id) { (void)ctx, (void)id; }
 
 static const ce_exchange_channel_t recorder = {rec_emit, rec_ask, rec_cancel};
 
+static void on_up_written(uv_write_t *w, int status) {
+  (void)status;
+  free(w);
+}
+
+static void up_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  fx_t *f = h->data;
+  *buf = uv_buf_init(f->up_got + f->up_got_len, (unsigned)(sizeof(f->up_got) - 1 - f->up_got_len));
+}
+
+static void up_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  (void)buf;
+  fx_t *f = st->data;
+  if (nread <= 0)
+    return;
+  f->up_got_len += (size_t)nread;
+  f->up_got[f->up_got_len] = '\0';
+  if (f->up_answered || strstr(f->up_got, f->up_until) == NULL)
+    return;
+  f->up_answered = true;
+  static char answer[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+  uv_write_t *w = malloc(sizeof(*w));
+  cr_assert_not_null(w);
+  uv_buf_t b = uv_buf_init(answer, sizeof(answer) - 1);
+  uv_write(w, st, &b, 1, on_up_written);
+}
+
+static void on_up_peer(uv_stream_t *server, int status) {
+  fx_t *f = server->data;
+  cr_assert_eq(status, 0);
+  cr_assert_not(f->peer_open, "one upstream connection");
+  uv_tcp_init(&f->loop, &f->peer);
+  f->peer.data = f;
+  cr_assert_eq(uv_accept(server, (uv_stream_t *)&f->peer), 0);
+  f->peer_open = true;
+  uv_read_start((uv_stream_t *)&f->peer, up_alloc, up_read);
+}
+
+static void fixture_at(fx_t *f, const struct sockaddr_in *dialled);
+
 static void fixture(fx_t *f) {
+  struct sockaddr_in dialled = {.sin_family = AF_INET, .sin_port = htons(80)};
+  dialled.sin_addr.s_addr = htonl(0x7f000003); /* 127.0.0.3 */
   memset(f, 0, sizeof(*f));
+  fixture_at(f, &dialled);
+}
+
+/* An upstream on 127.0.0.1 that the policy allows (and the private
+ * address rule lets through); the workspace dialled it. */
+static void fixture_upstream(fx_t *f, const char *until) {
+  memset(f, 0, sizeof(*f));
+  f->up_until = until;
   cr_assert_eq(uv_loop_init(&f->loop), 0);
+  uv_tcp_init(&f->loop, &f->server);
+  f->server.data = f;
+  struct sockaddr_in sa;
+  uv_ip4_addr("127.0.0.1", 0, &sa);
+  cr_assert_eq(uv_tcp_bind(&f->server, (const struct sockaddr *)&sa, 0), 0);
+  struct sockaddr_storage bound;
+  int len = sizeof(bound);
+  uv_tcp_getsockname(&f->server, (struct sockaddr *)&bound, &len);
+  f->port = ntohs(((struct sockaddr_in *)&bound)->sin_port);
+  cr_assert_eq(uv_listen((uv_stream_t *)&f->server, 8, on_up_peer), 0);
+  cr_assert_eq(ce_cidr_parse("127.0.0.0/8", &f->opts.allow_private[0]), CE_OK);
+  f->opts.allow_private_count = 1;
+  f->opts.mark = 0x2a;
+  fixture_at(f, &sa);
+}
+
+static void fixture_at(fx_t *f, const struct sockaddr_in *dialled_in) {
+  struct sockaddr_in dialled = *dialled_in;
+  if (f->port != 0)
+    dialled.sin_port = htons(f->port);
+  if (f->server.data == NULL)
+    cr_assert_eq(uv_loop_init(&f->loop), 0);
   static const char policy[] = "{\"version\":1,\"default\":\"deny\",\"rules\":["
-                               "{\"index\":0,\"kind\":\"allow\",\"hosts\":[\"allowed.example\"]}]}";
+                               "{\"index\":0,\"kind\":\"allow\",\"hosts\":[\"127.0.0.1\"]}]}";
   ce_policy_error_t err;
   cr_assert_eq(ce_policy_load_buffer(policy, strlen(policy), &f->policy, &err), 0, "%s", err.message);
   f->opts.max_connections = 8;
@@ -85,8 +169,6 @@ static void fixture(fx_t *f) {
   int sv[2];
   cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
   f->ws = sv[0];
-  struct sockaddr_in dialled = {.sin_family = AF_INET, .sin_port = htons(80)};
-  dialled.sin_addr.s_addr = htonl(0x7f000003); /* 127.0.0.3 */
   cr_assert_eq(ce_conn_adopt(p, sv[1], (const struct sockaddr *)&dialled), CE_OK);
   cr_assert_eq(p->conn_count, 1);
 }
@@ -99,6 +181,10 @@ static void fixture_free(fx_t *f) {
     usleep(1000);
   }
   cr_assert_eq(f->proxy.conn_count, 0, "the connection ended when the workspace went");
+  if (f->peer_open)
+    uv_close((uv_handle_t *)&f->peer, NULL);
+  if (f->server.data != NULL)
+    uv_close((uv_handle_t *)&f->server, NULL);
   ce_dns_stub_close(f->dns);
   uv_run(&f->loop, UV_RUN_DEFAULT);
   ce_bufpool_clear(&f->proxy.inbufs);
@@ -197,6 +283,43 @@ Test(conn, a_refused_chunked_body_closes_the_connection_and_is_never_taken_for_a
   cr_assert_not_null(strcasestr(f->got, "connection: close"), "%s", f->got);
   cr_assert(f->ws_eof, "the proxy closed the connection");
   cr_assert_eq(count(f->events, "request_denied"), 1, "%s", f->events);
+  fixture_free(f);
+  free(f);
+}
+
+Test(conn, an_allowed_request_is_framed_to_the_upstream_and_its_answer_back) {
+  fx_t *f = calloc(1, sizeof(*f));
+  fixture_upstream(f, "\r\n\r\n");
+  char req[200];
+  snprintf(req, sizeof(req), "GET /x?y=1 HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nAccept: */*\r\n\r\n", (unsigned)f->port);
+  send_text(f, req);
+  run_until(f, "\r\n\r\nok", 1);
+  cr_assert(strncmp(f->got, "HTTP/1.1 200 ", 13) == 0, "%s / events: %s", f->got, f->events);
+  cr_assert(strncmp(f->up_got, "GET /x?y=1 HTTP/1.1\r\n", 21) == 0, "%s", f->up_got);
+  cr_assert_not_null(strcasestr(f->up_got, "\r\nhost: 127.0.0.1:"), "%s", f->up_got);
+  cr_assert_not_null(strstr(f->events, "request_allowed"), "%s", f->events);
+  cr_assert_not(f->ws_eof);
+  fixture_free(f);
+  free(f);
+}
+
+Test(conn, an_allowed_chunked_body_goes_up_chunked_to_its_last_chunk) {
+  fx_t *f = calloc(1, sizeof(*f));
+  fixture_upstream(f, "0\r\n\r\n");
+  char req[300];
+  snprintf(req, sizeof(req),
+           "POST /up HTTP/1.1\r\nHost: 127.0.0.1:%u\r\nTransfer-Encoding: chunked\r\n\r\n"
+           "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+           (unsigned)f->port);
+  send_text(f, req);
+  run_until(f, "\r\n\r\nok", 1);
+  cr_assert(strncmp(f->got, "HTTP/1.1 200 ", 13) == 0, "%s / events: %s", f->got, f->events);
+  const char *body = strstr(f->up_got, "\r\n\r\n");
+  cr_assert_not_null(body, "%s", f->up_got);
+  /* The payload arrives whole, however the proxy re-chunks it. */
+  cr_assert_not_null(strcasestr(f->up_got, "transfer-encoding: chunked"), "%s", f->up_got);
+  cr_assert(strstr(body, "hello") != NULL && strstr(body, " world") != NULL, "%s", f->up_got);
+  cr_assert_not_null(strstr(body, "0\r\n\r\n"), "%s", f->up_got);
   fixture_free(f);
   free(f);
 }
