@@ -53,7 +53,6 @@ void conn__set_state(ce_conn_t *c, conn_state_t s) {
 
 /* ---- forward declarations ---------------------------------------------- */
 
-static bool take_input(side_t *s);
 static void maybe_free(ce_conn_t *c);
 static void on_handle_closed(uv_handle_t *h);
 static void side_close(side_t *s);
@@ -62,7 +61,6 @@ static void on_linger_shutdown(uv_shutdown_t *req, int status);
 static void finish_close(ce_conn_t *c);
 static void on_timer(uv_timer_t *t);
 static void on_write(uv_write_t *req, int status);
-static void raw_write(side_t *s, const char *data, size_t len);
 static void upstream_ready(ce_conn_t *c);
 static void upstream_failed(ce_conn_t *c, int status, const char *reason);
 static void up_close(ce_connector_t *k);
@@ -78,7 +76,7 @@ static void start_client_tls(ce_conn_t *c, const ce_clienthello_t *hello);
 static void mint_and_handshake(ce_conn_t *c);
 static void process_hello(ce_conn_t *c);
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
-static void pump_tls_input(side_t *s);
+static void pump_input(side_t *s);
 static void on_read_common(side_t *s, ssize_t nread, const uv_buf_t *buf);
 static void on_client_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
 static void on_upstream_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
@@ -89,8 +87,8 @@ static void update_reading(ce_conn_t *c);
 void ce_conn_exchange_conn(const ce_conn_t *c, ce_exchange_conn_t *out) {
   *out = (ce_exchange_conn_t){
       .proxy = c->proxy,
-      .channel = &ce_exchange_control_channel,
-      .channel_ctx = c->proxy->control,
+      .channel = c->proxy->channel != NULL ? c->proxy->channel : &ce_exchange_control_channel,
+      .channel_ctx = c->proxy->channel != NULL ? c->proxy->channel_ctx : c->proxy->control,
       .conn_id = c->id,
       .tls = c->tls,
       .port = c->port,
@@ -148,7 +146,7 @@ void conn__consume(side_t *s, size_t n) {
 
 /* An input buffer for s, from the proxy's pool (docs/proxy.md "Memory").
  * False when none can be had: the caller fails the connection. */
-static bool take_input(side_t *s) {
+bool conn__take_input(side_t *s) {
   if (s->in == NULL)
     s->in = ce_bufpool_get(&s->conn->proxy->inbufs);
   return s->in != NULL;
@@ -257,7 +255,7 @@ static bool h2_connect_end(ce_conn_t *c, int status, const char *reason) {
 
 static void on_linger_shutdown(uv_shutdown_t *req, int status) {
   ce_conn_t *c = ((side_t *)req->data)->conn;
-  c->c.shut_done = true;
+  c->c.shut = SIDE_SHUT;
   if (!c->dead && status < 0)
     conn__abort(c);
 }
@@ -274,12 +272,12 @@ static void on_linger_shutdown(uv_shutdown_t *req, int status) {
 static void finish_close(ce_conn_t *c) {
   if (c->dead)
     return;
-  if (c->lingering || c->c.eof || !c->c.open || c->c.shut) {
+  if (c->lingering || c->c.eof || !c->c.open || c->c.shut != SIDE_WRITING) {
     conn__abort(c);
     return;
   }
   conn__upstream_reset(c);
-  c->c.shut = true;
+  c->c.shut = SIDE_SHUTTING;
   c->c.shut_req.data = &c->c;
   if (uv_shutdown(&c->c.shut_req, (uv_stream_t *)&c->c.tcp, on_linger_shutdown) != 0) {
     conn__abort(c);
@@ -297,7 +295,7 @@ static void finish_close(ce_conn_t *c) {
 void conn__close_after_flush(ce_conn_t *c) {
   conn__set_state(c, ST_CLOSING);
   conn__arm(c, c->proxy->opts->idle_ms);
-  if (!c->c.shut && ce_transport_close_notify(&c->c))
+  if (c->c.shut == SIDE_WRITING && ce_transport_close_notify(&c->c))
     conn__side_write(&c->c, NULL, 0);
   c->c.close_after_flush = true;
   if (c->c.queued == 0)
@@ -406,66 +404,40 @@ static void on_write(uv_write_t *req, int status) {
   conn__process(c);
 }
 
-static void raw_write(side_t *s, const char *data, size_t len) {
-  ce_conn_t *c = s->conn;
-  if (len == 0 || !s->open)
-    return;
-  write_req_t *w = malloc(sizeof(*w) + len);
+write_req_t *conn__wire_new(side_t *s, size_t n) {
+  write_req_t *w = malloc(sizeof(*w) + n);
   if (w == NULL) {
-    conn__report_failed(c, "out_of_memory");
-    conn__abort(c);
-    return;
+    conn__report_failed(s->conn, "out_of_memory");
+    conn__abort(s->conn);
   }
-  memcpy(w->data, data, len);
+  return w;
+}
+
+bool conn__wire_send(side_t *s, write_req_t *w, size_t n) {
+  ce_conn_t *c = s->conn;
   w->side = s;
   w->gen = s->gen;
-  w->len = len;
-  uv_buf_t b = uv_buf_init(w->data, (unsigned)len);
-  int rc = uv_write(&w->req, (uv_stream_t *)&s->tcp, &b, 1, on_write);
-  if (rc < 0) {
+  w->len = n;
+  uv_buf_t b = uv_buf_init(w->data, (unsigned)n);
+  if (uv_write(&w->req, (uv_stream_t *)&s->tcp, &b, 1, on_write) < 0) {
     free(w);
     conn__report_failed(c, s == &c->c ? "client_reset" : "conn__upstream_reset");
     conn__abort(c);
-    return;
+    return false;
   }
-  s->queued += len;
+  s->queued += n;
+  return true;
 }
 
-/* Sends plaintext on a side (through TLS when the side has it) and any
- * TLS output that is pending (data NULL: only flush). */
+/* Sends plaintext on a side through its transport, and any output the
+ * transport has pending (data NULL: only flush). */
 void conn__side_write(side_t *s, const char *data, size_t len) {
   ce_conn_t *c = s->conn;
   if (c->dead || !s->open)
     return;
-  if (s->tls == NULL) {
-    raw_write(s, data, len);
-    return;
-  }
-  if (len > 0 && ce_tlsconn_write(s->tls, (const uint8_t *)data, len) != CE_OK) {
+  if (ce_transport_send(s, data, len) == CE_ETLS) {
     conn__report_failed(c, s == &c->c ? "tls_client_error" : "upstream_tls: write failed");
     conn__abort(c);
-    return;
-  }
-  size_t pending;
-  while ((pending = ce_tlsconn_pending_out(s->tls)) > 0 && !c->dead) {
-    write_req_t *w = malloc(sizeof(*w) + pending);
-    if (w == NULL) {
-      conn__report_failed(c, "out_of_memory");
-      conn__abort(c);
-      return;
-    }
-    size_t n = ce_tlsconn_take_out(s->tls, (uint8_t *)w->data, pending);
-    w->side = s;
-    w->gen = s->gen;
-    w->len = n;
-    uv_buf_t b = uv_buf_init(w->data, (unsigned)n);
-    if (uv_write(&w->req, (uv_stream_t *)&s->tcp, &b, 1, on_write) < 0) {
-      free(w);
-      conn__report_failed(c, s == &c->c ? "client_reset" : "conn__upstream_reset");
-      conn__abort(c);
-      return;
-    }
-    s->queued += n;
   }
 }
 void conn__side_printf(side_t *s, const char *fmt, ...) {
@@ -802,46 +774,31 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   ce_conn_t *c = h->data;
   side_t *s = (h == (uv_handle_t *)&c->c.tcp) ? &c->c : &c->u;
-  size_t room = CE_CONN_READ_CHUNK;
-  if (s->tls == NULL && CE_CONN_INPUT_MAX - s->in_len < room)
-    room = CE_CONN_INPUT_MAX - s->in_len;
-  *buf = uv_buf_init(c->proxy->read_buf, (unsigned)room);
+  *buf = uv_buf_init(c->proxy->read_buf, (unsigned)ce_transport_read_room(s, CE_CONN_READ_CHUNK));
 }
 
-/* Moves decrypted bytes into the input buffer while there is room. */
-static void pump_tls_input(side_t *s) {
+/* Moves the bytes the transport holds (decrypted TLS) into the input. */
+static void pump_input(side_t *s) {
   ce_conn_t *c = s->conn;
-  if (s->tls == NULL || !s->handshaken || c->dead)
+  if (c->dead)
     return;
-  if (s->in_len < CE_CONN_INPUT_MAX && !s->eof && !take_input(s)) {
+  int rc = ce_transport_pump(s);
+  if (rc == CE_EAGAIN)
+    return;
+  if (rc == CE_ENOMEM) {
     conn__report_failed(c, "out_of_memory");
     conn__abort(c);
     return;
   }
-  while (s->in_len < CE_CONN_INPUT_MAX && !s->eof) {
-    size_t n = 0;
-    int rc = ce_tlsconn_read(s->tls, (uint8_t *)s->in + s->in_len, CE_CONN_INPUT_MAX - s->in_len, &n);
-    if (rc == CE_OK) {
-      s->in_len += n;
-      continue;
-    }
-    if (rc == CE_EAGAIN)
-      break;
-    if (rc == CE_ECLOSED) {
-      s->eof = true;
-      s->close_notify = true;
-      break;
-    }
+  if (rc != CE_OK) {
     if (s != &c->c && c->state == ST_H2 && (s != &c->u || c->up_for != CE_UP_FOR_H2_STREAMS)) {
       /* The streams on it fail; the workspace's connection goes on. */
       s->eof = true;
-      break;
+      return;
     }
     char reason[300];
-    if (s == &c->c)
-      snprintf(reason, sizeof(reason), "tls_client_error: %s", ce_tlsconn_error(s->tls));
-    else
-      snprintf(reason, sizeof(reason), "upstream_tls: %s", ce_tlsconn_error(s->tls));
+    snprintf(reason, sizeof(reason), "%s: %s", s == &c->c ? "tls_client_error" : "upstream_tls",
+             ce_transport_error(s));
     conn__report_failed(c, reason);
     conn__abort(c);
     return;
@@ -881,7 +838,7 @@ static void on_read_common(side_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (s == &c->c && c->state == ST_HANDSHAKE) {
       /* A client that hangs up in the middle of our handshake most often
        * did so because it did not trust the certificate we showed. */
-      if (ce_tlsconn_peer_rejected_cert(c->c.tls))
+      if (ce_transport_peer_rejected_cert(&c->c))
         conn__report_failed(c, "tls_client_rejected_ca");
       else
         conn__report_failed(c, "tls_client_closed_during_handshake");
@@ -902,29 +859,20 @@ static void on_read_common(side_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   if (c->state == ST_EXCHANGE || c->state == ST_TUNNEL || c->state == ST_H2)
     conn__arm(c, c->proxy->opts->idle_ms);
-  if (s->tls == NULL) {
-    /* on_alloc bounded nread by the input's room. */
-    if (!take_input(s)) {
-      conn__report_failed(c, "out_of_memory");
-      conn__abort(c);
+  /* on_alloc bounded nread by what the transport can take. */
+  int rc = ce_transport_received(s, buf->base, (size_t)nread);
+  if (rc != CE_OK) {
+    conn__report_failed(c, rc == CE_ENOMEM ? "out_of_memory" : "input_overflow");
+    conn__abort(c);
+    return;
+  }
+  if (ce_transport_handshaking(s)) {
+    if (s == &c->c)
+      client_handshake(c);
+    else
+      ce_connector_handshake(&c->uk);
+    if (c->dead)
       return;
-    }
-    memcpy(s->in + s->in_len, buf->base, (size_t)nread);
-    s->in_len += (size_t)nread;
-  } else {
-    if (ce_tlsconn_feed(s->tls, (const uint8_t *)buf->base, (size_t)nread) != CE_OK) {
-      conn__report_failed(c, "out_of_memory");
-      conn__abort(c);
-      return;
-    }
-    if (!s->handshaken) {
-      if (s == &c->c)
-        client_handshake(c);
-      else
-        ce_connector_handshake(&c->uk);
-      if (c->dead)
-        return;
-    }
   }
   conn__process(c);
 }
@@ -953,7 +901,7 @@ static void update_reading(ce_conn_t *c) {
                 (c->state != ST_CLOSING || (c->lingering && s == &c->c));
     /* With TLS, bytes can wait inside OpenSSL: stop reading the socket
      * while the plaintext buffer is full. */
-    if (s->tls != NULL && s->in_len >= CE_CONN_INPUT_MAX - 1)
+    if (ce_transport_input_full(s))
       want = false;
     if (want && !s->reading) {
       uv_read_start((uv_stream_t *)&s->tcp, on_alloc, s == &c->c ? on_client_read : on_upstream_read);
@@ -979,8 +927,8 @@ void conn__process(ce_conn_t *c) {
     c->again = false;
     if (c->dead)
       break;
-    pump_tls_input(&c->c);
-    pump_tls_input(&c->u);
+    pump_input(&c->c);
+    pump_input(&c->u);
     if (c->dead)
       break;
     conn_state_t before = c->state;
@@ -1044,18 +992,12 @@ void conn__process(ce_conn_t *c) {
 
 /* ---- accepting ----------------------------------------------------------- */
 
-void ce_conn_accept(ce_proxy_t *p, uv_stream_t *listener) {
+/* A new connection on the proxy's list, its client handle initialised and
+ * counted (NULL: out of memory). */
+static ce_conn_t *conn_new(ce_proxy_t *p) {
   ce_conn_t *c = calloc(1, sizeof(*c));
-  if (c == NULL) {
-    /* Accept and drop so the listener does not spin on a pending socket. */
-    uv_tcp_t tmp;
-    uv_tcp_init(p->loop, &tmp);
-    if (uv_accept(listener, (uv_stream_t *)&tmp) == 0)
-      uv_close((uv_handle_t *)&tmp, NULL);
-    uv_run(p->loop, UV_RUN_NOWAIT);
-    CE_TRACE_E("proxy", 0, 0, "out of memory accepting a connection");
-    return;
-  }
+  if (c == NULL)
+    return NULL;
   c->proxy = p;
   c->id = ++p->next_conn_id;
   c->c.conn = c->u.conn = c;
@@ -1076,7 +1018,58 @@ void ce_conn_accept(ce_proxy_t *p, uv_stream_t *listener) {
     p->conns->prev = c;
   p->conns = c;
   p->conn_count++;
+  return c;
+}
 
+/* The workspace's socket is up and what it dialled is known: the first
+ * bytes are awaited. */
+static void conn_start(ce_conn_t *c, const struct sockaddr *dialled) {
+  memcpy(&c->orig_dst, dialled, dialled->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
+  c->port = ce_addr_port((struct sockaddr *)&c->orig_dst);
+  /* Until a name is known, the connection is named by the address dialled. */
+  char text[CE_ADDR_TEXT_MAX];
+  size_t n = ce_addr_text((struct sockaddr *)&c->orig_dst, text);
+  if (ce_host_normalize(text, n, &c->sni) != 0)
+    snprintf(c->sni.text, sizeof(c->sni.text), "%s", text);
+  uv_tcp_nodelay(&c->c.tcp, 1);
+  trace(c, "accepted, original destination %s port %u", text, (unsigned)c->port);
+  c->state = ST_HELLO;
+  conn__arm(c, c->proxy->opts->clienthello_ms);
+  c->c.reading = true;
+  uv_read_start((uv_stream_t *)&c->c.tcp, on_alloc, on_client_read);
+}
+
+int ce_conn_adopt(ce_proxy_t *p, uv_os_sock_t fd, const struct sockaddr *dialled) {
+  if (dialled->sa_family != AF_INET && dialled->sa_family != AF_INET6) {
+    close(fd);
+    return CE_EINVAL;
+  }
+  ce_conn_t *c = conn_new(p);
+  if (c == NULL) {
+    close(fd);
+    return CE_ENOMEM;
+  }
+  if (uv_tcp_open(&c->c.tcp, fd) != 0) {
+    close(fd);
+    conn__abort(c);
+    return CE_EIO;
+  }
+  conn_start(c, dialled);
+  return CE_OK;
+}
+
+void ce_conn_accept(ce_proxy_t *p, uv_stream_t *listener) {
+  ce_conn_t *c = conn_new(p);
+  if (c == NULL) {
+    /* Accept and drop so the listener does not spin on a pending socket. */
+    uv_tcp_t tmp;
+    uv_tcp_init(p->loop, &tmp);
+    if (uv_accept(listener, (uv_stream_t *)&tmp) == 0)
+      uv_close((uv_handle_t *)&tmp, NULL);
+    uv_run(p->loop, UV_RUN_NOWAIT);
+    CE_TRACE_E("proxy", 0, 0, "out of memory accepting a connection");
+    return;
+  }
   if (uv_accept(listener, (uv_stream_t *)&c->c.tcp) != 0) {
     conn__abort(c);
     return;
@@ -1091,11 +1084,12 @@ void ce_conn_accept(ce_proxy_t *p, uv_stream_t *listener) {
   }
   uv_os_fd_t fd;
   uv_fileno((uv_handle_t *)&c->c.tcp, &fd);
-  int rc = ce_original_dst(fd, &c->orig_dst);
+  struct sockaddr_storage dst;
+  int rc = ce_original_dst(fd, &dst);
   struct sockaddr_storage local;
   int llen = sizeof(local);
   uv_tcp_getsockname(&c->c.tcp, (struct sockaddr *)&local, &llen);
-  if (rc != CE_OK || ce_addr_equal((struct sockaddr *)&c->orig_dst, (struct sockaddr *)&local)) {
+  if (rc != CE_OK || ce_addr_equal((struct sockaddr *)&dst, (struct sockaddr *)&local)) {
     /* Not redirected: someone dialled the proxy port itself. There is no
      * destination to go to, and looping into ourselves must not happen.
      * From loopback that is one of the pod's own containers, every start
@@ -1111,18 +1105,7 @@ void ce_conn_accept(ce_proxy_t *p, uv_stream_t *listener) {
     conn__abort(c);
     return;
   }
-  c->port = ce_addr_port((struct sockaddr *)&c->orig_dst);
-  /* Until a name is known, the connection is named by the address dialled. */
-  char text[CE_ADDR_TEXT_MAX];
-  size_t n = ce_addr_text((struct sockaddr *)&c->orig_dst, text);
-  if (ce_host_normalize(text, n, &c->sni) != 0)
-    snprintf(c->sni.text, sizeof(c->sni.text), "%s", text);
-  uv_tcp_nodelay(&c->c.tcp, 1);
-  trace(c, "accepted, original destination %s port %u", text, (unsigned)c->port);
-  c->state = ST_HELLO;
-  conn__arm(c, p->opts->clienthello_ms);
-  c->c.reading = true;
-  uv_read_start((uv_stream_t *)&c->c.tcp, on_alloc, on_client_read);
+  conn_start(c, (struct sockaddr *)&dst);
 }
 
 void ce_conn_drain_all(ce_proxy_t *p) {
@@ -1172,7 +1155,7 @@ void ce_conn_hard_deadline(ce_conn_t *c) {
 }
 void ce_conn_upstream_reset(ce_conn_t *c) { conn__upstream_reset(c); }
 void ce_conn_process(ce_conn_t *c) { conn__process(c); }
-void ce_conn_pump_tls_input(side_t *s) { pump_tls_input(s); }
+void ce_conn_pump_input(side_t *s) { pump_input(s); }
 void ce_conn_release(ce_conn_t *c) {
   c->handles--;
   maybe_free(c);

@@ -44,6 +44,23 @@ typedef enum {
   CE_UP_FOR_H2_STREAMS,
 } ce_up_for_t;
 
+/* The end of a side's write side: nothing more is written once a
+ * shutdown is asked (TLS close_notify, then the TCP FIN after the queued
+ * writes); it is done when uv_shutdown's callback ran (or it could not
+ * be asked). */
+typedef enum {
+  SIDE_WRITING = 0,
+  SIDE_SHUTTING,  /* uv_shutdown asked, its callback not yet run */
+  SIDE_SHUT,      /* ...and it ran */
+} side_shut_t;
+
+/* How a response body is framed towards the workspace. */
+typedef enum {
+  RESP_OUT_AS_IS = 0,   /* as the upstream framed it (a length, or none) */
+  RESP_OUT_CHUNKED,     /* re-encoded as chunks */
+  RESP_OUT_CLOSE,       /* decoded, ended by the close (an HTTP/1.0 client) */
+} resp_out_t;
+
 typedef struct side {
   uv_tcp_t tcp;
   struct ce_conn *conn;
@@ -55,8 +72,7 @@ typedef struct side {
   bool eof;                /* the peer finished sending */
   bool close_notify;       /* TLS: the peer's eof was a close_notify */
   bool close_after_flush;
-  bool shut;               /* uv_shutdown asked: nothing more is written */
-  bool shut_done;          /* ...and its callback ran */
+  side_shut_t shut;        /* how far the write side's end has gone */
   uv_shutdown_t shut_req;
   ce_tlsconn_t *tls;
   bool handshaken;
@@ -125,8 +141,7 @@ struct ce_conn {
   bool resp_head_done;
   bool resp_done;
   bool resp_keep_alive;
-  bool resp_chunked_out;   /* re-encoding the response body as chunks */
-  bool resp_close_out;     /* the client's response ends at close */
+  resp_out_t resp_out;     /* how the response body goes to the workspace */
   ce_h1_body_t resp_body;
   char *resp_trailers;     /* ... of a chunked response body going chunked to
                               the workspace */
@@ -164,8 +179,9 @@ void ce_conn_connector_release(ce_connector_t *k);
 bool ce_conn_connector_alive(ce_connector_t *k);
 /* What the connection's requests know of it (proxy/exchange.h). */
 void ce_conn_exchange_conn(const ce_conn_t *c, ce_exchange_conn_t *out);
-/* Moves a TLS side's decrypted bytes into its input buffer. */
-void ce_conn_pump_tls_input(side_t *s);
+/* Moves the bytes a side's transport holds (decrypted TLS) into its
+ * input buffer. */
+void ce_conn_pump_input(side_t *s);
 /* Gives an empty input buffer back to the proxy's pool (docs/proxy.md
  * "Memory"); a side with bytes keeps it. */
 void ce_conn_release_input(side_t *s);
@@ -244,6 +260,16 @@ void conn__abort(ce_conn_t *c);
 void conn__close_after_flush(ce_conn_t *c);
 void conn__arm(ce_conn_t *c, uint32_t ms);
 void conn__side_write(side_t *s, const char *data, size_t len);
+
+/* The socket under a side's transport (proxy/transport.h). conn__wire_new
+ * gives a write request with room for n bytes (NULL: out of memory, the
+ * connection is failed and aborted); conn__wire_send writes its first n
+ * bytes and owns it from then on (false: the write failed, the connection
+ * is failed and aborted). conn__take_input gives the side its input buffer
+ * (false: none to be had). */
+write_req_t *conn__wire_new(side_t *s, size_t n);
+bool conn__wire_send(side_t *s, write_req_t *w, size_t n);
+bool conn__take_input(side_t *s);
 void conn__side_printf(side_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void conn__connect_upstream(ce_conn_t *c);
 void conn__process(ce_conn_t *c);

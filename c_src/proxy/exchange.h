@@ -57,7 +57,7 @@ typedef struct ce_exchange ce_exchange_t;
  * (ce_exchange_control_channel), a recorder in the unit tests. ask has
  * ce_control_ask_with's contract: an id, or 0 when nothing was sent (no
  * callback then); the callback runs once, later, unless cancelled. */
-typedef struct {
+typedef struct ce_exchange_channel {
   void (*emit)(void *ctx, const char *name, const ce_reqinfo_t *r, const char *reason);
   uint64_t (*ask)(void *ctx, const ce_reqinfo_t *r, int32_t rule, uint32_t timeout_ms, ce_control_decision_cb cb,
                   void *data);

@@ -532,24 +532,23 @@ static int forward_response_head(ce_conn_t *c, const ce_h1_head_t *h) {
   if (h->status == 101) {
     flags |= CE_H1_W_UPGRADE;
   } else if (!interim) {
-    c->resp_chunked_out = false;
-    c->resp_close_out = false;
+    c->resp_out = RESP_OUT_AS_IS;
     if (!c->req_http11 && (h->framing == CE_H1_BODY_CHUNKED || h->framing == CE_H1_BODY_CLOSE)) {
       /* RFC 9112 §6.1: chunked must not be sent to an HTTP/1.0 client; it
        * gets the decoded body, delimited by the close (§6.3). */
-      c->resp_close_out = true;
+      c->resp_out = RESP_OUT_CLOSE;
       if (h->framing == CE_H1_BODY_CHUNKED)
         flags |= CE_H1_W_DECHUNK;
     } else if (h->framing == CE_H1_BODY_CHUNKED) {
-      c->resp_chunked_out = true;
+      c->resp_out = RESP_OUT_CHUNKED;
     } else if (h->framing == CE_H1_BODY_CLOSE) {
       /* A body that ends at close goes to an HTTP/1.1 client chunked,
        * which keeps the connection usable. */
-      c->resp_chunked_out = true;
+      c->resp_out = RESP_OUT_CHUNKED;
     }
-    if (c->resp_chunked_out)
+    if (c->resp_out == RESP_OUT_CHUNKED)
       flags |= CE_H1_W_CHUNKED;
-    c->resp_keep_alive = h->keep_alive && c->req_keep_alive && !c->resp_close_out && c->req_done &&
+    c->resp_keep_alive = h->keep_alive && c->req_keep_alive && c->resp_out != RESP_OUT_CLOSE && c->req_done &&
                          !c->proxy->draining;
     if (!c->resp_keep_alive)
       flags |= CE_H1_W_CLOSE;
@@ -631,9 +630,9 @@ static void pump_response_body(ce_conn_t *c) {
       h1__upstream_failed_mid_response(c, "upstream_tls: truncated: the server closed without close_notify");
       return;
     }
-    if (c->resp_chunked_out)
+    if (c->resp_out == RESP_OUT_CHUNKED)
       conn__side_write(&c->c, "0\r\n\r\n", 5);
-    c->resp_keep_alive = c->resp_keep_alive && c->resp_chunked_out;
+    c->resp_keep_alive = c->resp_keep_alive && c->resp_out == RESP_OUT_CHUNKED;
     h1__finish_exchange(c);
     return;
   }
@@ -665,7 +664,7 @@ static void pump_response_body(ce_conn_t *c) {
       break;
   }
   conn__consume(&c->u, off);
-  gather_flush(c, &g, &c->c, c->resp_chunked_out, rc == 1, &c->resp_body);
+  gather_flush(c, &g, &c->c, c->resp_out == RESP_OUT_CHUNKED, rc == 1, &c->resp_body);
   if (rc == 1)
     h1__finish_exchange(c);
 }
@@ -722,7 +721,7 @@ void h1__pump_response(ce_conn_t *c) {
     c->resp_head_done = true;
     ce_h1_body_init(&c->resp_body, h->framing, h->content_length);
     /* An HTTP/1.0 workspace gets the body decoded: no place for trailers. */
-    if (h->framing == CE_H1_BODY_CHUNKED && c->resp_chunked_out)
+    if (h->framing == CE_H1_BODY_CHUNKED && c->resp_out == RESP_OUT_CHUNKED)
       keep_trailers(c, &c->resp_body, &c->resp_trailers);
     if (h->framing == CE_H1_BODY_NONE) {
       h1__finish_exchange(c);
@@ -734,7 +733,7 @@ void h1__pump_response(ce_conn_t *c) {
 static void on_tunnel_shutdown(uv_shutdown_t *req, int status) {
   side_t *s = req->data;
   (void)status; /* done either way: the peer is gone or has our FIN */
-  s->shut_done = true;
+  s->shut = SIDE_SHUT;
   if (!s->conn->dead)
     conn__process(s->conn);
 }
@@ -742,14 +741,14 @@ static void on_tunnel_shutdown(uv_shutdown_t *req, int status) {
 /* No more bytes go to s: its TLS close_notify, then the TCP FIN once
  * everything queued is written (uv_shutdown waits for the writes). */
 static void shutdown_side(side_t *s) {
-  if (s->shut)
+  if (s->shut != SIDE_WRITING)
     return;
-  s->shut = true;
+  s->shut = SIDE_SHUTTING;
   if (ce_transport_close_notify(s))
     conn__side_write(s, NULL, 0);
   s->shut_req.data = s;
   if (!s->open || uv_shutdown(&s->shut_req, (uv_stream_t *)&s->tcp, on_tunnel_shutdown) != 0)
-    s->shut_done = true;
+    s->shut = SIDE_SHUT;
 }
 
 /* After a 101: bytes both ways. Each direction ends on its own (TCP
@@ -758,12 +757,12 @@ static void shutdown_side(side_t *s) {
  * the other's output once its bytes are written, and the other direction
  * keeps flowing. The tunnel is over when both directions are. */
 void h1__pump_tunnel(ce_conn_t *c) {
-  if (c->c.in_len > 0 && c->u.queued < CE_CONN_HIGH_WATER && !c->u.shut) {
+  if (c->c.in_len > 0 && c->u.queued < CE_CONN_HIGH_WATER && c->u.shut == SIDE_WRITING) {
     conn__side_write(&c->u, c->c.in, c->c.in_len);
     c->x.req.bytes_out += c->c.in_len;
     c->c.in_len = 0;
   }
-  if (c->u.in_len > 0 && c->c.queued < CE_CONN_HIGH_WATER && !c->c.shut) {
+  if (c->u.in_len > 0 && c->c.queued < CE_CONN_HIGH_WATER && c->c.shut == SIDE_WRITING) {
     conn__side_write(&c->c, c->u.in, c->u.in_len);
     c->x.req.bytes_in += c->u.in_len;
     c->u.in_len = 0;
@@ -774,7 +773,7 @@ void h1__pump_tunnel(ce_conn_t *c) {
     shutdown_side(&c->u);
   if (c->u.eof && c->u.in_len == 0)
     shutdown_side(&c->c);
-  if (c->c.shut_done && c->u.shut_done) {
+  if (c->c.shut == SIDE_SHUT && c->u.shut == SIDE_SHUT) {
     ce_exchange_finish(&c->x, NULL);
     conn__end_request(c);
     conn__set_state(c, ST_CLOSING);

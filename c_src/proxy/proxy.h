@@ -42,6 +42,8 @@ typedef struct {
   char reason[CE_DECISION_REASON_MAX + 1];
 } ce_decision_entry_t;
 
+struct ce_exchange_channel;
+
 typedef struct ce_proxy {
   uv_loop_t *loop;
   const ce_proxy_options_t *opts;
@@ -52,6 +54,10 @@ typedef struct ce_proxy {
   SSL_CTX *server_ctx;
   SSL_CTX *client_ctx;
   ce_control_t *control;
+  /* Where the connections' events and questions go when not to control
+   * (a unit test's recorder), with its context; NULL: the control channel. */
+  const struct ce_exchange_channel *channel;
+  void *channel_ctx;
   ce_hosts_t *hosts;         /* --hosts, or NULL */
   ce_dns_stub_t *dns;        /* the proxy's own resolver (docs/dns.md) */
   struct ce_dns_server *dns_server; /* the workspace's resolver, or NULL */
@@ -86,6 +92,13 @@ typedef struct ce_proxy {
 
 /* conn.c: takes an accepted connection from a listener. */
 void ce_conn_accept(ce_proxy_t *proxy, uv_stream_t *listener);
+
+/* conn.c: takes a connected workspace socket whose dialled address (an
+ * IPv4 or IPv6 address and port) the caller gives, instead of the
+ * redirect's original destination: what a unit test drives a connection
+ * through. fd is the connection's from then on; on failure it is closed.
+ * CE_OK, CE_EINVAL (dialled is not IPv4/IPv6), CE_ENOMEM or CE_EIO. */
+int ce_conn_adopt(ce_proxy_t *proxy, uv_os_sock_t fd, const struct sockaddr *dialled);
 
 /* conn.c: asks every idle connection to close (drain); busy ones finish
  * their exchange first. */

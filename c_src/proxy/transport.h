@@ -1,10 +1,10 @@
 /*
  * A side's transport (docs/proxy.md, "Inside"): plain TCP or TLS, towards
  * the workspace or an upstream, behind the few questions the HTTP code
- * asks of it, so that the HTTP/1.1 exchange (h1exchange.c) and the HTTP/2
- * path (http2/) never ask "is this TLS?". The bytes themselves go through
- * conn.c's side_write and pump (ce_conn_side_write, ce_conn_pump_tls_input),
- * which are the only places that look inside.
+ * asks of it and the bytes it carries, so that the connection (conn.c),
+ * the HTTP/1.1 exchange (h1exchange.c) and the HTTP/2 path (http2/) never
+ * ask "is this TLS?". Under it is the side's socket, written through
+ * conn.c's wire (conn__wire_new, conn__wire_send).
  */
 #ifndef CE_PROXY_TRANSPORT_H
 #define CE_PROXY_TRANSPORT_H
@@ -31,9 +31,44 @@ bool ce_transport_speaks_h2(const struct side *s);
  * when there is output to flush. */
 bool ce_transport_close_notify(struct side *s);
 
-/* Bytes read from the socket of a TLS side go to its engine (a plain side
- * is read straight into its input by conn.c). Returns CE_OK or CE_ENOMEM. */
+/* Bytes read from the side's socket: a plain side copies them into its
+ * input (CE_ETOOBIG when they do not fit: ce_transport_read_room bounds a
+ * read), a TLS side gives them to its engine. Returns CE_OK, CE_ENOMEM or
+ * CE_ETOOBIG. */
 int ce_transport_received(struct side *s, const char *data, size_t len);
+
+/* How many bytes a read of the socket may bring now, at most chunk: a
+ * plain side no more than its input has room for; TLS a whole chunk (the
+ * engine holds what the input cannot take yet). */
+size_t ce_transport_read_room(const struct side *s, size_t chunk);
+
+/* The socket is not to be read: a TLS side whose plaintext input is full
+ * (more bytes would only wait inside the engine). A plain side's reads are
+ * bounded by ce_transport_read_room instead. */
+bool ce_transport_input_full(const struct side *s);
+
+/* A TLS side whose handshake is still to finish. */
+bool ce_transport_handshaking(const struct side *s);
+
+/* Moves plaintext the engine has decrypted into the side's input while
+ * there is room; the peer's close_notify sets eof. CE_OK when the engine
+ * was read (its output, such as key updates, is then to be flushed with
+ * ce_transport_send(s, NULL, 0)); CE_EAGAIN when there is nothing to pump
+ * (a plain side, a handshake not done, eof); CE_ENOMEM without an input
+ * buffer; CE_ETLS on a TLS failure (ce_transport_error says which). */
+int ce_transport_pump(struct side *s);
+
+/* Sends plaintext (data NULL, len 0: only what the engine has pending)
+ * over the socket. CE_OK; CE_ETLS when the engine refused it (the caller
+ * reports it); CE_ECLOSED when the socket write failed (conn.c's wire
+ * reported it and aborted the connection). */
+int ce_transport_send(struct side *s, const char *data, size_t len);
+
+/* The TLS engine's first error, or "" for a plain side. */
+const char *ce_transport_error(const struct side *s);
+
+/* The peer refused the certificate we showed (TLS, workspace side). */
+bool ce_transport_peer_rejected_cert(const struct side *s);
 
 /* A rest point between exchanges: the engine gives back the room of its
  * largest read and write (docs/proxy.md, "Memory"). */

@@ -482,8 +482,8 @@ static void slot_failed(h1slot_t *sl, int status, const char *reason) {
 static void own_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   h1slot_t *sl = slot_of_handle(hd);
-  /* The proxy's one read buffer: own_read feeds the bytes to TLS at once. */
-  *buf = uv_buf_init(sl->h->c->proxy->read_buf, CE_CONN_READ_CHUNK);
+  /* The proxy's one read buffer: own_read gives the bytes to the transport at once. */
+  *buf = uv_buf_init(sl->h->c->proxy->read_buf, (unsigned)ce_transport_read_room(&sl->own, CE_CONN_READ_CHUNK));
 }
 
 /* The connector's ops for an own slot (proxy/connector.h); its lookup and
@@ -691,7 +691,7 @@ void h2__h1_pump(h2_t *h) {
       /* Decrypted input while there is room; a full buffer that the
        * stream drains is filled again at once. */
       for (int round = 0; round < 64 && !c->dead; round++) {
-        ce_conn_pump_tls_input(&sl->own);
+        ce_conn_pump_input(&sl->own);
         bool full = sl->own.in_len == CE_CONN_INPUT_MAX;
         if (c->dead || sl->cur == NULL)
           break;

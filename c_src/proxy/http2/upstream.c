@@ -359,7 +359,7 @@ void h2__up_links(h2_t *h) {
      * is moved here, a buffer at a time. */
     for (int round = 0; round < 64 && sl->sess != NULL && !c->dead; round++) {
       if (!sl->conn_slot)
-        ce_conn_pump_tls_input(u);
+        ce_conn_pump_input(u);
       if (c->dead || u->in_len == 0)
         break;
       ssize_t n = nghttp2_session_mem_recv(sl->sess, (const uint8_t *)u->in, u->in_len);
