@@ -12,6 +12,7 @@
 #include "tls/fixtures.h"
 #include "tls/sesscache.h"
 #include "tls/tlsconn.h"
+#include "support/failalloc.h"
 
 #define MOZILLA_PEM CE_SOURCE_ROOT "/priv/ca-certificates/mozilla.pem"
 
@@ -222,4 +223,47 @@ Test(sesscache, uncacheable_keys_do_a_full_handshake) {
   }
   cr_assert_not(resumed("api.example.com", 443, alpn, sizeof(alpn)));
   cr_assert_eq(ce_tls_sesscache_count(env.client), 0u);
+}
+
+static void expect_enomem(int rc, size_t n) {
+  if (ce_failalloc_last_source() == CE_FAILALLOC_OPENSSL)
+    cr_assert(rc == CE_ENOMEM || rc == CE_ETLS, "allocation %zu (OpenSSL): %s", n, ce_err_name(rc));
+  else
+    cr_assert_eq(rc, CE_ENOMEM, "allocation %zu: %s", n, ce_err_name(rc));
+}
+
+Test(sesscache, attach_under_allocation_failures) {
+  for (size_t n = 0;; n++) {
+    ce_failalloc_arm(n);
+    int rc = ce__tls_sesscache_attach(env.client, 4);
+    ce_failalloc_disarm();
+    if (rc == CE_OK && ce_failalloc_failures() == 0)
+      break;
+    if (rc != CE_OK)
+      expect_enomem(rc, n);
+  }
+  cr_assert_not(resumed("api.example.com", 443, WIRE(H11)));
+  cr_assert(resumed("api.example.com", 443, WIRE(H11)));
+}
+
+Test(sesscache, resuming_ssl_under_allocation_failures) {
+  for (size_t n = 0;; n++) {
+    /* A stored session each round, so that every allocation of the
+     * resuming path is reached. */
+    if (ce_tls_sesscache_count(env.client) == 0)
+      (void)resumed("api.example.com", 443, WIRE(H11));
+    cr_assert_eq(ce_tls_sesscache_count(env.client), 1u);
+    SSL *ssl = NULL;
+    ce_failalloc_arm(n);
+    int rc = ce_tls_client_ssl_new_at(env.client, "api.example.com", 443, WIRE(H11), &ssl);
+    ce_failalloc_disarm();
+    if (rc == CE_OK) {
+      SSL_free(ssl);
+      if (ce_failalloc_failures() == 0)
+        break;
+      continue;
+    }
+    expect_enomem(rc, n);
+    cr_assert_null(ssl);
+  }
 }
