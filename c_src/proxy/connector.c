@@ -116,7 +116,7 @@ static void start_tls(ce_connector_t *k) {
   const unsigned char *alpn = both ? alpn_both : alpn_h1;
   size_t alpn_len = both ? sizeof(alpn_both) - 1 : sizeof(alpn_h1) - 1;
   SSL *ssl;
-  if (ce_tls_client_ssl_new(k->proxy->client_ctx, k->host, alpn, alpn_len, &ssl) != CE_OK ||
+  if (ce_tls_client_ssl_new_at(k->proxy->client_ctx, k->host, k->port, alpn, alpn_len, &ssl) != CE_OK ||
       ce_tlsconn_new(ssl, false, &k->s->tls) != CE_OK) {
     ce_connector_fail(k, 502, "upstream_tls: cannot create a TLS session");
     return;

@@ -2,16 +2,19 @@
  * OpenSSL contexts for the workspace and upstream sides (see context.h,
  * docs/tls.md).
  *
- * Session resumption is off on both sides. On the workspace side a full
+ * The workspace side never resumes a session: a full
  * handshake costs the proxy one P-256 signature and one ECDHE (well under a
  * millisecond over loopback), and without tickets every handshake takes
  * the same path: the leaf is presented, ALPN is chosen afresh from what the
  * upstream negotiated for this connection, and a workspace that does not
  * trust the session CA is detected (a resumed handshake sends no
  * certificate, so it could neither fail nor prove anything). There is also
- * no ticket key to keep secret and rotate. On the upstream side, resumption
- * would need a per-host session store that nothing asks for yet; it is a
- * possible optimisation (docs/tls.md, "Limits").
+ * no ticket key to keep secret and rotate. On the upstream side the
+ * client resumes TLS 1.3 sessions from a bounded per-process store
+ * (sesscache.h): a new connection to an origin it just verified skips
+ * parsing and verifying the same chain again. The upstream name, port and
+ * ALPN offer must match, so a resumed session never stands in for a name
+ * that was not verified.
  *
  * Renegotiation is refused on both sides (SSL_OP_NO_RENEGOTIATION): it
  * could change the peer's identity in the middle of a connection whose
@@ -29,6 +32,7 @@
 #include "common/error.h"
 #include "tls/files.h"
 #include "tls/names.h"
+#include "tls/sesscache.h"
 
 /* RFC 7301 §3.1: the protocol name list is a vector of at most 2^16 - 1
  * bytes. */
@@ -277,6 +281,14 @@ int ce_tls_client_ctx_new(const char *bundle_path, const char *extra_ca_path,
   /* Only the given files are trusted: no default paths, so what the proxy
    * accepts does not depend on the image it runs in. */
   SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+  /* Resumption with (EC)DHE only: a PSK-only resumption would give up
+   * forward secrecy. OpenSSL offers psk_dhe_ke alone unless this is set. */
+  SSL_CTX_clear_options(ctx, SSL_OP_ALLOW_NO_DHE_KEX);
+  rc = ce__tls_sesscache_attach(ctx, CE_TLS_SESSCACHE_MAX);
+  if (rc != CE_OK) {
+    rc = ce__tls_fail(err, errlen, rc, NULL, "cannot create the upstream session store");
+    goto fail;
+  }
   X509_STORE *store = SSL_CTX_get_cert_store(ctx);
   rc = load_anchors(store, bundle_path, err, errlen);
   if (rc == CE_OK && extra_ca_path != NULL)
@@ -306,6 +318,12 @@ size_t ce_tls_client_ctx_trust_count(SSL_CTX *ctx) {
 int ce_tls_client_ssl_new(SSL_CTX *ctx, const char *host,
                           const unsigned char *alpn, size_t alpn_len,
                           SSL **out) {
+  return ce_tls_client_ssl_new_at(ctx, host, 0, alpn, alpn_len, out);
+}
+
+int ce_tls_client_ssl_new_at(SSL_CTX *ctx, const char *host, uint16_t port,
+                             const unsigned char *alpn, size_t alpn_len,
+                             SSL **out) {
   ce__tls_name_t name;
   if (ctx == NULL || ce__tls_name_parse(host, &name) != CE_OK)
     return CE_EINVAL;
@@ -343,6 +361,11 @@ int ce_tls_client_ssl_new(SSL_CTX *ctx, const char *host,
     rc = CE_ENOMEM;
     goto fail;
   }
+  /* Last, once the name to verify is set: the stored session of exactly
+   * this name, port and ALPN offer, if any. */
+  rc = ce__tls_sesscache_prepare(ssl, host, port, alpn, alpn_len);
+  if (rc != CE_OK)
+    goto fail;
   ERR_clear_error();
   *out = ssl;
   return CE_OK;

@@ -9,7 +9,8 @@
  * Upstream side: TLS 1.2 and 1.3, peer verification against a PEM bundle
  * (the Mozilla snapshot) plus an optional extra CA file (tests), hostname
  * or IP checking (subjectAltName only, no partial wildcards), SNI sent for
- * DNS names only, no renegotiation.
+ * DNS names only, no renegotiation, TLS 1.3 session resumption per
+ * upstream name, port and ALPN offer (sesscache.h).
  *
  * A context is shared by every connection of its side and is not changed
  * after creation; free it with SSL_CTX_free once its SSLs are gone (an SSL
@@ -22,6 +23,7 @@
 #include <openssl/ssl.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* The workspace-side context. Returns CE_OK or CE_ETLS (err set). *out is
  * untouched on failure. */
@@ -66,5 +68,13 @@ size_t ce_tls_client_ctx_trust_count(SSL_CTX *ctx);
 int ce_tls_client_ssl_new(SSL_CTX *ctx, const char *host,
                           const unsigned char *alpn, size_t alpn_len,
                           SSL **out);
+
+/* The same towards host:port, resuming a TLS 1.3 session stored for
+ * exactly this host, port and ALPN offer (when there is one) and storing
+ * the tickets this connection receives once its chain verified for host.
+ * port 0: no resumption (as ce_tls_client_ssl_new). */
+int ce_tls_client_ssl_new_at(SSL_CTX *ctx, const char *host, uint16_t port,
+                             const unsigned char *alpn, size_t alpn_len,
+                             SSL **out);
 
 #endif

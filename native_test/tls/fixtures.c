@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "tls/ca.h"
+#include "tls/tlsconn.h"
 #include "support/run.h"
 
 char fx_dir[64];
@@ -182,4 +183,16 @@ char *fx_cert_pem(X509 *cert) {
   char *s = fx_pem_block("CERTIFICATE", "", der, len);
   OPENSSL_free(der);
   return s;
+}
+
+size_t fx_shuttle(ce_tlsconn_t *from, ce_tlsconn_t *to) {
+  uint8_t buf[4096];
+  size_t total = 0;
+  while (ce_tlsconn_pending_out(from) > 0) {
+    size_t n = ce_tlsconn_take_out(from, buf, sizeof(buf));
+    cr_assert_gt(n, 0u);
+    cr_assert_eq(ce_tlsconn_feed(to, buf, n), CE_OK);
+    total += n;
+  }
+  return total;
 }

@@ -12,6 +12,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "tls/tlsconn.h"
+
 #define FX_PATH_MAX 256
 #define FX_OUT_MAX 8192
 
@@ -67,5 +69,9 @@ void fx_run(fx_result_t *r, const char *const *args);
 
 /* The seconds between an ASN1_TIME and time_t t (positive when later). */
 long fx_time_diff(const ASN1_TIME *a, time_t t);
+
+/* Moves everything `from` has to send into `to` (two in-memory TLS
+ * connections); returns the byte count. */
+size_t fx_shuttle(ce_tlsconn_t *from, ce_tlsconn_t *to);
 
 #endif

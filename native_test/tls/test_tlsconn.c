@@ -86,19 +86,6 @@ static void limit_to_tls12(ce_tlsconn_t *t) {
   cr_assert_eq(SSL_set_max_proto_version(ce_tlsconn_ssl(t), TLS1_2_VERSION), 1);
 }
 
-/* Moves everything `from` has to send into `to`; returns the byte count. */
-static size_t shuttle(ce_tlsconn_t *from, ce_tlsconn_t *to) {
-  uint8_t buf[4096];
-  size_t total = 0;
-  while (ce_tlsconn_pending_out(from) > 0) {
-    size_t n = ce_tlsconn_take_out(from, buf, sizeof(buf));
-    cr_assert_gt(n, 0u);
-    cr_assert_eq(ce_tlsconn_feed(to, buf, n), CE_OK);
-    total += n;
-  }
-  return total;
-}
-
 typedef struct {
   int client, server;
 } hs_t;
@@ -109,10 +96,10 @@ static hs_t handshake(ce_tlsconn_t *c, ce_tlsconn_t *s) {
   for (int round = 0; round < 20; round++) {
     if (r.client == CE_EAGAIN)
       r.client = ce_tlsconn_handshake(c);
-    size_t moved = shuttle(c, s);
+    size_t moved = fx_shuttle(c, s);
     if (r.server == CE_EAGAIN)
       r.server = ce_tlsconn_handshake(s);
-    moved += shuttle(s, c);
+    moved += fx_shuttle(s, c);
     if ((r.client != CE_EAGAIN && r.server != CE_EAGAIN) || moved == 0)
       break;
   }
@@ -135,7 +122,7 @@ static void transfer(ce_tlsconn_t *from, ce_tlsconn_t *to, size_t len) {
   for (size_t i = 0; i < len; i++)
     data[i] = (uint8_t)(i * 31 + 7);
   cr_assert_eq(ce_tlsconn_write(from, data, len), CE_OK);
-  shuttle(from, to);
+  fx_shuttle(from, to);
   size_t have = 0;
   while (have < len) {
     size_t n = 0;
@@ -150,7 +137,7 @@ static void transfer(ce_tlsconn_t *from, ce_tlsconn_t *to, size_t len) {
   cr_assert_eq(ce_tlsconn_read(to, &one, 1, &n), CE_EAGAIN);
   /* A read can produce output (TLS 1.3 tickets are off, but a KeyUpdate
    * would); the peer gets it. */
-  shuttle(to, from);
+  fx_shuttle(to, from);
   free(data);
   free(got);
 }
@@ -218,7 +205,7 @@ Test(tlsconn, trim_gives_back_bio_room_and_keeps_queued_bytes) {
   cr_assert_gt(queued, 0u);
   ce_tlsconn_trim(s);
   cr_expect_eq(ce_tlsconn_pending_out(s), queued);
-  shuttle(s, c);
+  fx_shuttle(s, c);
   /* ... nor fed ciphertext the client has not read yet. */
   ce_tlsconn_trim(c);
   uint8_t got[sizeof(msg)];
@@ -284,7 +271,7 @@ Test(tlsconn, release_gives_back_all_room_of_empty_bios) {
   ce_tlsconn_release(s);
   cr_expect_eq(ce_tlsconn_pending_out(s), queued);
   cr_expect_gt(ce_tlsconn_held(s), 0u);
-  shuttle(s, c);
+  fx_shuttle(s, c);
   uint8_t got[sizeof(msg)];
   size_t n = 0;
   cr_assert_eq(ce_tlsconn_read(c, got, sizeof(got), &n), CE_OK);
@@ -535,7 +522,7 @@ Test(tlsconn, close_notify_is_closed) {
   ce_tlsconn_shutdown(c); /* once only */
   cr_assert_eq(ce_tlsconn_pending_out(c), queued);
   cr_assert_eq(ce_tlsconn_write(c, (const uint8_t *)"x", 1), CE_ECLOSED);
-  shuttle(c, s);
+  fx_shuttle(c, s);
   uint8_t buf[16];
   size_t n = 0;
   cr_assert_eq(ce_tlsconn_read(s, buf, sizeof(buf), &n), CE_ECLOSED);
@@ -596,7 +583,7 @@ Test(tlsconn, corrupted_record_after_the_handshake) {
   cr_assert_not(ce_tlsconn_peer_rejected_cert(s));
   /* The server's alert reaches the client, which is no rejection of its
    * certificate either. */
-  shuttle(s, c);
+  fx_shuttle(s, c);
   cr_assert_eq(ce_tlsconn_read(c, buf, sizeof(buf), &got), CE_ETLS);
   cr_assert_str_eq(ce_tlsconn_error(c), "the peer sent fatal alert bad_record_mac (20)");
   cr_assert_not(ce_tlsconn_peer_rejected_cert(c));

@@ -38,7 +38,7 @@ defmodule Condukt.Dev.Netns.Nginx do
 
       log_format ce_json escape=json '{"time":"$time_iso8601","remote":"$remote_addr","server_addr":"$server_addr",'
         '"server_port":"$server_port","scheme":"$scheme","sni":"$ssl_server_name","alpn":"$ssl_alpn_protocol",'
-        '"tls":"$ssl_protocol","host":"$host","method":"$request_method","uri":"$request_uri",'
+        '"tls":"$ssl_protocol","tls_reused":"$ssl_session_reused","connection":"$connection","host":"$host","method":"$request_method","uri":"$request_uri",'
         '"protocol":"$server_protocol","status":"$status","bytes":"$body_bytes_sent",'
         '"request_length":"$request_length","user_agent":"$http_user_agent"}';
       access_log #{c.prefix}/access.log ce_json;
