@@ -122,8 +122,8 @@ defmodule Condukt.K8s.OperatorE2ETest do
     assert_receive {:event, [:control_connected], _, _}, 30_000
 
     assert post(sb, "https://allowed.test/echo", ~s({"password":"hunter2","who":"tenant-7","n":1})) == "200"
-    # (the decider is not given the body)
-    assert_receive {:asked, nil}, 10_000
+    # The decider's question carries the preview, redacted like the events'.
+    assert_receive {:asked, ~s({"password":"[redacted]","who":"[redacted]","n":1})}, 10_000
     assert_receive {:event, [:decide, :start], _, %{request: %{host: "allowed.test"}}}, 10_000
 
     assert_receive {:event, [:decide, :stop], %{duration: d}, %{result: :allow, request: %{host: "allowed.test"}}},

@@ -22,6 +22,11 @@ defmodule Condukt.Sandbox.Local.Exec do
   # in the job's process group, so the group kill still reaches it (and
   # everything left in the namespace dies with the command anyway).
   #
+  # The wrapper's own stderr goes to /dev/null before `set -m`: with job
+  # control on, bash reports a job that ends before `set +m` ("[1]+ Done
+  # ...") on it, which would land in the command's output. The command's
+  # stderr is its stdout (2>&1), so nothing of the command's is lost.
+  #
   # The command's exit status is the wrapper's. The command itself reads
   # /dev/null, never the port. A process that leaves the group on purpose
   # (setsid, a double fork into a new group) escapes; Local is not an
@@ -33,11 +38,11 @@ defmodule Condukt.Sandbox.Local.Exec do
 
   @wrapper ~S"""
   command=$1; bash=$2; restore=$3; shift 3
+  exec 2>/dev/null
   set -m
   "$@" "$bash" -c "$restore" "$bash" "$command" </dev/null 2>&1 &
   cmd=$!
   set +m
-  exec 2>/dev/null
   { while IFS= read -r line; do [ "$line" = kill ] && break; done; kill -KILL -- "-$cmd"; } <&0 &
   watchdog=$!
   wait "$cmd"
