@@ -74,23 +74,7 @@ defmodule Condukt.K8s.ExecPortforwardSmokeTest do
   test "with exactly the seeds' Role (create only), WebSocket exec and port-forward are forbidden", %{cluster: c} do
     ns = "seedrole"
     Cluster.request!(c, :admin, "POST", "/api/v1/namespaces", %{metadata: %{name: ns}})
-    Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts", %{metadata: %{name: "seed"}})
-
-    Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/roles", %{
-      metadata: %{name: "seed"},
-      rules: Cluster.seed_role_rules()
-    })
-
-    Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/rolebindings", %{
-      metadata: %{name: "seed"},
-      subjects: [%{kind: "ServiceAccount", name: "seed", namespace: ns}],
-      roleRef: %{kind: "Role", name: "seed", apiGroup: "rbac.authorization.k8s.io"}
-    })
-
-    %{"status" => %{"token" => token}} =
-      Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts/seed/token", %{
-        spec: %{audiences: ["https://kubernetes.default.svc"], expirationSeconds: 600}
-      })
+    token = Cluster.bound_token!(c, ns, "seed", Cluster.seed_role_rules())
 
     {_, out} = ws(c, ["exec", c.server, Cluster.ca(c), token, ns, "any", "workspace", "--", "true"])
     assert out =~ "HTTP 403"

@@ -383,23 +383,7 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
       Cluster.request(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts", %{metadata: %{name: "default"}})
 
     assert code in [201, 409]
-    Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts", %{metadata: %{name: "seed"}})
-
-    Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/roles", %{
-      metadata: %{name: "seed"},
-      rules: Cluster.seed_role_rules()
-    })
-
-    Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/rolebindings", %{
-      metadata: %{name: "seed"},
-      subjects: [%{kind: "ServiceAccount", name: "seed", namespace: ns}],
-      roleRef: %{kind: "Role", name: "seed", apiGroup: "rbac.authorization.k8s.io"}
-    })
-
-    %{"status" => %{"token" => token}} =
-      Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts/seed/token", %{
-        spec: %{audiences: ["https://kubernetes.default.svc"], expirationSeconds: 600}
-      })
+    token = Cluster.bound_token!(c, ns, "seed", Cluster.seed_role_rules())
 
     conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: token]
 
@@ -421,23 +405,7 @@ defmodule Condukt.K8s.KubernetesSandboxTest do
       Cluster.request(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts", %{metadata: %{name: "default"}})
 
     assert code in [201, 409]
-    Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts", %{metadata: %{name: "weak"}})
-
-    Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/roles", %{
-      metadata: %{name: "weak"},
-      rules: [%{apiGroups: [""], resources: ["pods"], verbs: ["get"]}]
-    })
-
-    Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/rolebindings", %{
-      metadata: %{name: "weak"},
-      subjects: [%{kind: "ServiceAccount", name: "weak", namespace: ns}],
-      roleRef: %{kind: "Role", name: "weak", apiGroup: "rbac.authorization.k8s.io"}
-    })
-
-    %{"status" => %{"token" => token}} =
-      Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts/weak/token", %{
-        spec: %{audiences: ["https://kubernetes.default.svc"], expirationSeconds: 600}
-      })
+    token = Cluster.bound_token!(c, ns, "weak", [%{apiGroups: [""], resources: ["pods"], verbs: ["get"]}])
 
     conn = [server: c.server, ca_pem: File.read!(Cluster.ca(c)), token: token]
     assert {:error, %Error{} = e} = Sandbox.new({Kubernetes, namespace: ns, conn: conn, id: "x"})

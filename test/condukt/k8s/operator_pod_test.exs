@@ -327,24 +327,6 @@ defmodule Condukt.K8s.OperatorPodTest do
   # A token of a ServiceAccount bound to the documented Role in `ns` (the
   # tier binds it in its own namespace only).
   defp admin_token(c, ns) do
-    Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts", %{metadata: %{name: "op"}})
-
-    Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/roles", %{
-      metadata: %{name: "op"},
-      rules: Cluster.contract_role_rules()
-    })
-
-    Cluster.request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/rolebindings", %{
-      metadata: %{name: "op"},
-      subjects: [%{kind: "ServiceAccount", name: "op", namespace: ns}],
-      roleRef: %{apiGroup: "rbac.authorization.k8s.io", kind: "Role", name: "op"}
-    })
-
-    %{"status" => %{"token" => token}} =
-      Cluster.request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts/op/token", %{
-        spec: %{audiences: ["https://kubernetes.default.svc"], expirationSeconds: 600}
-      })
-
-    token
+    Cluster.bound_token!(c, ns, "op", Cluster.contract_role_rules())
   end
 end

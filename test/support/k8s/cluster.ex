@@ -503,6 +503,34 @@ defmodule Condukt.Test.K8s.Cluster do
     %{c | kubeconfig: write_kubeconfig(c, "sa.kubeconfig", %{token: token})}
   end
 
+  @doc """
+  A token of a new ServiceAccount `name` in `ns`, bound by a Role and a
+  RoleBinding of the same name to exactly `rules`: how the tests act as a
+  user with a given grant.
+  """
+  @spec bound_token!(t(), String.t(), String.t(), [map()]) :: String.t()
+  def bound_token!(c, ns, name, rules) do
+    request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts", %{metadata: %{name: name}})
+
+    request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/roles", %{
+      metadata: %{name: name},
+      rules: rules
+    })
+
+    request!(c, :admin, "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/#{ns}/rolebindings", %{
+      metadata: %{name: name},
+      subjects: [%{kind: "ServiceAccount", name: name, namespace: ns}],
+      roleRef: %{kind: "Role", name: name, apiGroup: "rbac.authorization.k8s.io"}
+    })
+
+    %{"status" => %{"token" => token}} =
+      request!(c, :admin, "POST", "/api/v1/namespaces/#{ns}/serviceaccounts/#{name}/token", %{
+        spec: %{audiences: ["https://kubernetes.default.svc"], expirationSeconds: 600}
+      })
+
+    token
+  end
+
   defp create_ignoring_conflict(c, path, body) do
     case request(c, :admin, "POST", path, body) do
       {code, _} when code in [200, 201, 409] -> :ok
