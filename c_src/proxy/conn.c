@@ -351,7 +351,7 @@ static void on_timer(uv_timer_t *t) {
     ce_h2conn_timeout(c);
     return;
   default:
-    conn__report_failed(c, c->resp_head_done ? "upstream_timeout: response body stalled"
+    conn__report_failed(c, c->resp_state != RESP_WAIT_HEAD ? "upstream_timeout: response body stalled"
                                        : "upstream_timeout: no response");
     break;
   }

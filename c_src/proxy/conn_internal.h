@@ -54,6 +54,13 @@ typedef enum {
   SIDE_SHUT,      /* ...and it ran */
 } side_shut_t;
 
+/* How far the current exchange's response is. */
+typedef enum {
+  RESP_WAIT_HEAD = 0, /* no final response head yet (interim ones may have gone) */
+  RESP_BODY,          /* the head went to the workspace; the body goes */
+  RESP_DONE,          /* all of it went */
+} resp_state_t;
+
 /* How a response body is framed towards the workspace. */
 typedef enum {
   RESP_OUT_AS_IS = 0,   /* as the upstream framed it (a length, or none) */
@@ -137,9 +144,8 @@ struct ce_conn {
   bool req_expect_continue; /* Expect: 100-continue: the body may never come */
   bool req_http11;         /* the client speaks HTTP/1.1 (else 1.0) */
   bool req_te_trailers;    /* TE: trailers (the client takes chunked trailers) */
-  bool req_done;
-  bool resp_head_done;
-  bool resp_done;
+  bool req_done;           /* the whole request went upstream (or was refused) */
+  resp_state_t resp_state;
   bool resp_keep_alive;
   resp_out_t resp_out;     /* how the response body goes to the workspace */
   ce_h1_body_t resp_body;

@@ -293,7 +293,7 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
   /* Content-Length: 0 is a body that is already whole (an h2 upstream
    * needs its END_STREAM now, and the connection may be kept). */
   c->req_done = h->framing == CE_H1_BODY_NONE || (h->framing == CE_H1_BODY_LENGTH && h->content_length == 0);
-  c->resp_head_done = c->resp_done = false;
+  c->resp_state = RESP_WAIT_HEAD;
   c->denied_discard = false;
 
   /* RFC 9112 §3.2.2: in absolute-form the target's authority names the
@@ -468,7 +468,7 @@ void h1__pump_request_body(ce_conn_t *c) {
       char reason[160];
       snprintf(reason, sizeof(reason), "bad_request: %s", why != NULL ? why : "malformed body");
       conn__report_failed(c, reason);
-      if (!c->resp_head_done) {
+      if (c->resp_state == RESP_WAIT_HEAD) {
         char text[200];
         snprintf(text, sizeof(text), "condukt: malformed request body: %s\n", why != NULL ? why : "?");
         h1__answer(c, 400, text, false);
@@ -562,7 +562,7 @@ static int forward_response_head(ce_conn_t *c, const ce_h1_head_t *h) {
 }
 
 void h1__finish_exchange(ce_conn_t *c) {
-  c->resp_done = true;
+  c->resp_state = RESP_DONE;
   ce_exchange_finish(&c->x, NULL);
   bool keep = c->resp_keep_alive && c->req_done && !c->c.eof && !c->proxy->draining;
   conn__end_request(c);
@@ -600,7 +600,7 @@ void h1__drop_stray_upstream(ce_conn_t *c) {
 
 void h1__upstream_failed_mid_response(ce_conn_t *c, const char *reason) {
   conn__report_failed(c, reason);
-  if (!c->resp_head_done) {
+  if (c->resp_state == RESP_WAIT_HEAD) {
     char text[300];
     snprintf(text, sizeof(text), "condukt: %s\n", reason);
     h1__answer(c, 502, text, false);
@@ -670,8 +670,8 @@ static void pump_response_body(ce_conn_t *c) {
 }
 
 void h1__pump_response(ce_conn_t *c) {
-  while (!c->dead && c->state == ST_EXCHANGE && !c->resp_done) {
-    if (c->resp_head_done) {
+  while (!c->dead && c->state == ST_EXCHANGE && c->resp_state != RESP_DONE) {
+    if (c->resp_state == RESP_BODY) {
       pump_response_body(c);
       return;
     }
@@ -718,7 +718,7 @@ void h1__pump_response(ce_conn_t *c) {
       trace(c, "websocket tunnel");
       return;
     }
-    c->resp_head_done = true;
+    c->resp_state = RESP_BODY;
     ce_h1_body_init(&c->resp_body, h->framing, h->content_length);
     /* An HTTP/1.0 workspace gets the body decoded: no place for trailers. */
     if (h->framing == CE_H1_BODY_CHUNKED && c->resp_out == RESP_OUT_CHUNKED)

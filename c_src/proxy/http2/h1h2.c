@@ -211,7 +211,7 @@ static void final_head(h1h2_t *h, int status) {
     return;
   }
   h->head_sent = true;
-  c->resp_head_done = true;
+  c->resp_state = RESP_BODY;
 }
 
 static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {

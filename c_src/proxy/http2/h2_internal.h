@@ -110,6 +110,14 @@ typedef struct {
 
 struct h1slot;
 
+/* Where an allowed stream's request went (docs/http2.md §6). */
+typedef enum {
+  H2S_ROUTE_NONE,   /* nowhere (yet): not allowed, or answered by the proxy */
+  H2S_ROUTE_QUEUED, /* waiting for an HTTP/1.1 upstream connection (qnext) */
+  H2S_ROUTE_H1,     /* to an HTTP/1.1 upstream connection (slot while it serves it) */
+  H2S_ROUTE_H2,     /* a stream of an h2 upstream connection (uid, uslot; uid 0 once closed) */
+} h2s_route_t;
+
 typedef struct h2s {
   struct h2s *next, *prev;
   struct ce_h2conn *h;
@@ -130,7 +138,7 @@ typedef struct h2s {
   char fail[200];          /* the reason for request_failed, when set */
   /* Over an HTTP/1.1 upstream (docs/http2.md §6). */
   struct h2s *qnext;
-  bool queued;             /* waiting for an upstream connection */
+  h2s_route_t route;
   struct h1slot *slot;     /* the upstream connection serving it, or NULL */
   bool h1_chunked;         /* the request body goes chunked */
   bool h1_req_done;        /* the whole request was written */
@@ -143,7 +151,6 @@ typedef struct h2s {
   char *h1_trailers;       /* CE_H1_MAX_TRAILER_BYTES: the chunked body's trailers */
   /* Over an h2 upstream connection (docs/http2.md §6 "GOAWAY"). */
   struct h1slot *uslot;    /* the connection whose session uid is on, NULL once it is gone */
-  bool on_h2;              /* went to an h2 upstream (uid 0 then: its stream closed) */
   bool retried;            /* refused once and sent again: never twice */
   size_t up_sent;          /* request body bytes handed to an h2 upstream */
 } h2s_t;

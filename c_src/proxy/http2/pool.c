@@ -48,7 +48,7 @@ void h2__h1_enqueue(h2s_t *s) {
     h2__fail_with(s, 503, "upstream_busy: too many streams wait for the upstream connection");
     return;
   }
-  s->queued = true;
+  s->route = H2S_ROUTE_QUEUED;
   s->qnext = NULL;
   if (h->qtail != NULL)
     h->qtail->qnext = s;
@@ -59,7 +59,7 @@ void h2__h1_enqueue(h2s_t *s) {
 }
 
 void h2__h1_unqueue(h2_t *h, h2s_t *s) {
-  if (!s->queued)
+  if (s->route != H2S_ROUTE_QUEUED)
     return;
   h2s_t **pp = &h->qhead, *prev = NULL;
   while (*pp != NULL && *pp != s) {
@@ -72,7 +72,7 @@ void h2__h1_unqueue(h2_t *h, h2s_t *s) {
       h->qtail = prev;
     h->qlen--;
   }
-  s->queued = false;
+  s->route = H2S_ROUTE_NONE;
   s->qnext = NULL;
 }
 
@@ -725,6 +725,7 @@ void h2__h1_pump(h2_t *h) {
       ce_exchange_allowed(&s->x);
       ready->cur = s;
       s->slot = ready;
+      s->route = H2S_ROUTE_H1;
       s->h1_resp_head = false;
       if (!h1_start(s)) {
         /* Nothing of s was written: the connection stays good for the

@@ -288,7 +288,7 @@ void h2__rq_drop(h2_t *h, h2s_t *s) {
 static h2s_t *rq_kept_for_resend(h2_t *h, const h2s_t *except) {
   h2s_t *found = NULL;
   for (h2s_t *o = h->streams; o != NULL; o = o->next)
-    if (o != except && o->on_h2 && o->uid > 0 && !o->rs_head_done && o->rq.cap > 0)
+    if (o != except && o->route == H2S_ROUTE_H2 && o->uid > 0 && !o->rs_head_done && o->rq.cap > 0)
       found = o;
   return found;
 }
@@ -732,7 +732,7 @@ void h2__stream_end_early(h2s_t *s) {
   h2_t *h = s->h;
   if (!s->resp_end_sent || h->failed || nghttp2_session_get_stream_remote_close(h->srv, s->cid) != 0)
     return;
-  if (!s->local && !s->h1_abandon && !(s->on_h2 && s->uid == 0))
+  if (!s->local && !s->h1_abandon && !(s->route == H2S_ROUTE_H2 && s->uid == 0))
     return;
   nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_NO_ERROR);
 }

@@ -67,7 +67,7 @@ static void stream_submit(h2s_t *s, h1slot_t *sl) {
   }
   s->uid = uid;
   s->uslot = sl;
-  s->on_h2 = true;
+  s->route = H2S_ROUTE_H2;
   /* nghttp2 copied the fields; the head stays until the response head
    * comes, for a refused stream to be sent again (up_stream_close). */
 }
@@ -253,7 +253,7 @@ int h2__up_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t er
       /* Until a connection takes it again: it may be served over
        * HTTP/1.1 if the new connection picks that (stream_submit sets
        * both again for an h2 one). */
-      s->on_h2 = false;
+      s->route = H2S_ROUTE_NONE;
       s->uslot = NULL;
       h2__h1_enqueue(s);
       return 0;
