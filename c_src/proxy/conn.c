@@ -12,6 +12,9 @@
 #include "proxy/conn_internal.h"
 
 #include <errno.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -60,6 +63,7 @@ static bool h2_connect_end(ce_conn_t *c, int status, const char *reason);
 static void on_linger_shutdown(uv_shutdown_t *req, int status);
 static void finish_close(ce_conn_t *c);
 static void on_timer(uv_timer_t *t);
+static void conn_release_idle(ce_conn_t *c);
 static void on_write(uv_write_t *req, int status);
 static void upstream_ready(ce_conn_t *c);
 static void upstream_failed(ce_conn_t *c, int status, const char *reason);
@@ -319,6 +323,14 @@ static void on_timer(uv_timer_t *t) {
     conn__report_failed(c, "tls_client_handshake_timeout");
     break;
   case ST_HEAD:
+    if (c->release_due && c->c.in_len == 0 && !c->denied_discard && !ce_exchange_is_open(&c->x)) {
+      /* --idle-release-ms of the idle timeout passed: the connection
+       * rests, then waits out the rest of the timeout. */
+      conn_release_idle(c);
+      if (!c->dead)
+        conn__arm(c, c->proxy->opts->idle_ms - c->proxy->opts->release_ms);
+      return;
+    }
     /* A refused request whose body never came was answered already; an
      * idle keep-alive connection simply ends: neither is a failure. */
     if (c->c.in_len > 0 && !c->denied_discard) {
@@ -359,8 +371,86 @@ static void on_timer(uv_timer_t *t) {
 }
 
 void conn__arm(ce_conn_t *c, uint32_t ms) {
+  c->release_due = false;
   if (!c->dead && !c->hard_deadline)
     uv_timer_start(&c->timer, on_timer, ms, 0);
+}
+
+void conn__await_request(ce_conn_t *c) {
+  conn__set_state(c, ST_HEAD);
+  uint32_t idle = c->proxy->opts->idle_ms, release = c->proxy->opts->release_ms;
+  bool rest = release > 0 && release < idle && c->c.in_len == 0 && !c->denied_discard && !c->hard_deadline;
+  conn__arm(c, rest ? release : idle);
+  c->release_due = rest;
+}
+
+/* ---- idle connections ---------------------------------------------------- */
+
+/* The heap pages the releases freed go back to the system a moment after
+ * the last of them (glibc keeps freed memory in the middle of its heap
+ * otherwise: a thousand connections released one by one would leave their
+ * upstreams' memory counted in the process's RSS). One malloc_trim per
+ * CE_CONN_TRIM_MS at most, whatever the number of releases. */
+#define CE_CONN_TRIM_MS 200u
+
+static void trim_arm(ce_proxy_t *p);
+
+static void on_trim_closed(uv_handle_t *h) {
+  ce_proxy_t *p = h->data;
+  p->trim_state = 0;
+  if (p->trim_again) {
+    p->trim_again = false;
+    trim_arm(p);
+  }
+}
+
+static void on_trim(uv_timer_t *t) {
+  ce_proxy_t *p = t->data;
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+  p->trim_state = 2;
+  uv_close((uv_handle_t *)&p->trim_timer, on_trim_closed);
+}
+
+static void trim_arm(ce_proxy_t *p) {
+  if (p->trim_state == 2)
+    p->trim_again = true;
+  if (p->trim_state != 0 || p->draining)
+    return;
+  uv_timer_init(p->loop, &p->trim_timer);
+  p->trim_timer.data = p;
+  uv_timer_start(&p->trim_timer, on_trim, CE_CONN_TRIM_MS, 0);
+  p->trim_state = 1;
+}
+
+/*
+ * A keep-alive connection idle for --idle-release-ms gives back what only
+ * an exchange needs (docs/proxy.md, "Idle connections"): its upstream
+ * connection (nghttp2 session, TLS and socket; an h2 upstream gets its
+ * GOAWAY and a TLS one its close_notify first). The next request
+ * connects again on its own path (resolver, private-address rule, marked
+ * socket, TLS verified for the host, resumed from the session store),
+ * after its own evaluation, as the first request did.
+ */
+static void conn_release_idle(ce_conn_t *c) {
+  c->release_due = false;
+  bool released = false;
+  if (c->u.open || ce_connector_busy(&c->uk)) {
+    if (ce_transport_ready(&c->u) && c->u.shut == SIDE_WRITING && !c->u.eof) {
+      if (c->h1h2 != NULL)
+        ce_h1h2_goaway(c);
+      if (ce_transport_close_notify(&c->u))
+        conn__side_write(&c->u, NULL, 0);
+      if (c->dead)
+        return;
+    }
+    trace(c, "idle: the upstream %s:%u is released", c->up_host, (unsigned)c->up_port);
+    conn__upstream_reset(c);
+    released = true;
+  }
+  if (released)
+    trim_arm(c->proxy);
 }
 
 /* ---- writing ------------------------------------------------------------- */
@@ -605,8 +695,7 @@ static void client_handshake(ce_conn_t *c) {
      * to the HTTP/1.1 path: the first request connects again. */
     if (c->up_h2)
       conn__upstream_reset(c);
-    conn__set_state(c, ST_HEAD);
-    conn__arm(c, c->proxy->opts->idle_ms);
+    conn__await_request(c);
     return;
   }
   if (rc == CE_EAGAIN)

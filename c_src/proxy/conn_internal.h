@@ -113,6 +113,7 @@ struct ce_conn {
   bool again;
   bool lingering;          /* closing: client write side shut, its input discarded */
   bool head_started;       /* the header timeout runs for a head begun */
+  bool release_due;        /* ST_HEAD: the timer runs to the idle release (conn__await_request) */
   ce_clienthello_state_t hello_state;
 
   /* What the workspace dialled. */
@@ -231,6 +232,9 @@ void ce_h1h2_process(ce_conn_t *c);
 void ce_h1h2_idle(ce_conn_t *c);
 /* May the session take another request? */
 bool ce_h1h2_usable(ce_conn_t *c);
+/* The upstream is about to be closed between exchanges: its GOAWAY
+ * (NO_ERROR) goes first (RFC 9113 §9.1). */
+void ce_h1h2_goaway(ce_conn_t *c);
 void ce_h1h2_free(struct ce_h1h2 *h);
 
 /* proxy/http2/: the HTTP/2 path. */
@@ -242,9 +246,10 @@ void ce_h2conn_drain(ce_conn_t *c);
 void ce_h2conn_abort(ce_conn_t *c, const char *reason);
 void ce_h2conn_free(struct ce_h2conn *h);
 /* What an h2 connection holds beyond c->c and c->u (stats.c): bytes
- * queued towards its own upstream connections (*queued), and its
- * streams' data buffers and request heads (*streams). */
-void ce_h2conn_held(const struct ce_h2conn *h, size_t *queued, size_t *streams);
+ * queued towards its own upstream connections (*queued), its streams'
+ * data buffers and request heads (*streams), and how many of its own
+ * upstream connections are open (*upstreams). */
+void ce_h2conn_held(const struct ce_h2conn *h, size_t *queued, size_t *streams, size_t *upstreams);
 /* Reading on the pool's own upstream connections (from update_reading). */
 void ce_h2conn_update_reading(ce_conn_t *c);
 /* conn_abort: closes the pool's own handles and cancels its lookups. */
@@ -265,6 +270,10 @@ void conn__upstream_reset(ce_conn_t *c);
 void conn__abort(ce_conn_t *c);
 void conn__close_after_flush(ce_conn_t *c);
 void conn__arm(ce_conn_t *c, uint32_t ms);
+/* Waits for the next request (ST_HEAD) under the idle timeout; after
+ * --idle-release-ms of it the connection gives back its upstream
+ * connection and its TLS buffers (docs/proxy.md, "Idle connections"). */
+void conn__await_request(ce_conn_t *c);
 void conn__side_write(side_t *s, const char *data, size_t len);
 
 /* The socket under a side's transport (proxy/transport.h). conn__wire_new

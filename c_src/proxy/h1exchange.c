@@ -128,8 +128,7 @@ static void h1_respond(ce_exchange_t *x, int status, const char *text) {
   }
   conn__end_request(c);
   if (keep) {
-    conn__set_state(c, ST_HEAD);
-    conn__arm(c, c->proxy->opts->idle_ms);
+    conn__await_request(c);
   } else {
     conn__close_after_flush(c);
   }
@@ -520,8 +519,7 @@ void h1__discard_request_body(ce_conn_t *c) {
   if (rc == 1) {
     c->denied_discard = false;
     conn__end_request(c);
-    conn__set_state(c, ST_HEAD);
-    conn__arm(c, c->proxy->opts->idle_ms);
+    conn__await_request(c);
   }
 }
 
@@ -584,8 +582,7 @@ void h1__finish_exchange(ce_conn_t *c) {
     conn__close_after_flush(c);
     return;
   }
-  conn__set_state(c, ST_HEAD);
-  conn__arm(c, c->proxy->opts->idle_ms);
+  conn__await_request(c);
 }
 
 /* An idle upstream (between exchanges, or while a request is decided)

@@ -67,6 +67,9 @@ static const opt_spec_t specs[] = {
      "to receive a request or response head once it started (default 30000)"},
     {"idle-timeout-ms", "CONDUKT_EGRESS_IDLE_TIMEOUT_MS", OPT_U32, 1, 86400000,
      "without any byte either way (default 300000)"},
+    {"idle-release-ms", "CONDUKT_EGRESS_IDLE_RELEASE_MS", OPT_U32, 0, 86400000,
+     "between requests, after this long a keep-alive connection closes its upstream connection and "
+     "gives back its TLS buffers; the next request connects again (default 500; 0: never)"},
     {"hosts", "CONDUKT_EGRESS_HOSTS", OPT_STR, 0, 0,
      "static names in hosts(5) syntax, from a file the workspace cannot write (default: none; "
      "/etc/hosts is never read)"},
@@ -260,6 +263,7 @@ static int apply(const opt_spec_t *spec, const char *value, ce_proxy_options_t *
     else if (strcmp(f, "connect-timeout-ms") == 0) o->connect_ms = v;
     else if (strcmp(f, "header-timeout-ms") == 0) o->header_ms = v;
     else if (strcmp(f, "idle-timeout-ms") == 0) o->idle_ms = v;
+    else if (strcmp(f, "idle-release-ms") == 0) o->release_ms = v;
     else if (strcmp(f, "user") == 0) o->user = v;
     return CE_EXIT_OK;
   }
@@ -276,6 +280,7 @@ static void defaults(ce_proxy_options_t *o) {
   o->connect_ms = CE_PROXY_DEFAULT_CONNECT_MS;
   o->header_ms = CE_PROXY_DEFAULT_HEADER_MS;
   o->idle_ms = CE_PROXY_DEFAULT_IDLE_MS;
+  o->release_ms = CE_PROXY_DEFAULT_RELEASE_MS;
 }
 
 int ce_proxy_options_parse(int argc, char **argv, ce_proxy_options_t *o) {

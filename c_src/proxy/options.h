@@ -31,6 +31,9 @@
 #define CE_PROXY_DEFAULT_CONNECT_MS 10000u
 #define CE_PROXY_DEFAULT_HEADER_MS 30000u
 #define CE_PROXY_DEFAULT_IDLE_MS 300000u
+/* An idle keep-alive connection gives back its upstream connection and its
+ * TLS buffers after this long (docs/proxy.md, "Idle connections"). */
+#define CE_PROXY_DEFAULT_RELEASE_MS 500u
 #define CE_PROXY_MAX_BODY_PREVIEW (64u * 1024u)
 
 typedef struct {
@@ -64,6 +67,7 @@ typedef struct {
   uint32_t connect_ms;
   uint32_t header_ms;
   uint32_t idle_ms;
+  uint32_t release_ms; /* --idle-release-ms; 0 = keep the upstream until the connection ends */
   /* DNS (docs/dns.md): the static names, the upstream resolvers (else
    * the nameservers of resolv_conf_path, read once at start), and where
    * the workspace's resolver listens (none when dns_listen_off). */

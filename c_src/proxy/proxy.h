@@ -88,6 +88,13 @@ typedef struct ce_proxy {
   char *read_buf;          /* CE_CONN_READ_CHUNK bytes */
   char *head_buf;          /* CE_CONN_HEAD_OUT_MAX bytes */
   ce_bufpool_t inbufs;     /* CE_CONN_INPUT_MAX-byte buffers */
+  /* The heap pages freed by idle connections that released their upstream
+   * go back to the system (conn.c, docs/proxy.md "Idle connections"): a
+   * one-shot timer, opened when a release happens and closed when it
+   * fired, so that nothing of it stays open on a quiet loop. */
+  uv_timer_t trim_timer;
+  int trim_state;          /* 0: none, 1: armed, 2: closing */
+  bool trim_again;         /* a release came while it was closing */
 } ce_proxy_t;
 
 /* conn.c: takes an accepted connection from a listener. */

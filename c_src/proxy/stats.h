@@ -25,12 +25,15 @@ typedef struct {
                           upstream TLS connections (ce_tlsconn_held); an h2
                           workspace connection's own upstream sessions are
                           not counted */
+  size_t upstreams;    /* upstream connections open (or opening), every
+                          connection's: an idle keep-alive connection
+                          keeps none past --idle-release-ms */
 } ce_buffer_stats_t;
 
 /* Adds up what the live connections hold now. */
 void ce_proxy_buffer_stats(const ce_proxy_t *p, ce_buffer_stats_t *out);
 
-/* "buffers: connections=N held=B input=B queued=B h2_streams=B tls=B" into out
+/* "buffers: connections=N held=B input=B queued=B h2_streams=B tls=B upstreams=N" into out
  * (cap bytes, always NUL-terminated). */
 void ce_proxy_buffer_stats_text(const ce_buffer_stats_t *s, char *out, size_t cap);
 

@@ -25,6 +25,7 @@
 #include "proxy/exchange.h"
 #include "proxy/options.h"
 #include "proxy/proxy.h"
+#include "proxy/stats.h"
 
 typedef struct {
   uv_loop_t loop;
@@ -46,6 +47,10 @@ typedef struct {
   size_t up_got_len;
   const char *up_until;
   bool up_answered;
+  /* The upstream takes one connection after another (each answered
+   * once), counting them and their closes. */
+  bool up_many;
+  int up_conns, up_closed;
 } fx_t;
 
 static void rec_emit(void *ctx, const char *name, const ce_reqinfo_t *r, const char *reason) {
@@ -76,9 +81,19 @@ static void up_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   *buf = uv_buf_init(f->up_got + f->up_got_len, (unsigned)(sizeof(f->up_got) - 1 - f->up_got_len));
 }
 
+static void on_peer_closed(uv_handle_t *h) {
+  fx_t *f = h->data;
+  f->peer_open = false;
+  f->up_closed++;
+}
+
 static void up_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   (void)buf;
   fx_t *f = st->data;
+  if (nread < 0 && f->up_many && !uv_is_closing((uv_handle_t *)st)) {
+    uv_close((uv_handle_t *)st, on_peer_closed);
+    return;
+  }
   if (nread <= 0)
     return;
   f->up_got_len += (size_t)nread;
@@ -96,7 +111,12 @@ static void up_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
 static void on_up_peer(uv_stream_t *server, int status) {
   fx_t *f = server->data;
   cr_assert_eq(status, 0);
-  cr_assert_not(f->peer_open, "one upstream connection");
+  cr_assert_not(f->peer_open, "one upstream connection at a time");
+  cr_assert(f->up_many || f->up_conns == 0, "one upstream connection");
+  f->up_conns++;
+  f->up_got_len = 0;
+  f->up_got[0] = '\0';
+  f->up_answered = false;
   uv_tcp_init(&f->loop, &f->peer);
   f->peer.data = f;
   cr_assert_eq(uv_accept(server, (uv_stream_t *)&f->peer), 0);
@@ -181,7 +201,7 @@ static void fixture_free(fx_t *f) {
     usleep(1000);
   }
   cr_assert_eq(f->proxy.conn_count, 0, "the connection ended when the workspace went");
-  if (f->peer_open)
+  if (f->peer_open && !uv_is_closing((uv_handle_t *)&f->peer))
     uv_close((uv_handle_t *)&f->peer, NULL);
   if (f->server.data != NULL)
     uv_close((uv_handle_t *)&f->server, NULL);
@@ -200,17 +220,22 @@ static void send_text(fx_t *f, const char *text) {
   cr_assert_eq(write(f->ws, text, len), (ssize_t)len);
 }
 
+/* One turn of the loop, then what the proxy sent the workspace. */
+static void turn(fx_t *f) {
+  uv_run(&f->loop, UV_RUN_NOWAIT);
+  ssize_t r;
+  while ((r = read(f->ws, f->got + f->got_len, sizeof(f->got) - 1 - f->got_len)) > 0)
+    f->got_len += (size_t)r;
+  f->got[f->got_len] = '\0';
+  if (r == 0)
+    f->ws_eof = true;
+}
+
 /* Runs the loop and reads what the proxy sent until want appears n times
  * in it (or the proxy closed, or about two seconds passed). */
 static void run_until(fx_t *f, const char *want, int n) {
   for (int i = 0; i < 2000; i++) {
-    uv_run(&f->loop, UV_RUN_NOWAIT);
-    ssize_t r;
-    while ((r = read(f->ws, f->got + f->got_len, sizeof(f->got) - 1 - f->got_len)) > 0)
-      f->got_len += (size_t)r;
-    f->got[f->got_len] = '\0';
-    if (r == 0)
-      f->ws_eof = true;
+    turn(f);
     int seen = 0;
     for (const char *p = f->got; want != NULL && (p = strstr(p, want)) != NULL; p++)
       seen++;
@@ -355,5 +380,82 @@ Test(conn, a_workspace_reset_in_the_middle_of_a_head_ends_the_connection) {
   f->ws = -1;
   fixture_free(f); /* asserts the connection is gone */
   cr_assert_eq(count(f->events, "request_denied"), 0, "%s", f->events);
+  free(f);
+}
+
+/* Runs the loop until the upstream saw n connections closed (or about
+ * ms milliseconds passed), reading what the workspace gets meanwhile. */
+static void run_until_up_closed(fx_t *f, int n, int ms) {
+  for (int i = 0; i < ms && f->up_closed < n; i++) {
+    turn(f);
+    usleep(1000);
+  }
+}
+
+/* docs/proxy.md "Idle connections": a keep-alive connection idle for
+ * --idle-release-ms closes its upstream connection and stays open; a
+ * refusal after it connects nothing; the next allowed request is
+ * evaluated and reported on its own and connects again. */
+Test(conn, an_idle_connection_releases_its_upstream_and_the_next_request_connects_again) {
+  fx_t *f = calloc(1, sizeof(*f));
+  fixture_upstream(f, "\r\n\r\n");
+  f->up_many = true;
+  f->opts.release_ms = 50;
+  char req[200];
+  snprintf(req, sizeof(req), "GET /first HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n", (unsigned)f->port);
+  send_text(f, req);
+  run_until(f, "\r\n\r\nok", 1);
+  cr_assert(strncmp(f->got, "HTTP/1.1 200 ", 13) == 0, "%s / events: %s", f->got, f->events);
+  cr_assert_eq(f->up_conns, 1);
+
+  run_until_up_closed(f, 1, 2000);
+  cr_assert_eq(f->up_closed, 1, "the idle connection released its upstream");
+  cr_assert_not(f->ws_eof, "the workspace's connection stays open");
+  ce_buffer_stats_t st;
+  ce_proxy_buffer_stats(&f->proxy, &st);
+  cr_expect_eq(st.connections, 1);
+  cr_expect_eq(st.upstreams, 0, "no upstream held for an idle connection");
+  cr_expect_eq(st.input, 0);
+  cr_expect_eq(count(f->events, "request_closed"), 1, "%s", f->events);
+
+  send_text(f, "GET /refused HTTP/1.1\r\nHost: 127.0.0.3\r\n\r\n");
+  run_until(f, "HTTP/1.1 403 ", 1);
+  cr_assert_eq(count(f->got, "HTTP/1.1 403 "), 1, "%s", f->got);
+  cr_assert_eq(count(f->events, "request_denied"), 1, "%s", f->events);
+  cr_assert_eq(f->up_conns, 1, "a refused request connects nothing");
+
+  snprintf(req, sizeof(req), "GET /again HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n", (unsigned)f->port);
+  send_text(f, req);
+  run_until(f, "\r\n\r\nok", 2);
+  cr_assert_eq(count(f->got, "\r\n\r\nok"), 2, "%s / events: %s", f->got, f->events);
+  cr_assert_eq(f->up_conns, 2, "the next request connected again");
+  cr_assert(strncmp(f->up_got, "GET /again HTTP/1.1\r\n", 21) == 0, "%s", f->up_got);
+  cr_assert_eq(count(f->events, "request_opened"), 3, "%s", f->events);
+  cr_assert_eq(count(f->events, "request_allowed"), 2, "%s", f->events);
+  cr_assert_eq(count(f->events, "request_closed"), 2, "%s", f->events);
+  cr_assert_not(f->ws_eof);
+
+  /* And rests again. */
+  run_until_up_closed(f, 2, 2000);
+  cr_assert_eq(f->up_closed, 2);
+  fixture_free(f);
+  free(f);
+}
+
+/* --idle-release-ms 0: the upstream is kept for the connection's life. */
+Test(conn, without_idle_release_the_upstream_is_kept_between_requests) {
+  fx_t *f = calloc(1, sizeof(*f));
+  fixture_upstream(f, "\r\n\r\n");
+  f->up_many = true;
+  char req[200];
+  snprintf(req, sizeof(req), "GET /first HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n", (unsigned)f->port);
+  send_text(f, req);
+  run_until(f, "\r\n\r\nok", 1);
+  run_until_up_closed(f, 1, 300); /* six times the release of the test above: nothing closes */
+  cr_assert_eq(f->up_closed, 0);
+  ce_buffer_stats_t st;
+  ce_proxy_buffer_stats(&f->proxy, &st);
+  cr_expect_eq(st.upstreams, 1);
+  fixture_free(f);
   free(f);
 }

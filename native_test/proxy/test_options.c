@@ -38,10 +38,25 @@ Test(proxy_options, defaults, .init = clear_env) {
   cr_expect_eq(o.max_connections, 1024u);
   cr_expect_eq(o.clienthello_ms, 10000u);
   cr_expect_eq(o.idle_ms, 300000u);
+  cr_expect_eq(o.release_ms, 500u);
   cr_expect_eq(o.body_preview, 0u);
   cr_expect_null(o.trust_bundle_path);
   cr_expect(!o.verbose);
   ce_proxy_options_free(&o);
+}
+
+Test(proxy_options, idle_release_takes_zero_for_never, .init = clear_env) {
+  const char *never[] = {"proxy", REQUIRED, "--idle-release-ms", "0"};
+  ce_proxy_options_t o;
+  cr_assert_eq(parse(&o, 13, never), CE_EXIT_OK);
+  cr_expect_eq(o.release_ms, 0u);
+  ce_proxy_options_free(&o);
+  const char *some[] = {"proxy", REQUIRED, "--idle-release-ms=2500"};
+  cr_assert_eq(parse(&o, 12, some), CE_EXIT_OK);
+  cr_expect_eq(o.release_ms, 2500u);
+  ce_proxy_options_free(&o);
+  const char *bad[] = {"proxy", REQUIRED, "--idle-release-ms", "-1"};
+  cr_expect_eq(parse(&o, 13, bad), CE_EXIT_USAGE);
 }
 
 Test(proxy_options, flags_and_equals_forms, .init = clear_env) {

@@ -22,6 +22,7 @@ Test(stats, no_connection_holds_only_the_pool_buffers_handed_out) {
   cr_expect_eq(st.h2_streams, 0);
   cr_expect_eq(st.held, 2 * CE_CONN_INPUT_MAX);
   cr_expect_eq(st.tls, 0);
+  cr_expect_eq(st.upstreams, 0);
 
   /* Spares kept by the pool are not held by anyone. */
   ce_bufpool_put(&p.inbufs, a);
@@ -32,11 +33,12 @@ Test(stats, no_connection_holds_only_the_pool_buffers_handed_out) {
 }
 
 Test(stats, the_line) {
-  ce_buffer_stats_t st = {.connections = 3, .input = 131072, .queued = 70000, .h2_streams = 65536, .tls = 9000};
+  ce_buffer_stats_t st = {.connections = 3, .input = 131072, .queued = 70000, .h2_streams = 65536, .tls = 9000,
+                         .upstreams = 2};
   st.held = st.input + st.queued + st.h2_streams;
   char line[256];
   ce_proxy_buffer_stats_text(&st, line, sizeof(line));
-  cr_expect_str_eq(line, "buffers: connections=3 held=266608 input=131072 queued=70000 h2_streams=65536 tls=9000");
+  cr_expect_str_eq(line, "buffers: connections=3 held=266608 input=131072 queued=70000 h2_streams=65536 tls=9000 upstreams=2");
   /* A short buffer cuts, never overflows. */
   char tiny[9];
   ce_proxy_buffer_stats_text(&st, tiny, sizeof(tiny));

@@ -386,6 +386,14 @@ bool ce_h1h2_usable(ce_conn_t *c) {
          nghttp2_session_want_read(h->s) != 0;
 }
 
+static bool flush(h1h2_t *h);
+
+void ce_h1h2_goaway(ce_conn_t *c) {
+  h1h2_t *h = c->h1h2;
+  if (h != NULL && h->s != NULL && nghttp2_session_terminate_session(h->s, NGHTTP2_NO_ERROR) == 0)
+    flush(h);
+}
+
 /* Frames to the upstream while its socket has room. False on an error. */
 static bool flush(h1h2_t *h) {
   ce_conn_t *c = h->c;

@@ -150,6 +150,45 @@ defmodule Condukt.Netns.SidecarCredentialsTest do
     out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
   end
 
+  # docs/proxy.md "Idle connections": a keep-alive connection idle past
+  # --idle-release-ms (500 ms by default) closes its upstream connection;
+  # the next request on the same workspace connection is evaluated and
+  # reported on its own, connects again, and gets the credential again.
+  for port <- [@h1_only, @h2_only] do
+    test "HTTP/1.1 keep-alive to the #{if port == @h1_only, do: "HTTP/1.1", else: "h2"} origin: after the idle release the next request connects again with the credential",
+         %{tb: tb, sc: sc} do
+      script = """
+      import http.client, json, ssl, sys, time
+      ctx = ssl.create_default_context(cafile=sys.argv[1])
+      c = http.client.HTTPSConnection("allowed.test", int(sys.argv[2]), context=ctx, timeout=30)
+      for i, q in enumerate(sys.argv[3:5]):
+          if i:
+              time.sleep(1.5)
+          c.request("GET", "/fields?" + q, headers={"Authorization": "Bearer workspace-fake"})
+          r = c.getresponse()
+          body = r.read().decode()
+          print(json.dumps({"status": r.status, "body": body, "port": c.sock.getsockname()[1]}), flush=True)
+      """
+
+      [q1, q2] = [tag(), tag()]
+      argv = ["/usr/bin/python3", "-c", script, sc.ca_cert, "#{unquote(port)}", q1, q2]
+      {out, 0} = Testbed.exec_in(tb, :pod, argv, timeout: 30_000)
+      [one, two] = out |> String.split("\n", trim: true) |> Enum.take(-2) |> Enum.map(&Condukt.JSON.decode!/1)
+      assert one["port"] == two["port"], "one workspace connection: #{out}"
+
+      for r <- [one, two] do
+        assert r["status"] == 200, out
+        assert named(Condukt.JSON.decode!(r["body"]), "authorization") == [@secret]
+      end
+
+      for q <- [q1, q2] do
+        assert ~w(request_opened request_allowed request_closed) == Enum.map(RawHttp.events_for(sc, q), & &1["event"])
+      end
+
+      refute_secret_in_events(sc)
+    end
+  end
+
   test "HTTP/1.1: every copy the workspace sent, in any case, is removed", %{tb: tb, sc: sc} do
     fields = "Authorization: one\r\nAUTHORIZATION: two\r\naUtHoRiZaTiOn: three\r\nX-Other: kept\r\n"
     got = raw_h1_fields(tb, sc, @h1_only, tag(), fields)
