@@ -131,7 +131,6 @@ struct ce_conn {
 
   /* The current request (proxy/exchange.h). */
   ce_exchange_t x;
-  ce_h1_head_t head;       /* scratch for the last parsed head */
   char *up_head;           /* the request head as forwarded upstream */
   size_t up_head_len;
   char method[32];

@@ -337,14 +337,38 @@ static void handle_request(ce_conn_t *c, const ce_h1_head_t *h) {
   ce_exchange_decide(&c->x);
 }
 
+/* A parsed head's record (4 KiB, its 128 fields) for one call: it points
+ * into the input, which the call consumes, so a connection keeps none
+ * between calls (docs/proxy.md "Memory of an idle connection"). NULL
+ * when there is no memory: the connection is failed and aborted. */
+static ce_h1_head_t *head_scratch(ce_conn_t *c) {
+  ce_h1_head_t *h = malloc(sizeof(*h));
+  if (h == NULL) {
+    conn__begin_connection_record(c);
+    conn__report_failed(c, "out_of_memory");
+    conn__abort(c);
+  }
+  return h;
+}
+
+static void process_head(ce_conn_t *c, ce_h1_head_t *head);
+
 void h1__process_head(ce_conn_t *c) {
   if (c->c.in_len == 0) {
     if (c->c.eof)
       conn__close_after_flush(c);
     return;
   }
+  ce_h1_head_t *head = head_scratch(c);
+  if (head == NULL)
+    return;
+  process_head(c, head);
+  free(head);
+}
+
+static void process_head(ce_conn_t *c, ce_h1_head_t *head) {
   const char *why = NULL;
-  int rc = ce_h1_parse_request(c->c.in, c->c.in_len, &c->head, &why);
+  int rc = ce_h1_parse_request(c->c.in, c->c.in_len, head, &why);
   if (rc == CE_EAGAIN) {
     if (c->c.eof) {
       conn__begin_connection_record(c);
@@ -370,8 +394,8 @@ void h1__process_head(ce_conn_t *c) {
   }
   uv_timer_stop(&c->timer);
   c->head_started = false;
-  size_t head_len = c->head.head_len;
-  handle_request(c, &c->head);
+  size_t head_len = head->head_len;
+  handle_request(c, head);
   /* Everything the proxy keeps from the head was copied: drop it. */
   conn__consume(&c->c, head_len);
 }
@@ -666,7 +690,16 @@ static void pump_response_body(ce_conn_t *c) {
     h1__finish_exchange(c);
 }
 
+static void pump_response(ce_conn_t *c, ce_h1_head_t **scratch);
+
 void h1__pump_response(ce_conn_t *c) {
+  ce_h1_head_t *scratch = NULL;
+  pump_response(c, &scratch);
+  free(scratch);
+}
+
+/* *scratch: the head record, taken at the first head to parse. */
+static void pump_response(ce_conn_t *c, ce_h1_head_t **scratch) {
   while (!c->dead && c->state == ST_EXCHANGE && c->resp_state != RESP_DONE) {
     if (c->resp_state == RESP_BODY) {
       pump_response_body(c);
@@ -677,8 +710,10 @@ void h1__pump_response(ce_conn_t *c) {
         h1__upstream_failed_mid_response(c, "conn__upstream_reset: closed before a response");
       return;
     }
+    if (*scratch == NULL && (*scratch = head_scratch(c)) == NULL)
+      return;
     const char *why = NULL;
-    int rc = ce_h1_parse_response(c->u.in, c->u.in_len, c->method, strlen(c->method), &c->head, &why);
+    int rc = ce_h1_parse_response(c->u.in, c->u.in_len, c->method, strlen(c->method), *scratch, &why);
     if (rc == CE_EAGAIN) {
       if (c->u.eof)
         h1__upstream_failed_mid_response(c, "conn__upstream_reset: closed inside the response head");
@@ -690,7 +725,7 @@ void h1__pump_response(ce_conn_t *c) {
       h1__upstream_failed_mid_response(c, reason);
       return;
     }
-    const ce_h1_head_t *h = &c->head;
+    const ce_h1_head_t *h = *scratch;
     /* A 101 is checked before anything of it reaches the workspace: it
      * must not see "101 Switching Protocols" and then an error. */
     if (h->status == 101 && !c->req_upgrade) {

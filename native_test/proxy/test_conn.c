@@ -26,6 +26,7 @@
 #include "proxy/options.h"
 #include "proxy/proxy.h"
 #include "proxy/stats.h"
+#include "support/failalloc.h"
 
 typedef struct {
   uv_loop_t loop;
@@ -456,6 +457,29 @@ Test(conn, without_idle_release_the_upstream_is_kept_between_requests) {
   ce_buffer_stats_t st;
   ce_proxy_buffer_stats(&f->proxy, &st);
   cr_expect_eq(st.upstreams, 1);
+  fixture_free(f);
+  free(f);
+}
+
+/* A request head is parsed into a record taken for the call (the
+ * connection keeps none between requests): when it cannot be had, the
+ * connection fails with out_of_memory, and nothing is answered. */
+Test(conn, a_head_record_that_cannot_be_had_fails_the_connection) {
+  fx_t *f = calloc(1, sizeof(*f));
+  fixture(f);
+  /* A first request leaves a spare input buffer in the pool: the next
+   * one's first allocation is its head record. */
+  send_text(f, "GET /one HTTP/1.1\r\nHost: 127.0.0.3\r\n\r\n");
+  run_until(f, "HTTP/1.1 403 ", 1);
+  size_t before = f->got_len;
+  ce_failalloc_arm(0);
+  send_text(f, "GET /two HTTP/1.1\r\nHost: 127.0.0.3\r\n\r\n");
+  run_until(f, NULL, 0);
+  ce_failalloc_disarm();
+  cr_assert_eq(ce_failalloc_failures(), 1);
+  cr_assert(f->ws_eof, "the connection was closed");
+  cr_assert_eq(f->got_len, before, "nothing answered: %s", f->got);
+  cr_assert_not_null(strstr(f->events, "request_failed out_of_memory"), "%s", f->events);
   fixture_free(f);
   free(f);
 }

@@ -53,11 +53,14 @@ struct ce_h1h2 {
   char *up;                /* request body not yet sent: H1H2_BUF bytes of a
                               buffer of proxy->inbufs, NULL while empty */
   size_t up_len;
-  /* Response fields being collected (head, interim head or trailers). */
-  char *fbuf;              /* H1H2_MAX_HEADER_LIST bytes of a buffer of
-                              proxy->inbufs, NULL while no field is held */
+  /* Response fields being collected (head, interim head or trailers),
+   * only while an exchange has some: the names and values, then the
+   * field array, in one buffer of proxy->inbufs (an idle connection holds
+   * neither). */
+  char *fbuf;              /* H1H2_MAX_HEADER_LIST bytes of names and values,
+                              NULL while no field is held */
   size_t fused;
-  ce_h2h_field_t f[CE_H1_MAX_FIELDS];
+  ce_h2h_field_t *f;       /* CE_H1_MAX_FIELDS entries at fbuf + H1H2_FIELDS_AT, NULL with fbuf */
   size_t fn;
   bool foverflow;
   bool head_sent;          /* the final head went to the workspace */
@@ -88,7 +91,11 @@ static void set_fail(h1h2_t *h, const char *reason) {
     snprintf(h->fail, sizeof(h->fail), "%s", reason);
 }
 
-_Static_assert(H1H2_BUF <= CE_CONN_INPUT_MAX && H1H2_MAX_HEADER_LIST <= CE_CONN_INPUT_MAX,
+/* Where the field array starts in the fields' buffer (aligned for it). */
+#define H1H2_FIELDS_AT H1H2_MAX_HEADER_LIST
+_Static_assert(H1H2_FIELDS_AT % _Alignof(ce_h2h_field_t) == 0, "the field array is aligned");
+_Static_assert(H1H2_BUF <= CE_CONN_INPUT_MAX &&
+                   H1H2_FIELDS_AT + CE_H1_MAX_FIELDS * sizeof(ce_h2h_field_t) <= CE_CONN_INPUT_MAX,
                "h1h2's buffers come from the proxy's input pool");
 
 /* The fields are done with: their buffer goes back to the pool. */
@@ -98,6 +105,7 @@ static void fields_reset(h1h2_t *h) {
   h->foverflow = false;
   ce_bufpool_put(&h->c->proxy->inbufs, h->fbuf);
   h->fbuf = NULL;
+  h->f = NULL;
 }
 
 /* The request body buffer is empty: back to the pool. */
@@ -123,6 +131,7 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
     set_fail(h, "out_of_memory");
     return NGHTTP2_ERR_CALLBACK_FAILURE;
   }
+  h->f = (ce_h2h_field_t *)(void *)(h->fbuf + H1H2_FIELDS_AT);
   char *p = h->fbuf + h->fused;
   memcpy(p, name, namelen);
   memcpy(p + namelen, value, valuelen);
@@ -156,7 +165,8 @@ static bool write_head(h1h2_t *h, int status, unsigned flags) {
   ce_conn_t *c = h->c;
   ce_h1_writer_t w;
   ce_h1_writer_init(&w, c->proxy->head_buf, CE_CONN_HEAD_OUT_MAX);
-  int rc = ce_h2h_write_response(&w, status, h->f, h->fn, flags);
+  static const ce_h2h_field_t none[1];
+  int rc = ce_h2h_write_response(&w, status, h->f != NULL ? h->f : none, h->fn, flags);
   if (rc == CE_OK) {
     ce_conn_side_write(&c->c, c->proxy->head_buf, w.len);
     c->x.req.bytes_in += w.len;
@@ -558,7 +568,8 @@ void ce_h1h2_process(ce_conn_t *c) {
       if (buf != NULL) {
         ce_h1_writer_t w;
         ce_h1_writer_init(&w, buf, cap);
-        if (ce_h2h_write_trailers(&w, h->trailers ? h->f : none, h->trailers ? h->fn : 0) == CE_OK)
+        bool have = h->trailers && h->f != NULL;
+        if (ce_h2h_write_trailers(&w, have ? h->f : none, have ? h->fn : 0) == CE_OK)
           ce_conn_side_write(&c->c, buf, w.len);
         free(buf);
       }
