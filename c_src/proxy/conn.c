@@ -428,7 +428,8 @@ static void trim_arm(ce_proxy_t *p) {
  * A keep-alive connection idle for --idle-release-ms gives back what only
  * an exchange needs (docs/proxy.md, "Idle connections"): its upstream
  * connection (nghttp2 session, TLS and socket; an h2 upstream gets its
- * GOAWAY and a TLS one its close_notify first). The next request
+ * GOAWAY and a TLS one its close_notify first) and the room of its TLS
+ * buffers. The next request
  * connects again on its own path (resolver, private-address rule, marked
  * socket, TLS verified for the host, resumed from the session store),
  * after its own evaluation, as the first request did.
@@ -447,6 +448,13 @@ static void conn_release_idle(ce_conn_t *c) {
     }
     trace(c, "idle: the upstream %s:%u is released", c->up_host, (unsigned)c->up_port);
     conn__upstream_reset(c);
+    released = true;
+  }
+  /* The workspace's TLS ciphertext buffers (a few KiB after a small
+   * exchange, the BIOs' room) go too; the next request grows them again.
+   * Not at every exchange's end: they would re-grow per request. */
+  if (ce_tlsconn_held(c->c.tls) > 0) {
+    ce_tlsconn_release(c->c.tls);
     released = true;
   }
   if (released)
