@@ -7,8 +7,9 @@
 #   make setup demo                     always
 #   make setup test                     with --test
 #
-# inside the root (chroot, in a mount namespace of its own, so nothing is
-# mounted on the host). Needs root; installs mmdebstrap if it is missing.
+# inside the root (made the root of a mount namespace of its own with
+# pivot_root, as a container's is, so nothing is mounted on the host).
+# Needs root; installs mmdebstrap if it is missing.
 #
 #   scripts/fresh-debian-check.sh [--test] [--keep] [--share-cache] [--root DIR]
 #
@@ -102,9 +103,18 @@ in_root() {
       mkdir -p "$root${pair#*:}"
       mount --bind "${pair%%:*}" "$root${pair#*:}"
     done
+    # The root becomes the root of the mount namespace (pivot_root), as
+    # in a container, not a chroot: a chrooted runc would pivot the pods
+    # into a mount namespace whose root is still the host, and runc exec,
+    # which enters a pod by its namespaces, would land in the host tree.
+    # The host tree is then detached. (No apostrophes here: this is all
+    # one single-quoted argument.)
+    cd "$root"
+    mkdir -p .host
+    pivot_root . .host
     exec env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
       PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-      CONDUKT_REQUIRE_ALL_TIERS=1 chroot "$root" sh -c "cd /root/condukt && $*"
+      CONDUKT_REQUIRE_ALL_TIERS=1 sh -c "umount -l /.host && rmdir /.host && cd /root/condukt && $*"
   ' in_root "$root" "$caches" "$@"
 }
 
