@@ -322,8 +322,14 @@ static void finish_close(ce_conn_t *c) {
 void conn__close_after_flush(ce_conn_t *c) {
   conn__set_state(c, ST_CLOSING);
   conn__arm(c, c->proxy->opts->idle_ms);
-  if (c->c.shut == SIDE_WRITING && ce_transport_close_notify(&c->c))
+  if (c->c.shut == SIDE_WRITING && ce_transport_close_notify(&c->c)) {
+    /* Written now, so that it counts in what is queued: the close waits
+     * for it like for the rest. */
     conn__side_write(&c->c, NULL, 0);
+    conn__side_flush(&c->c);
+    if (c->dead)
+      return;
+  }
   c->c.close_after_flush = true;
   if (c->c.queued == 0)
     finish_close(c);
@@ -421,7 +427,10 @@ static void on_write(uv_write_t *req, int status) {
     conn__abort(c);
     return;
   }
-  if (s->queued == 0 && s->close_after_flush) {
+  /* Once lingering, the workspace's side is done: a write that completes
+   * after (nothing should be queued then) must not close it a second time
+   * and end the linger with a reset. */
+  if (s->queued == 0 && s->close_after_flush && !(s == &c->c && c->lingering)) {
     if (s == &c->c)
       finish_close(c);
     else
