@@ -469,6 +469,32 @@ bool conn__wire_send(side_t *s, write_req_t *w, size_t n) {
   return true;
 }
 
+bool conn__wire_write(side_t *s, const char *data, size_t n, bool direct) {
+  size_t done = 0;
+  if (direct) {
+    uv_buf_t b = uv_buf_init((char *)data, (unsigned)n);
+    int r = uv_try_write((uv_stream_t *)&s->tcp, &b, 1);
+    /* UV_EAGAIN (full, or writes queued before) and errors alike go on
+     * through uv_write, whose callback reports a failure as before. */
+    if (r > 0)
+      done = (size_t)r;
+  }
+  if (done == n)
+    return true;
+  write_req_t *w = conn__wire_new(s, n - done);
+  if (w == NULL)
+    return false;
+  memcpy(w->data, data + done, n - done);
+  return conn__wire_send(s, w, n - done);
+}
+
+char *conn__wire_scratch(side_t *s) {
+  ce_proxy_t *p = s->conn->proxy;
+  if (p->wire_scratch == NULL)
+    p->wire_scratch = malloc(CE_CONN_READ_CHUNK);
+  return p->wire_scratch;
+}
+
 /*
  * One write per socket per turn of the loop. Every write of a side is
  * gathered (transport.c) and the side put on the proxy's flush list; after
@@ -548,6 +574,8 @@ void ce_conn_writes_close(ce_proxy_t *p) {
   }
   p->flush_list = NULL;
   ce_bufpool_clear(&p->recbufs);
+  free(p->wire_scratch);
+  p->wire_scratch = NULL;
 }
 
 /* Gives plaintext to a side through its transport (data NULL: only what

@@ -280,6 +280,16 @@ void conn__side_write(side_t *s, const char *data, size_t len);
  * (false: none to be had). */
 write_req_t *conn__wire_new(side_t *s, size_t n);
 bool conn__wire_send(side_t *s, write_req_t *w, size_t n);
+/* Writes n bytes of data to the side's socket: with direct, first straight
+ * from data (uv_try_write: no request, no copy, no completion callback),
+ * then what the socket did not take through a write request (a copy). A
+ * caller passes direct only when no one waits for this write's completion:
+ * the side's queued bytes were under CE_CONN_HIGH_WATER (nothing paused on
+ * them) and it is not to close after the flush. False as conn__wire_send. */
+bool conn__wire_write(side_t *s, const char *data, size_t n, bool direct);
+/* The loop's scratch for ciphertext on its way to a direct write
+ * (CE_CONN_READ_CHUNK bytes; NULL when it cannot be had). */
+char *conn__wire_scratch(side_t *s);
 bool conn__take_input(side_t *s);
 /* The side's record buffer (s->rec) from the proxy's pool; false when
  * none can be had (the caller writes without gathering). conn__release_record

@@ -98,6 +98,7 @@ typedef struct ce_proxy {
   uv_check_t flush_check;
   bool flush_handles;      /* both initialised */
   ce_bufpool_t recbufs;    /* CE_CONN_RECORD-byte buffers */
+  char *wire_scratch;      /* CE_CONN_READ_CHUNK bytes, at the first direct write */
 } ce_proxy_t;
 
 /* conn.c: takes an accepted connection from a listener. */

@@ -81,14 +81,12 @@ int ce_transport_pump(side_t *s) {
 static int emit(side_t *s, const char *data, size_t len) {
   if (s->tls != NULL)
     return ce_tlsconn_write(s->tls, (const uint8_t *)data, len) == CE_OK ? CE_OK : CE_ETLS;
-  write_req_t *w = conn__wire_new(s, len);
-  if (w == NULL)
-    return CE_ECLOSED;
-  memcpy(w->data, data, len);
-  /* Counted again, as bytes of the write, by conn__wire_send. */
+  bool direct = s->queued < CE_CONN_HIGH_WATER && !s->close_after_flush;
+  /* What the socket does not take is counted again, as bytes of a write
+   * request, by conn__wire_send. */
   s->pending -= len;
   s->queued -= len;
-  return conn__wire_send(s, w, len) ? CE_OK : CE_ECLOSED;
+  return conn__wire_write(s, data, len, direct) ? CE_OK : CE_ECLOSED;
 }
 
 /* Hands the gathered record on. It is emptied first: on a failure the
@@ -138,12 +136,25 @@ bool ce_transport_has_output(const side_t *s) {
 int ce_transport_flush(side_t *s) {
   int rc = seal(s);
   if (s->tls != NULL && s->open) {
+    /* Straight to the socket when no one waits for the completion (see
+     * conn__wire_write), through the loop's scratch: one copy out of the
+     * engine, none into a write request. */
+    bool direct = s->queued < CE_CONN_HIGH_WATER && !s->close_after_flush;
+    char *scratch = direct ? conn__wire_scratch(s) : NULL;
     /* The plaintext of the turn is counted from here on as the
      * ciphertext that carries it. */
     s->queued -= s->pending;
     s->pending = 0;
     size_t out;
     while (rc == CE_OK && (out = ce_tlsconn_pending_out(s->tls)) > 0) {
+      if (scratch != NULL) {
+        size_t n = ce_tlsconn_take_out(s->tls, (uint8_t *)scratch, out < CE_CONN_READ_CHUNK ? out : CE_CONN_READ_CHUNK);
+        if (n == 0)
+          break;
+        if (!conn__wire_write(s, scratch, n, true))
+          return CE_ECLOSED;
+        continue;
+      }
       write_req_t *w = conn__wire_new(s, out);
       if (w == NULL)
         return CE_ECLOSED;
