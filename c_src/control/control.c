@@ -274,11 +274,9 @@ int ce_control_start(uv_loop_t *loop, const ce_control_opts_t *opts,
   }
   int orc = ctl->out_kind == OUT_STREAM ? ce__ctl_out_open(ctl, out_fd, out_type) : 0;
   if (ctl->out_kind != OUT_NONE) {
-    uv_prepare_init(loop, &ctl->out_prepare);
-    uv_check_init(loop, &ctl->out_check);
-    ctl->out_prepare.data = ctl;
-    ctl->out_check.data = ctl;
-    ctl->live_handles += 2;
+    uv_timer_init(loop, &ctl->out_timer);
+    ctl->out_timer.data = ctl;
+    ctl->live_handles++;
     ctl->out_flush_handles = true;
   }
   if (rc == 0)
@@ -357,13 +355,11 @@ void ce_control_close(ce_control_t *ctl, void (*done)(void *data), void *data) {
   ctl->done = done;
   ctl->done_data = data;
 
-  /* Events of this turn of the loop still in the stdout batch go out
-   * first, ahead of the stream's shutdown. */
+  /* Events still in the stdout batch go out first, ahead of the stream's
+   * shutdown. */
   ce__ctl_out_flush(ctl);
-  if (ctl->out_flush_handles) {
-    ce__ctl_close_if_open((uv_handle_t *)&ctl->out_prepare, ce__ctl_closed_cb);
-    ce__ctl_close_if_open((uv_handle_t *)&ctl->out_check, ce__ctl_closed_cb);
-  }
+  if (ctl->out_flush_handles)
+    ce__ctl_close_if_open((uv_handle_t *)&ctl->out_timer, ce__ctl_closed_cb);
 
   /* The asks first, while everything else still stands: their callbacks
    * may emit or ask, which now only frees. */

@@ -9,8 +9,8 @@
  *
  * Frames are NDJSON, one JSON object per line, at most
  * CE_CONTROL_MAX_FRAME bytes. Events are written to stdout as JSON lines
- * (the audit trail of last resort; gathered and written once per turn of
- * the loop, and by ce_control_close) and to the peer; with no peer, or a peer
+ * (the audit trail of last resort; gathered and written when 64 KiB are
+ * there or a millisecond after the first, and by ce_control_close) and to the peer; with no peer, or a peer
  * that does not read, they wait in a bounded buffer and what overflows is
  * counted and reported in the next welcome frame.
  *

@@ -4,7 +4,8 @@
  *
  *   control.c  start, close, stats, events and the ring that keeps them
  *              while no peer is attached; small helpers
- *   out.c      the audit trail on stdout, batched once per turn of the loop
+ *   out.c      the audit trail on stdout, batched and written at most once
+ *              per millisecond
  *   peer.c     accepted connections: the handshake, the pre-authentication
  *              slots, frames from the authenticated peer, writes to it
  *   ask.c      decision requests: the decide queue, in id order, each with
@@ -52,11 +53,14 @@
  * up, and the loop must not stall or grow for it: events are dropped from
  * stdout (and counted) until the queue drains. */
 #define STDOUT_QUEUE_MAX (8u * 1024u * 1024u)
-/* Event lines for stdout are gathered here and written once per turn of
- * the loop (one write(2) or uv_write for all of them) instead of once per
- * event; a line that does not fit after a flush, or any line when the
- * batch cannot be allocated, is written on its own as before. */
+/* Event lines for stdout are gathered here and written when the batch is
+ * full or OUT_BATCH_MS after its first line (one write(2) or uv_write for
+ * all of them) instead of once per event, or once per turn of the loop
+ * (two writes per request at one request in flight); a line that does not
+ * fit after a flush, or any line when the batch cannot be allocated, is
+ * written on its own as before. ce_control_close writes what is left. */
 #define OUT_BATCH_CAP (64u * 1024u)
+#define OUT_BATCH_MS 1u
 /* Bytes waiting for the peer. Past the soft bound events go to the ring
  * instead (where the oldest are dropped); past the hard bound the peer is
  * taken as stuck and closed, so that a re-dialled bridge gets a fresh
@@ -185,9 +189,8 @@ struct ce_control {
   char *out_batch;           /* OUT_BATCH_CAP bytes, allocated at the first event */
   size_t out_batch_len;
   uint64_t out_batch_events; /* lines in out_batch, for the drop count */
-  uv_prepare_t out_prepare;  /* flush before the loop waits (after timers) */
-  uv_check_t out_check;      /* flush after the I/O callbacks */
-  bool out_flush_handles;    /* both initialised (stdout not OUT_NONE) */
+  uv_timer_t out_timer;      /* flushes the batch OUT_BATCH_MS after its first line */
+  bool out_flush_handles;    /* out_timer initialised (stdout not OUT_NONE) */
 
   ask_t *asks_head, *asks_tail;
   size_t pending;            /* asks in ASK_PENDING */

@@ -1,7 +1,7 @@
 /*
  * The control channel's audit trail on stdout (internal.h): every event
- * line, gathered and written once per turn of the loop (a uv_prepare and
- * a uv_check flush the batch), to a file descriptor with write(2) or to a
+ * line, gathered and written when the batch is full or OUT_BATCH_MS after
+ * its first line (a timer flushes it), to a file descriptor with write(2) or to a
  * pipe or TTY through libuv; past STDOUT_QUEUE_MAX waiting, lines are
  * dropped and counted rather than stall the loop.
  */
@@ -130,10 +130,8 @@ void ce__ctl_out_flush(ce_control_t *ctl) {
   uint64_t events = ctl->out_batch_events;
   ctl->out_batch_len = 0;
   ctl->out_batch_events = 0;
-  if (ctl->out_flush_handles) {
-    uv_prepare_stop(&ctl->out_prepare);
-    uv_check_stop(&ctl->out_check);
-  }
+  if (ctl->out_flush_handles)
+    uv_timer_stop(&ctl->out_timer);
   if (ctl->out_broken) {
     ctl->stdout_dropped += events;
     return;
@@ -144,8 +142,7 @@ void ce__ctl_out_flush(ce_control_t *ctl) {
     out_write_stream(ctl, ctl->out_batch, len, events, NULL);
 }
 
-static void out_prepare_cb(uv_prepare_t *h) { ce__ctl_out_flush(h->data); }
-static void out_check_cb(uv_check_t *h) { ce__ctl_out_flush(h->data); }
+static void out_timer_cb(uv_timer_t *h) { ce__ctl_out_flush(h->data); }
 
 void ce__ctl_out_write(ce_control_t *ctl, ce__line_t *line) {
   if (ctl->out_kind == OUT_NONE)
@@ -169,10 +166,8 @@ void ce__ctl_out_write(ce_control_t *ctl, ce__line_t *line) {
       out_write_stream(ctl, line->data, line->len, 1, line);
     return;
   }
-  if (ctl->out_batch_len == 0) {
-    uv_prepare_start(&ctl->out_prepare, out_prepare_cb);
-    uv_check_start(&ctl->out_check, out_check_cb);
-  }
+  if (ctl->out_batch_len == 0)
+    uv_timer_start(&ctl->out_timer, out_timer_cb, OUT_BATCH_MS, 0);
   memcpy(ctl->out_batch + ctl->out_batch_len, line->data, line->len);
   ctl->out_batch_len += line->len;
   ctl->out_batch_events++;

@@ -163,6 +163,22 @@ void ce_conn_release_input(side_t *s) {
   s->in = NULL;
 }
 
+bool conn__take_record(side_t *s) {
+  ce_bufpool_t *pool = &s->conn->proxy->recbufs;
+  if (pool->size == 0)
+    ce_bufpool_init(pool, CE_CONN_RECORD, CE_CONN_SPARE_RECORDS);
+  if (s->rec == NULL)
+    s->rec = ce_bufpool_get(pool);
+  return s->rec != NULL;
+}
+
+void conn__release_record(side_t *s) {
+  if (s->rec == NULL || s->rec_len > 0)
+    return;
+  ce_bufpool_put(&s->conn->proxy->recbufs, s->rec);
+  s->rec = NULL;
+}
+
 /* ---- closing ------------------------------------------------------------- */
 
 static void maybe_free(ce_conn_t *c) {
@@ -202,6 +218,12 @@ static void on_handle_closed(uv_handle_t *h) {
 void ce_conn_side_close(side_t *s, uv_close_cb closed) {
   if (!s->open)
     return;
+  /* What the side was given this turn goes to the socket first, as if it
+   * had been written when given (an answer followed by an abort); a
+   * failed write closes the side itself. */
+  conn__side_flush(s);
+  if (!s->open)
+    return;
   s->open = false;
   s->reading = false;
   s->closing = true;
@@ -209,6 +231,7 @@ void ce_conn_side_close(side_t *s, uv_close_cb closed) {
    * after it is gone; their bytes no longer count (see on_write). */
   s->gen++;
   s->queued = 0;
+  s->pending = 0;
   uv_close((uv_handle_t *)&s->tcp, closed);
 }
 
@@ -281,6 +304,10 @@ static void finish_close(ce_conn_t *c) {
     return;
   }
   conn__upstream_reset(c);
+  /* The close_notify the caller queued goes ahead of the FIN. */
+  conn__side_flush(&c->c);
+  if (c->dead)
+    return;
   c->c.shut = SIDE_SHUTTING;
   c->c.shut_req.data = &c->c;
   if (uv_shutdown(&c->c.shut_req, (uv_stream_t *)&c->c.tcp, on_linger_shutdown) != 0) {
@@ -299,8 +326,14 @@ static void finish_close(ce_conn_t *c) {
 void conn__close_after_flush(ce_conn_t *c) {
   conn__set_state(c, ST_CLOSING);
   conn__arm(c, c->proxy->opts->idle_ms);
-  if (c->c.shut == SIDE_WRITING && ce_transport_close_notify(&c->c))
+  if (c->c.shut == SIDE_WRITING && ce_transport_close_notify(&c->c)) {
+    /* Written now, so that it counts in what is queued: the close waits
+     * for it like for the rest. */
     conn__side_write(&c->c, NULL, 0);
+    conn__side_flush(&c->c);
+    if (c->dead)
+      return;
+  }
   c->c.close_after_flush = true;
   if (c->c.queued == 0)
     finish_close(c);
@@ -454,6 +487,10 @@ static void conn_release_idle(ce_conn_t *c) {
    * exchange, the BIOs' room) go too; the next request grows them again.
    * Not at every exchange's end: they would re-grow per request. */
   if (ce_tlsconn_held(c->c.tls) > 0) {
+    /* Only empty buffers are released: what this turn gathered goes first. */
+    conn__side_flush(&c->c);
+    if (c->dead)
+      return;
     ce_tlsconn_release(c->c.tls);
     released = true;
   }
@@ -492,7 +529,10 @@ static void on_write(uv_write_t *req, int status) {
     conn__abort(c);
     return;
   }
-  if (s->queued == 0 && s->close_after_flush) {
+  /* Once lingering, the workspace's side is done: a write that completes
+   * after (nothing should be queued then) must not close it a second time
+   * and end the linger with a reset. */
+  if (s->queued == 0 && s->close_after_flush && !(s == &c->c && c->lingering)) {
     if (s == &c->c)
       finish_close(c);
     else
@@ -502,9 +542,11 @@ static void on_write(uv_write_t *req, int status) {
   conn__process(c);
 }
 
+/* A failed write ends the connection, reported unless it is ending
+ * already (the last output of an aborted connection written on close). */
 write_req_t *conn__wire_new(side_t *s, size_t n) {
   write_req_t *w = malloc(sizeof(*w) + n);
-  if (w == NULL) {
+  if (w == NULL && !s->conn->dead) {
     conn__report_failed(s->conn, "out_of_memory");
     conn__abort(s->conn);
   }
@@ -519,16 +561,128 @@ bool conn__wire_send(side_t *s, write_req_t *w, size_t n) {
   uv_buf_t b = uv_buf_init(w->data, (unsigned)n);
   if (uv_write(&w->req, (uv_stream_t *)&s->tcp, &b, 1, on_write) < 0) {
     free(w);
-    conn__report_failed(c, s == &c->c ? "client_reset" : "conn__upstream_reset");
-    conn__abort(c);
+    if (!c->dead) {
+      conn__report_failed(c, s == &c->c ? "client_reset" : "conn__upstream_reset");
+      conn__abort(c);
+    }
     return false;
   }
   s->queued += n;
   return true;
 }
 
-/* Sends plaintext on a side through its transport, and any output the
- * transport has pending (data NULL: only flush). */
+bool conn__wire_write(side_t *s, const char *data, size_t n, bool direct) {
+  size_t done = 0;
+  if (direct) {
+    uv_buf_t b = uv_buf_init((char *)data, (unsigned)n);
+    int r = uv_try_write((uv_stream_t *)&s->tcp, &b, 1);
+    /* UV_EAGAIN (full, or writes queued before) and errors alike go on
+     * through uv_write, whose callback reports a failure as before. */
+    if (r > 0)
+      done = (size_t)r;
+  }
+  if (done == n)
+    return true;
+  write_req_t *w = conn__wire_new(s, n - done);
+  if (w == NULL)
+    return false;
+  memcpy(w->data, data + done, n - done);
+  return conn__wire_send(s, w, n - done);
+}
+
+char *conn__wire_scratch(side_t *s) {
+  ce_proxy_t *p = s->conn->proxy;
+  if (p->wire_scratch == NULL)
+    p->wire_scratch = malloc(CE_CONN_READ_CHUNK);
+  return p->wire_scratch;
+}
+
+/*
+ * One write per socket per turn of the loop. Every write of a side is
+ * gathered (transport.c) and the side put on the proxy's flush list; after
+ * the I/O callbacks of a turn (uv_check), and before the loop waits again
+ * (uv_prepare: writes from timers and other callbacks), each listed side's
+ * output goes in one uv_write. A response head and its body, or the h2
+ * frames of a turn, leave in one TCP send and as few TLS records as their
+ * size needs. The gathered bytes count in the side's queued bytes from the
+ * moment they are given, so the back-pressure bounds (CE_CONN_HIGH_WATER)
+ * hold as before.
+ */
+static void flush_unlist(side_t *s) {
+  if (!s->flush_listed)
+    return;
+  ce_proxy_t *p = s->conn->proxy;
+  if (s->flush_prev != NULL)
+    s->flush_prev->flush_next = s->flush_next;
+  else
+    p->flush_list = s->flush_next;
+  if (s->flush_next != NULL)
+    s->flush_next->flush_prev = s->flush_prev;
+  s->flush_prev = s->flush_next = NULL;
+  s->flush_listed = false;
+}
+
+void conn__side_flush(side_t *s) {
+  ce_conn_t *c = s->conn;
+  flush_unlist(s);
+  if (!s->open)
+    return;
+  if (ce_transport_flush(s) == CE_ETLS && !c->dead) {
+    conn__report_failed(c, s == &c->c ? "tls_client_error" : "upstream_tls: write failed");
+    conn__abort(c);
+  }
+}
+
+static void flush_all(ce_proxy_t *p) {
+  side_t *s;
+  while ((s = p->flush_list) != NULL)
+    conn__side_flush(s);
+  uv_prepare_stop(&p->flush_prepare);
+  uv_check_stop(&p->flush_check);
+}
+
+static void on_flush_prepare(uv_prepare_t *h) { flush_all(h->data); }
+static void on_flush_check(uv_check_t *h) { flush_all(h->data); }
+
+static void flush_later(side_t *s) {
+  if (s->flush_listed)
+    return;
+  ce_proxy_t *p = s->conn->proxy;
+  if (!p->flush_handles) {
+    uv_prepare_init(p->loop, &p->flush_prepare);
+    uv_check_init(p->loop, &p->flush_check);
+    p->flush_prepare.data = p->flush_check.data = p;
+    p->flush_handles = true;
+  }
+  if (p->flush_list == NULL) {
+    uv_prepare_start(&p->flush_prepare, on_flush_prepare);
+    uv_check_start(&p->flush_check, on_flush_check);
+  }
+  s->flush_prev = NULL;
+  s->flush_next = p->flush_list;
+  if (p->flush_list != NULL)
+    p->flush_list->flush_prev = s;
+  p->flush_list = s;
+  s->flush_listed = true;
+}
+
+void ce_conn_writes_close(ce_proxy_t *p) {
+  if (p->flush_handles) {
+    if (!uv_is_closing((uv_handle_t *)&p->flush_prepare))
+      uv_close((uv_handle_t *)&p->flush_prepare, NULL);
+    if (!uv_is_closing((uv_handle_t *)&p->flush_check))
+      uv_close((uv_handle_t *)&p->flush_check, NULL);
+    p->flush_handles = false;
+  }
+  p->flush_list = NULL;
+  ce_bufpool_clear(&p->recbufs);
+  free(p->wire_scratch);
+  p->wire_scratch = NULL;
+}
+
+/* Gives plaintext to a side through its transport (data NULL: only what
+ * the transport has pending, such as a handshake flight); it is written at
+ * the end of the turn. */
 void conn__side_write(side_t *s, const char *data, size_t len) {
   ce_conn_t *c = s->conn;
   if (c->dead || !s->open)
@@ -536,7 +690,10 @@ void conn__side_write(side_t *s, const char *data, size_t len) {
   if (ce_transport_send(s, data, len) == CE_ETLS) {
     conn__report_failed(c, s == &c->c ? "tls_client_error" : "upstream_tls: write failed");
     conn__abort(c);
+    return;
   }
+  if (!c->dead && s->open && ce_transport_has_output(s))
+    flush_later(s);
 }
 void conn__side_printf(side_t *s, const char *fmt, ...) {
   char buf[1024];

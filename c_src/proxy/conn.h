@@ -34,6 +34,15 @@
 /* Bytes of one socket read. */
 #define CE_CONN_READ_CHUNK (64u * 1024u)
 
+/* Output is gathered per side and per turn of the loop, and written once
+ * at the turn's end (docs/proxy.md, "Writes"); plaintext is gathered into
+ * records of this many bytes, the most one TLS record carries (RFC 8446
+ * §5.1: 2^14), and sealed as soon as one is full. */
+#define CE_CONN_RECORD (16u * 1024u)
+
+/* Empty record buffers the proxy keeps for reuse (ce_proxy_t.recbufs). */
+#define CE_CONN_SPARE_RECORDS 16u
+
 /* A head the proxy writes: the largest head it accepts plus what it adds. */
 #define CE_CONN_HEAD_OUT_MAX (CE_H1_MAX_HEAD_BYTES + 256u)
 

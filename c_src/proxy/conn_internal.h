@@ -84,10 +84,21 @@ typedef struct side {
   ce_tlsconn_t *tls;
   bool handshaken;
   uint32_t gen;            /* bumped when the handle closes; writes carry it */
-  size_t queued;           /* bytes given to uv_write on this handle, not yet written */
+  size_t queued;           /* bytes given to this side and not yet written
+                              to its socket: pending, then what uv_write holds */
   char *in;                /* plaintext input: NULL while empty, else a
                               CE_CONN_INPUT_MAX-byte buffer of proxy->inbufs */
   size_t in_len;
+  /* Output of this turn of the loop (docs/proxy.md, "Writes"): written
+   * once per turn by conn.c's flush, not per call. */
+  size_t pending;          /* plaintext given this turn, not yet handed to
+                              uv_write (in rec, or sealed into TLS records) */
+  char *rec;               /* plaintext gathered towards one full record:
+                              NULL while empty, else a CE_CONN_RECORD-byte
+                              buffer of proxy->recbufs */
+  size_t rec_len;
+  bool flush_listed;       /* on proxy->flush_list */
+  struct side *flush_prev, *flush_next;
 } side_t;
 
 typedef struct {
@@ -283,7 +294,25 @@ void conn__side_write(side_t *s, const char *data, size_t len);
  * (false: none to be had). */
 write_req_t *conn__wire_new(side_t *s, size_t n);
 bool conn__wire_send(side_t *s, write_req_t *w, size_t n);
+/* Writes n bytes of data to the side's socket: with direct, first straight
+ * from data (uv_try_write: no request, no copy, no completion callback),
+ * then what the socket did not take through a write request (a copy). A
+ * caller passes direct only when no one waits for this write's completion:
+ * the side's queued bytes were under CE_CONN_HIGH_WATER (nothing paused on
+ * them) and it is not to close after the flush. False as conn__wire_send. */
+bool conn__wire_write(side_t *s, const char *data, size_t n, bool direct);
+/* The loop's scratch for ciphertext on its way to a direct write
+ * (CE_CONN_READ_CHUNK bytes; NULL when it cannot be had). */
+char *conn__wire_scratch(side_t *s);
 bool conn__take_input(side_t *s);
+/* The side's record buffer (s->rec) from the proxy's pool; false when
+ * none can be had (the caller writes without gathering). conn__release_record
+ * gives an empty one back (rec_len 0). */
+bool conn__take_record(side_t *s);
+void conn__release_record(side_t *s);
+/* Writes what the side gathered this turn now (before a shutdown, a close,
+ * or a rest point) instead of at the turn's end. */
+void conn__side_flush(side_t *s);
 void conn__side_printf(side_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void conn__connect_upstream(ce_conn_t *c);
 void conn__process(ce_conn_t *c);

@@ -590,6 +590,8 @@ void h1__finish_exchange(ce_conn_t *c) {
   conn__end_request(c);
   /* A rest point: the TLS engines give back the room of their largest
    * read and write (docs/proxy.md "Memory of an idle connection"). */
+  conn__side_flush(&c->c);
+  conn__side_flush(&c->u);
   ce_transport_rest(&c->c);
   ce_transport_rest(&c->u);
   /* Bytes after a complete response (a HEAD or 304 answered with a body,
@@ -778,6 +780,8 @@ static void shutdown_side(side_t *s) {
   s->shut = SIDE_SHUTTING;
   if (ce_transport_close_notify(s))
     conn__side_write(s, NULL, 0);
+  /* uv_shutdown waits only for what uv_write holds. */
+  conn__side_flush(s);
   s->shut_req.data = s;
   if (!s->open || uv_shutdown(&s->shut_req, (uv_stream_t *)&s->tcp, on_tunnel_shutdown) != 0)
     s->shut = SIDE_SHUT;

@@ -95,6 +95,17 @@ typedef struct ce_proxy {
   uv_timer_t trim_timer;
   int trim_state;          /* 0: none, 1: armed, 2: closing */
   bool trim_again;         /* a release came while it was closing */
+
+  /* Writes (conn.c, docs/proxy.md "Writes"): the sides with output
+   * gathered this turn of the loop, written once each by a uv_check (after
+   * the I/O callbacks) or a uv_prepare (before the loop waits), both set
+   * up at the first write; and the buffers plaintext is gathered in. */
+  struct side *flush_list;
+  uv_prepare_t flush_prepare;
+  uv_check_t flush_check;
+  bool flush_handles;      /* both initialised */
+  ce_bufpool_t recbufs;    /* CE_CONN_RECORD-byte buffers */
+  char *wire_scratch;      /* CE_CONN_READ_CHUNK bytes, at the first direct write */
 } ce_proxy_t;
 
 /* conn.c: takes an accepted connection from a listener. */
@@ -114,6 +125,10 @@ void ce_conn_drain_all(ce_proxy_t *proxy);
 /* conn.c: aborts every connection (the drain deadline); each busy request
  * ends with request_failed "proxy_shutdown". */
 void ce_conn_abort_all(ce_proxy_t *proxy);
+
+/* conn.c: closes the handles that write the gathered output and frees the
+ * spare record buffers (at the loop's end, every connection gone). */
+void ce_conn_writes_close(ce_proxy_t *proxy);
 
 /* proxy.c: called by conn.c after a connection is freed. */
 void ce_proxy_conn_gone(ce_proxy_t *proxy);

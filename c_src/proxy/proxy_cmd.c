@@ -515,6 +515,7 @@ fail:
       ce_control_close(p->control, on_control_closed, p);
       uv_run(p->loop, UV_RUN_DEFAULT);
     }
+    ce_conn_writes_close(p);
     uv_walk(p->loop, close_walk, NULL);
     uv_run(p->loop, UV_RUN_DEFAULT);
     uv_loop_close(p->loop);
@@ -523,6 +524,7 @@ fail:
   free(p->read_buf);
   free(p->head_buf);
   ce_bufpool_clear(&p->inbufs);
+  ce_bufpool_clear(&p->recbufs);
   SSL_CTX_free(p->client_ctx);
   SSL_CTX_free(p->server_ctx);
   ce_leaf_cache_free(p->leaves);

@@ -17,10 +17,15 @@ bool ce_transport_speaks_h2(const side_t *s) {
   return p != NULL && n == 2 && memcmp(p, "h2", 2) == 0;
 }
 
+static int seal(side_t *s);
+
 bool ce_transport_close_notify(side_t *s) {
   if (s->tls == NULL || !s->handshaken || !s->open)
     return false;
-  ce_tlsconn_shutdown(s->tls);
+  /* The gathered plaintext goes before the close_notify; a failure is
+   * reported by the flush that follows. */
+  if (seal(s) == CE_OK)
+    ce_tlsconn_shutdown(s->tls);
   return true;
 }
 
@@ -70,28 +75,96 @@ int ce_transport_pump(side_t *s) {
   return CE_OK;
 }
 
+/* Hands len bytes of plaintext on: a TLS side seals them into its
+ * engine (the records wait in its output until the flush), a plain side
+ * writes them to the socket, where they stop being pending. */
+static int emit(side_t *s, const char *data, size_t len) {
+  if (s->tls != NULL)
+    return ce_tlsconn_write(s->tls, (const uint8_t *)data, len) == CE_OK ? CE_OK : CE_ETLS;
+  bool direct = s->queued < CE_CONN_HIGH_WATER && !s->close_after_flush;
+  /* What the socket does not take is counted again, as bytes of a write
+   * request, by conn__wire_send. */
+  s->pending -= len;
+  s->queued -= len;
+  return conn__wire_write(s, data, len, direct) ? CE_OK : CE_ECLOSED;
+}
+
+/* Hands the gathered record on. It is emptied first: on a failure the
+ * connection is gone, and a close that flushes meanwhile finds nothing. */
+static int seal(side_t *s) {
+  size_t n = s->rec_len;
+  if (n == 0)
+    return CE_OK;
+  s->rec_len = 0;
+  return emit(s, s->rec, n);
+}
+
 int ce_transport_send(side_t *s, const char *data, size_t len) {
-  if (s->tls == NULL) {
-    if (len == 0)
-      return CE_OK;
-    write_req_t *w = conn__wire_new(s, len);
-    if (w == NULL)
-      return CE_ECLOSED;
-    memcpy(w->data, data, len);
-    return conn__wire_send(s, w, len) ? CE_OK : CE_ECLOSED;
-  }
-  if (len > 0 && ce_tlsconn_write(s->tls, (const uint8_t *)data, len) != CE_OK)
-    return CE_ETLS;
-  size_t pending;
-  while ((pending = ce_tlsconn_pending_out(s->tls)) > 0) {
-    write_req_t *w = conn__wire_new(s, pending);
-    if (w == NULL)
-      return CE_ECLOSED;
-    size_t n = ce_tlsconn_take_out(s->tls, (uint8_t *)w->data, pending);
-    if (!conn__wire_send(s, w, n))
-      return CE_ECLOSED;
+  s->queued += len;
+  s->pending += len;
+  while (len > 0) {
+    if (s->rec_len == 0 && len >= CE_CONN_RECORD) {
+      /* Whole records straight from the caller's bytes, no copy. */
+      size_t n = s->tls != NULL ? len - len % CE_CONN_RECORD : len;
+      int rc = emit(s, data, n);
+      if (rc != CE_OK)
+        return rc;
+      data += n;
+      len -= n;
+      continue;
+    }
+    if (s->rec == NULL && !conn__take_record(s))
+      return emit(s, data, len); /* nothing to gather in: as it comes */
+    size_t take = CE_CONN_RECORD - s->rec_len < len ? CE_CONN_RECORD - s->rec_len : len;
+    memcpy(s->rec + s->rec_len, data, take);
+    s->rec_len += take;
+    data += take;
+    len -= take;
+    if (s->rec_len == CE_CONN_RECORD) {
+      int rc = seal(s);
+      if (rc != CE_OK)
+        return rc;
+    }
   }
   return CE_OK;
+}
+
+bool ce_transport_has_output(const side_t *s) {
+  return s->rec_len > 0 || (s->tls != NULL && ce_tlsconn_pending_out(s->tls) > 0);
+}
+
+int ce_transport_flush(side_t *s) {
+  int rc = seal(s);
+  if (s->tls != NULL && s->open) {
+    /* Straight to the socket when no one waits for the completion (see
+     * conn__wire_write), through the loop's scratch: one copy out of the
+     * engine, none into a write request. */
+    bool direct = s->queued < CE_CONN_HIGH_WATER && !s->close_after_flush;
+    char *scratch = direct ? conn__wire_scratch(s) : NULL;
+    /* The plaintext of the turn is counted from here on as the
+     * ciphertext that carries it. */
+    s->queued -= s->pending;
+    s->pending = 0;
+    size_t out;
+    while (rc == CE_OK && (out = ce_tlsconn_pending_out(s->tls)) > 0) {
+      if (scratch != NULL) {
+        size_t n = ce_tlsconn_take_out(s->tls, (uint8_t *)scratch, out < CE_CONN_READ_CHUNK ? out : CE_CONN_READ_CHUNK);
+        if (n == 0)
+          break;
+        if (!conn__wire_write(s, scratch, n, true))
+          return CE_ECLOSED;
+        continue;
+      }
+      write_req_t *w = conn__wire_new(s, out);
+      if (w == NULL)
+        return CE_ECLOSED;
+      size_t n = ce_tlsconn_take_out(s->tls, (uint8_t *)w->data, out);
+      if (!conn__wire_send(s, w, n))
+        return CE_ECLOSED;
+    }
+  }
+  conn__release_record(s);
+  return rc;
 }
 
 const char *ce_transport_error(const side_t *s) { return s->tls != NULL ? ce_tlsconn_error(s->tls) : ""; }
@@ -112,4 +185,8 @@ void ce_transport_reset(side_t *s) {
   s->shut = SIDE_WRITING;
   s->close_after_flush = false;
   s->in_len = 0;
+  s->rec_len = 0;
+  conn__release_record(s);
+  s->queued -= s->pending;
+  s->pending = 0;
 }

@@ -26,9 +26,9 @@ bool ce_transport_clean_end(const struct side *s);
 /* The peer picked h2 in its ALPN (TLS only). */
 bool ce_transport_speaks_h2(const struct side *s);
 
-/* Nothing more goes to the peer: TLS queues its close_notify (the caller
- * flushes it with the side's write); plain TCP has nothing to add. True
- * when there is output to flush. */
+/* Nothing more goes to the peer: TLS seals what was gathered, then
+ * queues its close_notify (the caller flushes it with the side's write);
+ * plain TCP has nothing to add. True when there is output to flush. */
 bool ce_transport_close_notify(struct side *s);
 
 /* Bytes read from the side's socket: a plain side copies them into its
@@ -58,11 +58,24 @@ bool ce_transport_handshaking(const struct side *s);
  * buffer; CE_ETLS on a TLS failure (ce_transport_error says which). */
 int ce_transport_pump(struct side *s);
 
-/* Sends plaintext (data NULL, len 0: only what the engine has pending)
- * over the socket. CE_OK; CE_ETLS when the engine refused it (the caller
- * reports it); CE_ECLOSED when the socket write failed (conn.c's wire
- * reported it and aborted the connection). */
+/* Gives plaintext to the side (data NULL, len 0: nothing), counted in its
+ * queued bytes at once. It is gathered until the turn of the loop ends
+ * (ce_transport_flush): a TLS side seals it into records of up to
+ * CE_CONN_RECORD bytes, each as soon as it is full; a plain side writes
+ * whole records' worth as they come. CE_OK; CE_ETLS when the engine
+ * refused it (the caller reports it); CE_ECLOSED when a socket write
+ * failed (conn.c's wire reported it and aborted the connection). */
 int ce_transport_send(struct side *s, const char *data, size_t len);
+
+/* The side has output waiting for a flush: gathered plaintext, or what
+ * the TLS engine produced (records, a handshake flight, an alert). */
+bool ce_transport_has_output(const struct side *s);
+
+/* Writes everything the side gathered (plaintext, and all the TLS engine
+ * has to send: records, handshake flights, alerts) in one socket write,
+ * and gives its record buffer back. The same returns as
+ * ce_transport_send. */
+int ce_transport_flush(struct side *s);
 
 /* The TLS engine's first error, or "" for a plain side. */
 const char *ce_transport_error(const struct side *s);
@@ -75,8 +88,8 @@ bool ce_transport_peer_rejected_cert(const struct side *s);
 void ce_transport_rest(struct side *s);
 
 /* Forgets the transport of a side whose handle is closing: the TLS engine
- * is freed, the flags and the input cleared, so that the side can be
- * connected again. */
+ * is freed, the flags, the input and any gathered output cleared, so that
+ * the side can be connected again. */
 void ce_transport_reset(struct side *s);
 
 #endif

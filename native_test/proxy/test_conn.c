@@ -10,6 +10,7 @@
  * And a workspace that resets in the middle of a head. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@
 #include "dns/stub.h"
 #include "policy/policy.h"
 #include "proxy/conn.h"
+#include "proxy/conn_internal.h"
 #include "proxy/exchange.h"
 #include "proxy/options.h"
 #include "proxy/proxy.h"
@@ -52,6 +54,9 @@ typedef struct {
    * once), counting them and their closes. */
   bool up_many;
   int up_conns, up_closed;
+  char *up_answer;    /* what the upstream answers (NULL: a short 200) */
+  size_t up_answer_len;
+  bool up_hold;       /* answer only when the test says (up_answer_now) */
 } fx_t;
 
 static void rec_emit(void *ctx, const char *name, const ce_reqinfo_t *r, const char *reason) {
@@ -99,14 +104,38 @@ static void up_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     return;
   f->up_got_len += (size_t)nread;
   f->up_got[f->up_got_len] = '\0';
-  if (f->up_answered || strstr(f->up_got, f->up_until) == NULL)
+  if (f->up_answered || f->up_hold || strstr(f->up_got, f->up_until) == NULL)
     return;
   f->up_answered = true;
   static char answer[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
   uv_write_t *w = malloc(sizeof(*w));
   cr_assert_not_null(w);
-  uv_buf_t b = uv_buf_init(answer, sizeof(answer) - 1);
+  uv_buf_t b = f->up_answer != NULL ? uv_buf_init(f->up_answer, (unsigned)f->up_answer_len)
+                                    : uv_buf_init(answer, sizeof(answer) - 1);
   uv_write(w, st, &b, 1, on_up_written);
+}
+
+/* The held answer (up_hold) goes now. */
+static void up_answer_now(fx_t *f) {
+  cr_assert(f->peer_open && !f->up_answered && f->up_answer != NULL);
+  f->up_hold = false;
+  f->up_answered = true;
+  uv_write_t *w = malloc(sizeof(*w));
+  cr_assert_not_null(w);
+  uv_buf_t b = uv_buf_init(f->up_answer, (unsigned)f->up_answer_len);
+  uv_write(w, (uv_stream_t *)&f->peer, &b, 1, on_up_written);
+}
+
+/* A 200 whose body is n bytes, byte i being i % 251. */
+static void big_answer(fx_t *f, size_t n) {
+  char head[100];
+  int hl = snprintf(head, sizeof(head), "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n", n);
+  f->up_answer = malloc((size_t)hl + n);
+  cr_assert_not_null(f->up_answer);
+  memcpy(f->up_answer, head, (size_t)hl);
+  for (size_t i = 0; i < n; i++)
+    f->up_answer[hl + i] = (char)(i % 251);
+  f->up_answer_len = (size_t)hl + n;
 }
 
 static void on_up_peer(uv_stream_t *server, int status) {
@@ -207,6 +236,7 @@ static void fixture_free(fx_t *f) {
   if (f->server.data != NULL)
     uv_close((uv_handle_t *)&f->server, NULL);
   ce_dns_stub_close(f->dns);
+  ce_conn_writes_close(&f->proxy);
   uv_run(&f->loop, UV_RUN_DEFAULT);
   ce_bufpool_clear(&f->proxy.inbufs);
   free(f->proxy.decisions);
@@ -214,6 +244,7 @@ static void fixture_free(fx_t *f) {
   free(f->proxy.head_buf);
   ce_policy_free(f->policy);
   cr_assert_eq(uv_loop_close(&f->loop), 0);
+  free(f->up_answer);
 }
 
 static void send_text(fx_t *f, const char *text) {
@@ -481,5 +512,95 @@ Test(conn, a_head_record_that_cannot_be_had_fails_the_connection) {
   cr_assert_eq(f->got_len, before, "nothing answered: %s", f->got);
   cr_assert_not_null(strstr(f->events, "request_failed out_of_memory"), "%s", f->events);
   fixture_free(f);
+  free(f);
+}
+
+/* Runs the loop until pred holds (or about two seconds pass). */
+static bool run_while_not(fx_t *f, bool (*pred)(fx_t *)) {
+  for (int i = 0; i < 2000; i++) {
+    if (pred(f))
+      return true;
+    uv_run(&f->loop, UV_RUN_NOWAIT);
+    usleep(1000);
+  }
+  return pred(f);
+}
+
+static bool up_has_head(fx_t *f) { return strstr(f->up_got, "\r\n\r\n") != NULL; }
+
+Test(conn, a_workspace_that_reads_nothing_stops_the_upstream_reads_then_gets_every_byte_in_order) {
+  fx_t *f = calloc(1, sizeof(*f));
+  fixture_upstream(f, "\r\n\r\n");
+  /* More than the kernel's socket buffers on both connections hold, so
+   * that the upstream cannot be done sending while the proxy reads no more. */
+  size_t body = 48u * 1024u * 1024u;
+  big_answer(f, body);
+  char req[200];
+  snprintf(req, sizeof(req), "GET /big HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n", (unsigned)f->port);
+  send_text(f, req);
+  cr_assert(run_while_not(f, up_has_head));
+  for (int i = 0; i < 300; i++) {
+    uv_run(&f->loop, UV_RUN_NOWAIT);
+    usleep(1000);
+  }
+  ce_conn_t *c = f->proxy.conns;
+  cr_assert_not_null(c);
+  cr_assert_not(c->u.reading, "the proxy stopped reading the upstream");
+  cr_assert_leq(c->c.queued, CE_CONN_HIGH_WATER + CE_CONN_INPUT_MAX, "%zu bytes queued", c->c.queued);
+  cr_assert_gt(uv_stream_get_write_queue_size((uv_stream_t *)&f->peer), 0,
+               "the upstream still holds bytes it could not send");
+
+  /* The workspace reads now: the head, then every body byte in order. */
+  size_t head = 0, got = 0;
+  uint8_t buf[65536];
+  char hbuf[1024];
+  size_t hlen = 0;
+  for (int i = 0; i < 20000 && got < body; i++) {
+    uv_run(&f->loop, UV_RUN_NOWAIT);
+    ssize_t r;
+    while ((r = read(f->ws, buf, sizeof(buf))) > 0) {
+      size_t off = 0;
+      while (head == 0 && off < (size_t)r) {
+        cr_assert_lt(hlen, sizeof(hbuf) - 1);
+        hbuf[hlen++] = (char)buf[off++];
+        hbuf[hlen] = '\0';
+        if (hlen >= 4 && memcmp(hbuf + hlen - 4, "\r\n\r\n", 4) == 0)
+          head = hlen;
+      }
+      for (; off < (size_t)r; off++, got++)
+        if (buf[off] != (uint8_t)(got % 251))
+          cr_assert_fail("body byte %zu is %u", got, buf[off]);
+    }
+    if (r == 0)
+      break;
+    if (got < body)
+      usleep(100);
+  }
+  cr_assert(strncmp(hbuf, "HTTP/1.1 200 ", 13) == 0, "%s", hbuf);
+  cr_assert_eq(got, body, "every body byte arrived");
+  cr_assert_not_null(strstr(f->events, "request_closed"), "%s", f->events);
+  fixture_free(f);
+  cr_assert_eq(f->proxy.recbufs.out, 0);
+  cr_assert_eq(f->proxy.inbufs.out, 0);
+  free(f);
+}
+
+Test(conn, a_workspace_gone_while_its_answer_is_written_fails_the_request_and_frees_everything) {
+  signal(SIGPIPE, SIG_IGN);
+  fx_t *f = calloc(1, sizeof(*f));
+  fixture_upstream(f, "\r\n\r\n");
+  f->up_hold = true;
+  big_answer(f, 100000);
+  char req[200];
+  snprintf(req, sizeof(req), "GET /gone HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n", (unsigned)f->port);
+  send_text(f, req);
+  cr_assert(run_while_not(f, up_has_head));
+  close(f->ws);
+  f->ws = -1;
+  up_answer_now(f);
+  fixture_free(f); /* asserts the connection is gone */
+  cr_assert_eq(count(f->events, "request_failed"), 1, "%s", f->events);
+  cr_assert_eq(f->proxy.recbufs.out, 0, "no record buffer is left behind");
+  cr_assert_eq(f->proxy.inbufs.out, 0);
   free(f);
 }
