@@ -199,6 +199,9 @@ static void maybe_free(ce_conn_t *c) {
   c->c.in_len = c->u.in_len = 0;
   ce_conn_release_input(&c->c);
   ce_conn_release_input(&c->u);
+  c->c.rec_len = c->u.rec_len = 0;
+  conn__release_record(&c->c);
+  conn__release_record(&c->u);
   ce_connector_reset(&c->uk);
   free(c);
   ce_proxy_conn_gone(p);
@@ -326,14 +329,18 @@ static void finish_close(ce_conn_t *c) {
 void conn__close_after_flush(ce_conn_t *c) {
   conn__set_state(c, ST_CLOSING);
   conn__arm(c, c->proxy->opts->idle_ms);
-  if (c->c.shut == SIDE_WRITING && ce_transport_close_notify(&c->c)) {
+  int rc = c->c.shut == SIDE_WRITING ? ce_transport_close_notify(&c->c) : CE_EAGAIN;
+  if (rc == CE_OK) {
     /* Written now, so that it counts in what is queued: the close waits
      * for it like for the rest. */
     conn__side_write(&c->c, NULL, 0);
     conn__side_flush(&c->c);
-    if (c->dead)
-      return;
+  } else if (rc != CE_EAGAIN) {
+    /* The end of the answer is lost: not a clean end. */
+    conn__write_failed(&c->c);
   }
+  if (c->dead)
+    return;
   c->c.close_after_flush = true;
   if (c->c.queued == 0)
     finish_close(c);
@@ -474,7 +481,9 @@ static void conn_release_idle(ce_conn_t *c) {
     if (ce_transport_ready(&c->u) && c->u.shut == SIDE_WRITING && !c->u.eof) {
       if (c->h1h2 != NULL)
         ce_h1h2_goaway(c);
-      if (ce_transport_close_notify(&c->u))
+      /* Nothing of an exchange is in flight: a failure only loses the
+       * close_notify of a connection that goes anyway. */
+      if (ce_transport_close_notify(&c->u) == CE_OK)
         conn__side_write(&c->u, NULL, 0);
       if (c->dead)
         return;
@@ -622,15 +631,20 @@ static void flush_unlist(side_t *s) {
   s->flush_listed = false;
 }
 
-void conn__side_flush(side_t *s) {
+void conn__write_failed(side_t *s) {
   ce_conn_t *c = s->conn;
+  if (c->dead)
+    return;
+  conn__report_failed(c, s == &c->c ? "tls_client_error" : "upstream_tls: write failed");
+  conn__abort(c);
+}
+
+void conn__side_flush(side_t *s) {
   flush_unlist(s);
   if (!s->open)
     return;
-  if (ce_transport_flush(s) == CE_ETLS && !c->dead) {
-    conn__report_failed(c, s == &c->c ? "tls_client_error" : "upstream_tls: write failed");
-    conn__abort(c);
-  }
+  if (ce_transport_flush(s) == CE_ETLS)
+    conn__write_failed(s);
 }
 
 static void flush_all(ce_proxy_t *p) {

@@ -313,6 +313,8 @@ void conn__release_record(side_t *s);
 /* Writes what the side gathered this turn now (before a shutdown, a close,
  * or a rest point) instead of at the turn's end. */
 void conn__side_flush(side_t *s);
+/* A write to s failed (TLS could not seal it): request_failed, abort. */
+void conn__write_failed(side_t *s);
 void conn__side_printf(side_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void conn__connect_upstream(ce_conn_t *c);
 void conn__process(ce_conn_t *c);

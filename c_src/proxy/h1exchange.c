@@ -778,8 +778,13 @@ static void shutdown_side(side_t *s) {
   if (s->shut != SIDE_WRITING)
     return;
   s->shut = SIDE_SHUTTING;
-  if (ce_transport_close_notify(s))
+  int rc = ce_transport_close_notify(s);
+  if (rc == CE_OK) {
     conn__side_write(s, NULL, 0);
+  } else if (rc != CE_EAGAIN) {
+    conn__write_failed(s);
+    return;
+  }
   /* uv_shutdown waits only for what uv_write holds. */
   conn__side_flush(s);
   s->shut_req.data = s;

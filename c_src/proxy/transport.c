@@ -19,14 +19,17 @@ bool ce_transport_speaks_h2(const side_t *s) {
 
 static int seal(side_t *s);
 
-bool ce_transport_close_notify(side_t *s) {
+int ce_transport_close_notify(side_t *s) {
   if (s->tls == NULL || !s->handshaken || !s->open)
-    return false;
-  /* The gathered plaintext goes before the close_notify; a failure is
-   * reported by the flush that follows. */
-  if (seal(s) == CE_OK)
-    ce_tlsconn_shutdown(s->tls);
-  return true;
+    return CE_EAGAIN;
+  /* The gathered plaintext goes before the close_notify. When it cannot
+   * be sealed, the end of the answer is lost: the caller must not end the
+   * connection as if it were whole. */
+  int rc = seal(s);
+  if (rc != CE_OK)
+    return rc;
+  ce_tlsconn_shutdown(s->tls);
+  return CE_OK;
 }
 
 int ce_transport_received(side_t *s, const char *data, size_t len) {
@@ -151,18 +154,25 @@ int ce_transport_flush(side_t *s) {
         size_t n = ce_tlsconn_take_out(s->tls, (uint8_t *)scratch, out < CE_CONN_READ_CHUNK ? out : CE_CONN_READ_CHUNK);
         if (n == 0)
           break;
-        if (!conn__wire_write(s, scratch, n, true))
-          return CE_ECLOSED;
+        if (!conn__wire_write(s, scratch, n, true)) {
+          rc = CE_ECLOSED;
+          break;
+        }
         continue;
       }
       write_req_t *w = conn__wire_new(s, out);
-      if (w == NULL)
-        return CE_ECLOSED;
+      if (w == NULL) {
+        rc = CE_ECLOSED;
+        break;
+      }
       size_t n = ce_tlsconn_take_out(s->tls, (uint8_t *)w->data, out);
-      if (!conn__wire_send(s, w, n))
-        return CE_ECLOSED;
+      if (!conn__wire_send(s, w, n)) {
+        rc = CE_ECLOSED;
+        break;
+      }
     }
   }
+  /* The record buffer goes back on every way out (seal emptied it). */
   conn__release_record(s);
   return rc;
 }

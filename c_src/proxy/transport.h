@@ -27,9 +27,11 @@ bool ce_transport_clean_end(const struct side *s);
 bool ce_transport_speaks_h2(const struct side *s);
 
 /* Nothing more goes to the peer: TLS seals what was gathered, then
- * queues its close_notify (the caller flushes it with the side's write);
- * plain TCP has nothing to add. True when there is output to flush. */
-bool ce_transport_close_notify(struct side *s);
+ * queues its close_notify (the caller flushes it with the side's write):
+ * CE_OK. Plain TCP (or TLS before its handshake) has nothing to add:
+ * CE_EAGAIN. CE_ETLS: the gathered bytes could not be sealed, so the
+ * peer would get less than it was given (conn__write_failed). */
+int ce_transport_close_notify(struct side *s);
 
 /* Bytes read from the side's socket: a plain side copies them into its
  * input (CE_ETOOBIG when they do not fit: ce_transport_read_room bounds a

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "proxy/conn_internal.h"
+#include "support/failalloc.h"
 #include "proxy/transport.h"
 #include "tls/ca.h"
 #include "tls/context.h"
@@ -26,7 +27,7 @@ Test(transport, a_plain_side_is_ready_once_connected_and_its_fin_is_a_clean_end)
   cr_assert(ce_transport_ready(&s));
   cr_assert(ce_transport_clean_end(&s), "plain TCP has nothing but the FIN");
   cr_assert_not(ce_transport_speaks_h2(&s));
-  cr_assert_not(ce_transport_close_notify(&s), "nothing to flush on plain TCP");
+  cr_assert_eq(ce_transport_close_notify(&s), CE_EAGAIN, "nothing to flush on plain TCP");
   cr_assert_not(ce_transport_handshaking(&s));
   cr_assert_not(ce_transport_input_full(&s), "a plain side's reads are bounded by its room instead");
   cr_assert_eq(ce_transport_pump(&s), CE_EAGAIN, "nothing waits inside a plain side");
@@ -80,7 +81,7 @@ Test(transport, a_tls_side_is_ready_only_after_its_handshake_and_ends_clean_only
   tls_side(&s, ctx);
   cr_assert_not(ce_transport_ready(&s), "connected is not enough for TLS");
   cr_assert_not(ce_transport_clean_end(&s), "a bare TCP close may cut a body short");
-  cr_assert_not(ce_transport_close_notify(&s), "no close_notify before the handshake");
+  cr_assert_eq(ce_transport_close_notify(&s), CE_EAGAIN, "no close_notify before the handshake");
   cr_assert_not(ce_transport_speaks_h2(&s));
   cr_assert(ce_transport_handshaking(&s));
   cr_assert_eq(ce_transport_read_room(&s, CE_CONN_READ_CHUNK), CE_CONN_READ_CHUNK, "the engine holds what waits");
@@ -339,7 +340,7 @@ Test(transport, gathered_output_goes_before_the_close_notify_and_on_close) {
   gx_open(&g);
   side_t *s = &g.c->c;
   cr_assert_eq(ce_transport_send(s, "last words", 10), CE_OK);
-  cr_assert(ce_transport_close_notify(s));
+  cr_assert_eq(ce_transport_close_notify(s), CE_OK);
   cr_assert_eq(ce_transport_flush(s), CE_OK);
   uint8_t wire[512], back[64];
   size_t wlen = gx_read(&g, wire, sizeof(wire));
@@ -371,4 +372,46 @@ Test(transport, a_side_closed_with_output_gathered_writes_it_and_frees_its_buffe
   cr_assert_eq(s->queued, 0);
   cr_assert_eq(s->pending, 0);
   gx_close(&g); /* asserts the record buffer's return; LSan the rest */
+}
+
+Test(transport, a_close_notify_that_cannot_seal_the_gathered_bytes_says_so) {
+  gx_t g;
+  gx_open(&g);
+  side_t *s = &g.c->c;
+  cr_assert_eq(ce_transport_send(s, "last words", 10), CE_OK);
+  cr_assert_not_null(s->rec, "gathered, not sealed yet");
+  /* An engine that can no longer write (here: already shut): the end of
+   * the answer cannot go, and the caller must hear it, not end cleanly. */
+  ce_tlsconn_shutdown(s->tls);
+  cr_assert_eq(ce_transport_close_notify(s), CE_ETLS);
+  cr_assert_eq(s->rec_len, 0);
+  g.c->dead = true;
+  gx_close(&g); /* asserts the record buffer's return */
+}
+
+Test(transport, a_flush_whose_write_fails_gives_its_record_buffer_back) {
+  /* Every allocation of the flush fails in turn (OpenSSL's sealing, the
+   * write request): the record buffer goes back to the pool each time. */
+  for (size_t n = 0; n < 64; n++) {
+    gx_t g;
+    gx_open(&g);
+    side_t *s = &g.c->c;
+    cr_assert_eq(ce_transport_send(s, "an answer", 9), CE_OK);
+    cr_assert_not_null(s->rec);
+    g.c->dead = true;            /* an aborting connection: nothing to report */
+    s->close_after_flush = true; /* through a write request, not straight */
+    ce_failalloc_arm(n);
+    int rc = ce_transport_flush(s);
+    ce_failalloc_disarm();
+    bool hit = ce_failalloc_failures() > 0;
+    cr_assert_null(s->rec, "the record buffer went back (allocation %zu)", n);
+    s->close_after_flush = false;
+    gx_close(&g); /* asserts the pool's count */
+    if (!hit) {
+      cr_assert_eq(rc, CE_OK);
+      return;
+    }
+    cr_assert_neq(rc, CE_OK, "allocation %zu failed, and the flush says so", n);
+  }
+  cr_assert_fail("the flush never got through without an injected failure");
 }
