@@ -448,7 +448,7 @@ static bool on_frame_line(ce__chan_t *c, const char *line, size_t n) {
 
 /* Handles the complete lines in the buffer as far as credit allows, then
  * decides whether to read more: the heart of the credit window. */
-static void pump(ce__chan_t *c) {
+static void pump_lines(ce__chan_t *c) {
   while (!c->forgotten && !c->port->stopping) {
     if (!handshaking(c) && c->unacked >= c->window)
       break;
@@ -486,6 +486,15 @@ static void pump(ce__chan_t *c) {
    * meanwhile waits in its own buffers, where it is counted if dropped. */
   bool credit = handshaking(c) || c->unacked < c->window;
   set_reading(c, !has_line && credit && c->state != CONNECTING);
+}
+
+/* The frames of one pump go to the BEAM in one write: a decision request
+ * that arrives with the event before it wakes the BEAM once. */
+static void pump(ce__chan_t *c) {
+  ce_port_t *p = c->port;
+  ce__port_hold(p);
+  pump_lines(c);
+  ce__port_release(p);
 }
 
 /* ---- attach ------------------------------------------------------------------------------- */
@@ -581,6 +590,11 @@ void ce__chan_attach(ce_port_t *p, uint64_t id, const ce__attach_t *a) {
                         : uv_tcp_init(p->loop, &c->sock.tcp);
   if (rc != 0)
     goto fail_sock;
+  /* Frames are small and a decision is urgent: no Nagle delay behind an
+   * earlier frame the sidecar has not acknowledged yet (libuv applies it
+   * to the socket it makes for the connect). */
+  if (!addr.is_unix)
+    uv_tcp_nodelay(&c->sock.tcp, 1);
   c->sock.handle.data = c;
   c->open_handles++;
   rc = uv_timer_init(p->loop, &c->timer);

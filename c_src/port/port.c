@@ -82,22 +82,64 @@
 
 /* ---- stdout ------------------------------------------------------------------ */
 
-typedef struct {
+/* One packet; packets written together are chained from the first, whose
+ * request carries the write. */
+typedef struct out_write {
   uv_write_t req;
   ei_x_buff x;
   unsigned char header[4];
+  struct out_write *next;
 } out_write_t;
 
+static void free_chain(out_write_t *w) {
+  while (w != NULL) {
+    out_write_t *next = w->next;
+    ei_x_free(&w->x);
+    free(w);
+    w = next;
+  }
+}
+
 static void on_out_written(uv_write_t *req, int status) {
-  out_write_t *w = (out_write_t *)req;
   ce_port_t *p = req->data;
-  ei_x_free(&w->x);
-  free(w);
+  free_chain((out_write_t *)req);
   /* ECANCELED: the port is stopping and dropped what was queued. */
   if (status < 0 && status != UV_ECANCELED) {
     fprintf(stderr, "condukt-egress port: cannot write to stdout: %s\n", uv_strerror(status));
     ce__port_stop(p, CE_EXIT_FAIL);
   }
+}
+
+/* Writes count chained packets, in order, with one request. */
+static void write_chain(ce_port_t *p, out_write_t *head, unsigned count) {
+  uv_buf_t bufs[2 * CE__PORT_BATCH_MAX];
+  unsigned k = 0;
+  for (out_write_t *w = head; w != NULL && k < 2 * count; w = w->next) {
+    bufs[k++] = uv_buf_init((char *)w->header, 4);
+    bufs[k++] = uv_buf_init(w->x.buff, (unsigned)w->x.index);
+  }
+  head->req.data = p;
+  int rc = uv_write(&head->req, (uv_stream_t *)&p->out, bufs, k, on_out_written);
+  if (rc != 0) {
+    fprintf(stderr, "condukt-egress port: cannot write to stdout: %s\n", uv_strerror(rc));
+    free_chain(head);
+    ce__port_stop(p, CE_EXIT_FAIL);
+  }
+}
+
+/* Writes what is held (dropped when the port is stopping). */
+static void flush_held(ce_port_t *p) {
+  out_write_t *head = p->held_head;
+  unsigned count = p->held_count;
+  p->held_head = p->held_tail = NULL;
+  p->held_count = 0;
+  if (head == NULL)
+    return;
+  if (p->stopping) {
+    free_chain(head);
+    return;
+  }
+  write_chain(p, head, count);
 }
 
 void ce__port_send(ce_port_t *p, ei_x_buff *x) {
@@ -121,6 +163,7 @@ void ce__port_send(ce_port_t *p, ei_x_buff *x) {
     return;
   }
   w->x = *x;
+  w->next = NULL;
   x->buff = NULL;
   x->index = 0;
   x->buffsz = 0;
@@ -129,15 +172,24 @@ void ce__port_send(ce_port_t *p, ei_x_buff *x) {
   w->header[1] = (unsigned char)(n >> 16);
   w->header[2] = (unsigned char)(n >> 8);
   w->header[3] = (unsigned char)n;
-  uv_buf_t bufs[2] = {uv_buf_init((char *)w->header, 4), uv_buf_init(w->x.buff, n)};
-  w->req.data = p;
-  int rc = uv_write(&w->req, (uv_stream_t *)&p->out, bufs, 2, on_out_written);
-  if (rc != 0) {
-    fprintf(stderr, "condukt-egress port: cannot write to stdout: %s\n", uv_strerror(rc));
-    ei_x_free(&w->x);
-    free(w);
-    ce__port_stop(p, CE_EXIT_FAIL);
+  if (p->hold == 0) {
+    write_chain(p, w, 1);
+    return;
   }
+  if (p->held_tail != NULL)
+    p->held_tail->next = w;
+  else
+    p->held_head = w;
+  p->held_tail = w;
+  if (++p->held_count == CE__PORT_BATCH_MAX)
+    flush_held(p);
+}
+
+void ce__port_hold(ce_port_t *p) { p->hold++; }
+
+void ce__port_release(ce_port_t *p) {
+  if (p->hold > 0 && --p->hold == 0)
+    flush_held(p);
 }
 
 int ce__port_reply_begin(ei_x_buff *x, uint64_t id) {
@@ -220,6 +272,7 @@ void ce__port_stop(ce_port_t *p, int exit_code) {
     return;
   p->stopping = true;
   p->exit_code = exit_code;
+  flush_held(p); /* drops them: stdout closes below */
   ce__chan_close_all(p);
   ce__kube_stop(p);
   if (!uv_is_closing((uv_handle_t *)&p->in))

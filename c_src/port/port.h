@@ -66,12 +66,25 @@ typedef struct ce_port {
    * kube_open. */
   struct ce_kube_client *kube;
   bool kube_stopped;
+
+  /* Packets held by ce__port_hold() for one write (port.c). */
+  unsigned hold;
+  struct out_write *held_head, *held_tail;
+  unsigned held_count;
 } ce_port_t;
 
 /* Queues the term in x (which must start with the version byte) as one
  * packet on stdout and takes x's buffer in every case (x is left empty).
  * A failure to queue stops the program with exit code 1. */
 void ce__port_send(ce_port_t *p, ei_x_buff *x);
+
+/* Between ce__port_hold() and the matching ce__port_release(), packets
+ * given to ce__port_send() are held and then written together, in order,
+ * in one write (at most CE__PORT_BATCH_MAX at a time): the frames of one
+ * read from a sidecar wake the BEAM once, not once each. Holds nest. */
+#define CE__PORT_BATCH_MAX 64
+void ce__port_hold(ce_port_t *p);
+void ce__port_release(ce_port_t *p);
 
 /* Starts {reply, Id, _} in x (a new buffer with the version byte); the
  * caller appends the result and sends. Returns 0 or -1 (no memory; x is

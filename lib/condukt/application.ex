@@ -5,8 +5,6 @@ defmodule Condukt.Application do
   @impl true
   def start(_type, _args) do
     children = [
-      # Deciders run here, never inside a bridge (DecideRuntime).
-      {Task.Supervisor, name: Condukt.Sandbox.NetworkPolicy.TaskSupervisor},
       Condukt.Sandbox.NetworkPolicy.ControlChannelSupervisor,
       # One Condukt.Sandbox.Local.Network per enforcing Local session
       # (restart: :temporary: a network is rebuilt by a new session,

@@ -179,6 +179,21 @@ Test(port_channel, wrong_token_is_closed_before_welcome) {
   finish();
 }
 
+/* The frames of one read are written to stdout together, at most
+ * CE__PORT_BATCH_MAX at a time: more than two batches' worth, arriving at
+ * once after the welcome, all come through whole and in order. */
+Test(port_channel, many_frames_of_one_read_arrive_whole_and_in_order) {
+  enum { N = 150 };
+  for (int k = 1; k <= N; k++)
+    emit(k); /* buffered, sent together after the welcome */
+  attach(256);
+  for (int k = 1; k <= N; k++)
+    expect_packet(event_frame(k, k));
+  emit(N + 1);
+  expect_packet(event_frame(N + 1, N + 1));
+  finish();
+}
+
 Test(port_channel, credit_window_holds_frames_until_ack) {
   attach(3);
   for (int k = 1; k <= 10; k++)

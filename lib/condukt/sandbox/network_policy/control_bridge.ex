@@ -180,8 +180,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
       DecideRuntime.new(
         policy: opts[:policy],
         session_id: opts[:session_id],
-        messages: opts[:messages],
-        supervisor: opts[:task_supervisor]
+        messages: opts[:messages]
       )
 
     state = %{

@@ -13,10 +13,10 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
 
   The runtime is a data structure owned by one process (the session's
   `Condukt.Sandbox.NetworkPolicy.ControlBridge`). It never runs a decider
-  in that process: each decision is a `Task` under
-  `Condukt.Sandbox.NetworkPolicy.TaskSupervisor`, started with
-  `Task.Supervisor.async_nolink/2`, so a slow or crashing decider neither
-  blocks nor kills the owner, and two deciders run at the same time. The
+  in that process: each decision runs in a process of its own, started by
+  the owner and monitored, not linked, so a slow or crashing decider
+  neither blocks nor kills the owner, and two deciders run at the same
+  time; a decider still running when its `:timeout` is up is killed. The
   owner feeds the messages it receives to `handle_info/2`, which returns the
   decisions that are ready.
 
@@ -112,7 +112,6 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
           session_id: String.t() | nil,
           rules: %{non_neg_integer() => keyword()},
           messages: messages(),
-          supervisor: Supervisor.supervisor(),
           cache: %{key() => {answer(), scope()}},
           runs: %{reference() => map()},
           by_key: %{key() => reference()},
@@ -122,7 +121,6 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
   defstruct session_id: nil,
             rules: %{},
             messages: nil,
-            supervisor: Condukt.Sandbox.NetworkPolicy.TaskSupervisor,
             cache: %{},
             runs: %{},
             by_key: %{},
@@ -135,8 +133,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
   `NetworkPolicy.new/1` accepts), `:session_id`, `:messages` (the session's
   message history, oldest first: a list, a 0-arity function or an
   `{m, f, a}` returning one; read in the decider's task each time a decider
-  runs; `nil` means none) and `:supervisor` (the `Task.Supervisor`, default
-  `Condukt.Sandbox.NetworkPolicy.TaskSupervisor`). Raises
+  runs; `nil` means none). Raises
   `Condukt.Sandbox.NetworkPolicy.Error` for an invalid policy.
   """
   @spec new(keyword()) :: t()
@@ -148,8 +145,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
     %__MODULE__{
       session_id: Keyword.get(opts, :session_id),
       rules: rules,
-      messages: Keyword.get(opts, :messages),
-      supervisor: Keyword.get(opts, :supervisor, Condukt.Sandbox.NetworkPolicy.TaskSupervisor)
+      messages: Keyword.get(opts, :messages)
     }
   end
 
@@ -169,7 +165,8 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
         {[], rt}
 
       %{^rule_index => rule} ->
-        key = key(rule_index, :request, request)
+        # Nothing is shared or remembered without a cache: no key to make.
+        key = if rule[:cache], do: key(rule_index, :request, request)
 
         cond do
           not rule[:cache] ->
@@ -250,7 +247,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
     # The answer may have arrived between the timer firing and now;
     # Task.shutdown/2 hands it over if so, and kills the task otherwise.
     outcome =
-      case Task.shutdown(run.task, :brutal_kill) do
+      case shutdown(run.task) do
         {:ok, result} ->
           classify(result, rt, run)
 
@@ -272,7 +269,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
   def cancel_all(%__MODULE__{} = rt) do
     for {_ref, run} <- rt.runs do
       Process.cancel_timer(run.timer)
-      Task.shutdown(run.task, :brutal_kill)
+      shutdown(run.task)
       Telemetry.decide_stop(run.span, :exception, %{kind: :exit, reason: :cancelled, stacktrace: []})
     end
 
@@ -328,7 +325,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
     metadata = rule[:context_metadata]
 
     task =
-      Task.Supervisor.async_nolink(rt.supervisor, fn ->
+      spawn_task(fn ->
         # Everything that can fail runs here, so that the owner only ever
         # sees a value: the answer or what went wrong.
         try do
@@ -367,6 +364,47 @@ defmodule Condukt.Sandbox.NetworkPolicy.DecideRuntime do
         by_key: if(rule[:cache], do: Map.put(rt.by_key, key, task.ref), else: rt.by_key),
         by_id: by_id
     }
+  end
+
+  # A decider runs in a process of its own, monitored and not linked (a
+  # crash or a kill reaches the owner as :DOWN, never as an exit signal),
+  # started by the owner itself: no round trip to a supervisor on the way
+  # to every answer. It answers {ref, result} like a Task, so that
+  # handle_info/2 and await/2 see one protocol; shutdown/1 ends it.
+  defp spawn_task(fun) do
+    owner = self()
+    # As a Task would: test helpers that follow $callers (Mox, Req.Test)
+    # find the owner's allowances from the decider.
+    callers = [owner | Process.get(:"$callers", [])]
+
+    {pid, ref} =
+      spawn_monitor(fn ->
+        Process.put(:"$callers", callers)
+
+        receive do
+          {^owner, ref} -> send(owner, {ref, fun.()})
+        end
+      end)
+
+    send(pid, {owner, ref})
+    %{pid: pid, ref: ref}
+  end
+
+  # Kills the task; an answer already sent is handed over.
+  defp shutdown(%{pid: pid, ref: ref}) do
+    Process.exit(pid, :kill)
+
+    receive do
+      {^ref, result} ->
+        Process.demonitor(ref, [:flush])
+        {:ok, result}
+
+      {:DOWN, ^ref, :process, _, :killed} ->
+        nil
+
+      {:DOWN, ^ref, :process, _, reason} ->
+        {:exit, reason}
+    end
   end
 
   defp invoke(fun, ctx, req) when is_function(fun, 2), do: fun.(ctx, req)

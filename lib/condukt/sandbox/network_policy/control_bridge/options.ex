@@ -82,11 +82,6 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge.Options do
         type: :keyword,
         default: [],
         doc: "options for the bridge's `Condukt.Native` (`:bin`: the `condukt-egress` executable)."
-      ],
-      task_supervisor: [
-        type: :any,
-        default: Condukt.Sandbox.NetworkPolicy.TaskSupervisor,
-        doc: "the `Task.Supervisor` the deciders run under."
       ]
     ]
   end
