@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "support/loopback.h"
 #include "common/error.h"
 #include "dns/stub.h"
 #include "policy/policy.h"
@@ -169,19 +170,14 @@ static void fixture_upstream(fx_t *f, const char *until) {
   memset(f, 0, sizeof(*f));
   f->up_until = until;
   cr_assert_eq(uv_loop_init(&f->loop), 0);
-  uv_tcp_init(&f->loop, &f->server);
+  f->port = ce_test_bind_loopback(&f->loop, &f->server);
   f->server.data = f;
-  struct sockaddr_in sa;
-  uv_ip4_addr("127.0.0.1", 0, &sa);
-  cr_assert_eq(uv_tcp_bind(&f->server, (const struct sockaddr *)&sa, 0), 0);
-  struct sockaddr_storage bound;
-  int len = sizeof(bound);
-  uv_tcp_getsockname(&f->server, (struct sockaddr *)&bound, &len);
-  f->port = ntohs(((struct sockaddr_in *)&bound)->sin_port);
   cr_assert_eq(uv_listen((uv_stream_t *)&f->server, 8, on_up_peer), 0);
   cr_assert_eq(ce_cidr_parse("127.0.0.0/8", &f->opts.allow_private[0]), CE_OK);
   f->opts.allow_private_count = 1;
   f->opts.mark = 0x2a;
+  struct sockaddr_in sa; /* the workspace dialled the upstream's address */
+  uv_ip4_addr("127.0.0.1", 0, &sa);
   fixture_at(f, &sa);
 }
 

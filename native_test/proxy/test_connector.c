@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "support/loopback.h"
 #include "common/error.h"
 #include "dns/stub.h"
 #include "policy/policy.h"
@@ -205,14 +206,7 @@ static void fixture(fx_t *f, bool listening, upstream_mode_t mode, const char *a
   ce_connector_init(&f->k, &ops, f, &f->proxy, 1, &f->side);
 
   /* A port: bound, then listening or closed again (refused). */
-  uv_tcp_init(&f->loop, &f->server);
-  struct sockaddr_in sa;
-  uv_ip4_addr("127.0.0.1", 0, &sa);
-  cr_assert_eq(uv_tcp_bind(&f->server, (const struct sockaddr *)&sa, 0), 0);
-  struct sockaddr_storage bound;
-  int len = sizeof(bound);
-  uv_tcp_getsockname(&f->server, (struct sockaddr *)&bound, &len);
-  f->port = ntohs(((struct sockaddr_in *)&bound)->sin_port);
+  f->port = ce_test_bind_loopback(&f->loop, &f->server);
   if (listening)
     cr_assert_eq(uv_listen((uv_stream_t *)&f->server, 8, on_peer), 0);
   else
