@@ -6,6 +6,7 @@
 #   make demo      the main job (README)
 #   make bench     benchmarks against direct, mitmproxy and Squid (bench/README.md)
 #   make soak      the sidecar under mixed traffic for an hour (SOAK_MINUTES)
+#   make bench-wakeups  the added latency at one request in flight, by CPU setting
 #
 # `mix compile` calls `make priv/condukt-egress` through the compiler step
 # in mix.exs, so a project using :condukt as a dependency gets the binary.
@@ -226,6 +227,12 @@ bench:
 SOAK_MINUTES ?= 60
 soak:
 	sh bench/run.sh --soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
+
+# The added latency at one request in flight under three CPU settings:
+# how much of it is the wake-up of idle CPUs (bench/wakeups.exs).
+.PHONY: bench-wakeups
+bench-wakeups:
+	sh bench/run.sh --wakeups $(WAKEUPS_ARGS)
 
 # The TLS part of a proxied connection alone: heap per pair and handshake
 # CPU, with and without upstream session resumption (bench/tls_pairs.c,

@@ -2,7 +2,8 @@
 # `make bench`: installs the peers (bench/setup.sh), builds the release
 # sidecar, runs bench/run.exs with the given arguments (--quick for a short
 # run; bench/README.md), or bench/soak.exs when the first argument is
-# --soak (`make soak`), and whatever happens (failure, Ctrl-C) removes the
+# --soak (`make soak`), or bench/wakeups.exs when it is --wakeups (`make
+# bench-wakeups`), and whatever happens (failure, Ctrl-C) removes the
 # testbed's namespaces, the processes inside them and their iptables rules
 # afterwards.
 set -eu
@@ -26,8 +27,8 @@ trap 'exit 130' INT TERM
 # up. The BEAM (the ControlBridge and its decider included) shares CPU 1
 # with the load generator; CPU 0 is the proxy's alone.
 script=bench/run.exs
-if [ "${1:-}" = --soak ]; then
-  script=bench/soak.exs
-  shift
-fi
+case "${1:-}" in
+  --soak) script=bench/soak.exs; shift ;;
+  --wakeups) script=bench/wakeups.exs; shift ;;
+esac
 ELIXIR_ERL_OPTIONS="+Bd" taskset -c 1 mix run "$script" "$@"
