@@ -141,7 +141,9 @@ defmodule Bench.Interceptor do
   def start("condukt", tb, opts) do
     dir = fresh_dir(tb, "condukt")
     bin = Path.join(dir, "condukt-egress")
-    File.cp!(Keyword.get(opts, :bin, Condukt.egress_binary()), bin)
+    # CONDUKT_BENCH_BIN: another build to measure (two builds compared in
+    # one sitting); priv/condukt-egress otherwise.
+    File.cp!(Keyword.get(opts, :bin, System.get_env("CONDUKT_BENCH_BIN") || Condukt.egress_binary()), bin)
     File.chmod!(bin, 0o755)
 
     policy = Keyword.get(opts, :policy, NetworkPolicy.new!(rules: [allow: ["allowed.test"]], default: :deny))

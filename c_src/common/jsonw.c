@@ -181,9 +181,12 @@ void ce_jsonw_fail(ce_jsonw_t *w, int err) {
 }
 
 void ce_jsonw_int(ce_jsonw_t *w, int64_t v) {
-  char b[24];
-  int k = snprintf(b, sizeof(b), "%lld", (long long)v);
-  ce_jsonw_raw(w, b, (size_t)k);
+  if (v >= 0) {
+    ce_jsonw_uint(w, (uint64_t)v);
+    return;
+  }
+  ce_jsonw_raw(w, "-", 1);
+  ce_jsonw_uint(w, (uint64_t)0 - (uint64_t)v); /* INT64_MIN included */
 }
 
 void ce_jsonw_uint(ce_jsonw_t *w, uint64_t v) {

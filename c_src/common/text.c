@@ -48,6 +48,15 @@ void ce_text_usage_error(const char *prog, const char *what, const char *word) {
   fprintf(stderr, "run '%s --help' for the options\n", prog);
 }
 
+size_t ce_text_copy(char *dst, size_t cap, const char *src) {
+  if (cap == 0)
+    return 0;
+  size_t n = strnlen(src, cap - 1);
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+  return n;
+}
+
 int ce_hex_value(char c) {
   if (c >= '0' && c <= '9')
     return c - '0';

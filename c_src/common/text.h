@@ -24,6 +24,11 @@ void ce_text_sanitize(char *dst, size_t cap, const char *s, size_t n,
  *   run 'PROG --help' for the options */
 void ce_text_usage_error(const char *prog, const char *what, const char *word);
 
+/* Copies the NUL-terminated src into dst (cap bytes): at most cap - 1
+ * bytes, always NUL-terminated when cap > 0, as snprintf(dst, cap, "%s",
+ * src) does, without the format machinery. Returns the bytes copied. */
+size_t ce_text_copy(char *dst, size_t cap, const char *src);
+
 /* The value of one hex digit (either case), or -1. */
 int ce_hex_value(char c);
 

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "common/error.h"
+#include "common/text.h"
 
 static const char *const always_redacted[] = {"authorization", "proxy-authorization", "cookie",
                                               "set-cookie"};
@@ -29,25 +30,37 @@ void ce_format_time(int64_t us, char *out, size_t cap) {
    * the date and time part of the last second is kept (per thread). */
   static _Thread_local int64_t cached_secs = -1;
   static _Thread_local char cached_base[32];
+  static _Thread_local size_t cached_len;
   int64_t secs = us / 1000000;
   if (us < 0 || secs != cached_secs) {
     time_t t = (time_t)secs;
     struct tm tm;
     char base[32];
-    if (gmtime_r(&t, &tm) == NULL || strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm) == 0)
+    size_t len;
+    if (gmtime_r(&t, &tm) == NULL || (len = strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm)) == 0) {
       base[0] = '\0';
+      len = 0;
+    }
     if (us < 0) {
       snprintf(out, cap, "%s.%06dZ", base, (int)(us % 1000000));
       return;
     }
     memcpy(cached_base, base, sizeof(base));
+    cached_len = len;
     cached_secs = secs;
   }
-  char frac[9] = {'.', 0, 0, 0, 0, 0, 0, 'Z', '\0'};
+  /* the date and time, then ".uuuuuuZ": copied, not formatted (an event
+   * writes up to four of these) */
+  char text[sizeof(cached_base) + 8];
+  memcpy(text, cached_base, cached_len);
+  char *frac = text + cached_len;
+  frac[0] = '.';
   int64_t f = us % 1000000;
   for (int i = 6; i >= 1; i--, f /= 10)
     frac[i] = (char)('0' + f % 10);
-  snprintf(out, cap, "%s%s", cached_base, frac);
+  frac[7] = 'Z';
+  frac[8] = '\0';
+  ce_text_copy(out, cap, text);
 }
 
 bool ce_header_redacted(const char *name, size_t len, const ce_proxy_options_t *opts) {

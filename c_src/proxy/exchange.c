@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "common/error.h"
+#include "common/text.h"
 #include "common/trace.h"
 
 #define trace(x, fmt, ...) CE_TRACE_D("proxy", 'c', (x)->conn.conn_id, "[request %llu] " fmt, \
@@ -88,8 +89,8 @@ void ce_exchange_open(ce_exchange_t *x, const ce_exchange_conn_t *conn, int32_t 
   x->req.scheme = conn->tls ? "https" : "http";
   x->req.port = conn->port;
   x->req.stream_id = stream_id;
-  snprintf(x->req.sni, sizeof(x->req.sni), "%s", conn->sni_raw != NULL ? conn->sni_raw : "");
-  snprintf(x->req.host, sizeof(x->req.host), "%s", conn->name != NULL ? conn->name->text : "");
+  ce_text_copy(x->req.sni, sizeof(x->req.sni), conn->sni_raw != NULL ? conn->sni_raw : "");
+  ce_text_copy(x->req.host, sizeof(x->req.host), conn->name != NULL ? conn->name->text : "");
   x->ended = false;
   x->allowed_sent = false;
   x->decide_rule = -1;
@@ -162,7 +163,7 @@ void ce_exchange_refuse(ce_exchange_t *x, const char *event, int status, const c
 }
 
 void ce_exchange_reject(ce_exchange_t *x, int status, const char *reason, const char *detail) {
-  snprintf(x->req.host, sizeof(x->req.host), "%s", x->conn.name != NULL ? x->conn.name->text : "");
+  ce_text_copy(x->req.host, sizeof(x->req.host), x->conn.name != NULL ? x->conn.name->text : "");
   ce_exchange_emit(x, "request_opened", NULL);
   if (detail == NULL)
     ce_exchange_refuse_as(x, "request_denied", status, reason, NULL);
@@ -227,7 +228,7 @@ void ce_exchange_check_target(const ce_exchange_conn_t *conn, const char *auth, 
   memset(t, 0, sizeof(*t));
   const char *name = conn->name != NULL ? conn->name->text : "";
   if (auth == NULL || len == 0) {
-    snprintf(host, host_cap, "%s", name);
+    ce_text_copy(host, host_cap, name);
     t->status = 400;
     t->reason = "bad_request: missing host";
     snprintf(t->detail, sizeof(t->detail), "malformed request: the request names no host");
@@ -247,7 +248,7 @@ void ce_exchange_check_target(const ce_exchange_conn_t *conn, const char *auth, 
     snprintf(t->detail, sizeof(t->detail), "malformed request: the %s is not a valid host name or address", label);
     return;
   }
-  snprintf(host, host_cap, "%s", t->verdict.host.text);
+  ce_text_copy(host, host_cap, t->verdict.host.text);
   /* DESIGN §4: the request must name the host the connection was opened
    * for (TLS: the SNI, or the IP dialled when there was none) and its
    * port; anything else is domain fronting or coalescing: 421 (RFC 9110

@@ -135,7 +135,13 @@ Test(jsonw, numbers) {
   ce_jsonw_int(&w, INT64_MIN);
   ce_jsonw_raw(&w, ",", 1);
   ce_jsonw_int(&w, 42);
-  const char *want = "0,18446744073709551615,-9223372036854775808,42";
+  ce_jsonw_raw(&w, ",", 1);
+  ce_jsonw_int(&w, -1);
+  ce_jsonw_raw(&w, ",", 1);
+  ce_jsonw_int(&w, INT64_MAX);
+  ce_jsonw_raw(&w, ",", 1);
+  ce_jsonw_int(&w, 0);
+  const char *want = "0,18446744073709551615,-9223372036854775808,42,-1,9223372036854775807,0";
   cr_assert_eq(w.len, strlen(want));
   cr_assert_eq(memcmp(w.buf, want, w.len), 0, "%.*s", (int)w.len, w.buf);
 }

@@ -32,3 +32,19 @@ Test(text, long_input_is_cut_with_an_ellipsis_and_never_overflows) {
   cr_assert_lt(strlen(tiny), sizeof(tiny));
   ce_text_sanitize(tiny, 0, in, sizeof(in), 0); /* must not write */
 }
+
+Test(text, copy_is_bounded_and_terminated_like_snprintf) {
+  char buf[6];
+  memset(buf, 'x', sizeof(buf));
+  cr_expect_eq(ce_text_copy(buf, sizeof(buf), "abc"), 3);
+  cr_expect_str_eq(buf, "abc");
+  cr_expect_eq(ce_text_copy(buf, sizeof(buf), "abcdefgh"), 5); /* cut to cap - 1 */
+  cr_expect_str_eq(buf, "abcde");
+  cr_expect_eq(ce_text_copy(buf, sizeof(buf), ""), 0);
+  cr_expect_str_eq(buf, "");
+  cr_expect_eq(ce_text_copy(buf, 1, "abc"), 0); /* room for the NUL only */
+  cr_expect_str_eq(buf, "");
+  buf[0] = 'q';
+  cr_expect_eq(ce_text_copy(buf, 0, "abc"), 0); /* no room: nothing written */
+  cr_expect_eq(buf[0], 'q');
+}
