@@ -1,11 +1,12 @@
 /*
  * The upstream session store (see sesscache.h, docs/proxy.md).
  *
- * A small array searched linearly: at most CE_TLS_SESSCACHE_MAX entries,
- * one lookup per new upstream connection, next to a handshake that costs a
- * hundred times more. OpenSSL calls new_session() for every ticket the
- * upstream sends after the handshake (SSL_SESS_CACHE_CLIENT without its
- * internal store); it decides whether the session may be kept.
+ * A small array searched linearly: at most CE_TLS_SESSCACHE_MAX tickets,
+ * one scan per new upstream connection and per ticket received, next to a
+ * handshake that costs a hundred times more. OpenSSL calls new_session()
+ * for every ticket the upstream sends after the handshake
+ * (SSL_SESS_CACHE_CLIENT without its internal store); it decides whether
+ * the session may be kept.
  */
 #include "tls/sesscache.h"
 
@@ -78,12 +79,24 @@ static bool key_eq(const key_t_ *a, const key_t_ *b) {
          memcmp(a->alpn, b->alpn, a->alpn_len) == 0 && strcmp(a->host, b->host) == 0;
 }
 
-static entry_t *find(store_t *s, const key_t_ *k) {
+/* The newest ticket held for k (NULL: none); *count, when given, gets how
+ * many k holds and *oldest its oldest. */
+static entry_t *find(store_t *s, const key_t_ *k, size_t *count, entry_t **oldest) {
+  entry_t *newest = NULL;
+  size_t n = 0;
   for (size_t i = 0; i < s->max; i++) {
-    if (s->entries[i].sess != NULL && key_eq(&s->entries[i].key, k))
-      return &s->entries[i];
+    entry_t *e = &s->entries[i];
+    if (e->sess == NULL || !key_eq(&e->key, k))
+      continue;
+    n++;
+    if (newest == NULL || e->stamp > newest->stamp)
+      newest = e;
+    if (oldest != NULL && (*oldest == NULL || e->stamp < (*oldest)->stamp))
+      *oldest = e;
   }
-  return NULL;
+  if (count != NULL)
+    *count = n;
+  return newest;
 }
 
 /* OpenSSL's new-session callback. The store keeps a copy: OpenSSL marks
@@ -111,9 +124,12 @@ static int new_session(SSL *ssl, SSL_SESSION *sess) {
   SSL_SESSION *copy = SSL_SESSION_dup(sess);
   if (copy == NULL)
     return 0; /* out of memory: the next connection does a full handshake */
-  entry_t *e = find(s, k);
-  if (e == NULL) {
-    /* A free slot, else the least recently stored entry. */
+  /* The key's oldest ticket when it holds its share, else a free slot,
+   * else the least recently stored ticket of the store. */
+  size_t held = 0;
+  entry_t *e = NULL;
+  find(s, k, &held, &e);
+  if (held < CE_TLS_SESSCACHE_PER_KEY) {
     e = &s->entries[0];
     for (size_t i = 0; i < s->max; i++) {
       if (s->entries[i].sess == NULL) {
@@ -123,12 +139,9 @@ static int new_session(SSL *ssl, SSL_SESSION *sess) {
       if (s->entries[i].stamp < e->stamp)
         e = &s->entries[i];
     }
-    SSL_SESSION_free(e->sess);
-    e->sess = NULL;
-    e->key = *k;
-  } else {
-    SSL_SESSION_free(e->sess); /* keep the newest ticket */
   }
+  SSL_SESSION_free(e->sess);
+  e->key = *k;
   e->sess = copy;
   e->stamp = ++s->clock;
   return 0;
@@ -174,7 +187,7 @@ int ce__tls_sesscache_prepare(SSL *ssl, const char *host, uint16_t port,
     free(k);
     return CE_ENOMEM;
   }
-  entry_t *e = find(s, k);
+  entry_t *e = find(s, k, NULL, NULL);
   if (e != NULL) {
     SSL_SESSION *sess = e->sess;
     e->sess = NULL; /* offered once */

@@ -9,9 +9,11 @@
  * key. Only TLS 1.3 sessions are kept, only from a connection whose chain
  * verified for that name (SSL_VERIFY_PEER with the name set on the SSL, and
  * a verify result of X509_V_OK), and each ticket is offered once (RFC 8446
- * appendix C.4): a connection takes it out and the tickets it receives
- * refill the entry. The least recently stored entry goes first when the
- * store is full. PSK-only key exchange is never offered (the client keeps
+ * appendix C.4): a connection takes the newest ticket of its key out, and
+ * the tickets it receives are stored beside the others. A key keeps up to
+ * CE_TLS_SESSCACHE_PER_KEY tickets (its oldest goes first), so connections
+ * opened together each find one; the least recently stored ticket of the
+ * whole store goes first when the store is full. PSK-only key exchange is never offered (the client keeps
  * OpenSSL's default of psk_dhe_ke), and no early data is sent.
  *
  * Not thread-safe: the context belongs to one event loop.
@@ -23,8 +25,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* How many upstream keys the store holds at most. */
+/* How many tickets the store holds at most, all keys together. */
 #define CE_TLS_SESSCACHE_MAX 256u
+/* How many tickets one key (name, port, ALPN offer) holds at most. */
+#define CE_TLS_SESSCACHE_PER_KEY 16u
 /* ALPN lists longer than this (wire bytes) are not cached. */
 #define CE_TLS_SESSCACHE_ALPN_MAX 32u
 
@@ -35,14 +39,14 @@
 int ce__tls_sesscache_attach(SSL_CTX *ctx, size_t max);
 
 /* Marks ssl (a client SSL of ctx, before the handshake) with its key and
- * sets the stored session for that key, if any (taking it out of the
- * store). Hosts are already normalised; port 0 turns resumption off for
+ * sets the newest stored session for that key, if any (taking it out of
+ * the store). Hosts are already normalised; port 0 turns resumption off for
  * this SSL. Returns CE_OK (also when nothing is cached or the key is not
  * cacheable) or CE_ENOMEM. */
 int ce__tls_sesscache_prepare(SSL *ssl, const char *host, uint16_t port,
                               const unsigned char *alpn, size_t alpn_len);
 
-/* The number of entries holding a session now (tests, statistics). */
+/* The number of tickets held now (tests, statistics). */
 size_t ce_tls_sesscache_count(SSL_CTX *ctx);
 
 #endif

@@ -105,28 +105,55 @@ static bool resumed(const char *host, uint16_t port, const unsigned char *alpn, 
 
 Test(sesscache, second_connection_to_the_same_origin_resumes) {
   cr_assert_not(resumed("api.example.com", 443, WIRE(H2_H11)));
-  cr_assert_eq(ce_tls_sesscache_count(env.client), 1u);
+  /* The origin (OpenSSL's defaults) sends two tickets: both are kept. */
+  cr_assert_eq(ce_tls_sesscache_count(env.client), 2u);
   cr_assert(resumed("api.example.com", 443, WIRE(H2_H11)));
-  /* A resumed connection's tickets refill the entry: the third resumes. */
+  /* A resumed connection's tickets are kept too: the next ones resume. */
   cr_assert(resumed("api.example.com", 443, WIRE(H2_H11)));
-  cr_assert_eq(ce_tls_sesscache_count(env.client), 1u);
+  cr_assert(resumed("api.example.com", 443, WIRE(H2_H11)));
+  cr_assert_geq(ce_tls_sesscache_count(env.client), 1u);
 }
 
+/* Connections opened together (before any of them brings a ticket back)
+ * each take a different ticket, and a ticket is never offered twice. */
 Test(sesscache, a_ticket_is_offered_once) {
   cr_assert_not(resumed("api.example.com", 443, WIRE(H2_H11)));
-  SSL *a = NULL, *b = NULL;
-  cr_assert_eq(ce_tls_client_ssl_new_at(env.client, "api.example.com", 443, WIRE(H2_H11), &a),
-               CE_OK);
-  cr_assert_eq(ce_tls_client_ssl_new_at(env.client, "api.example.com", 443, WIRE(H2_H11), &b),
-               CE_OK);
-  cr_assert_not_null(SSL_get0_session(a));
-  cr_assert_null(SSL_get0_session(b));
+  size_t held = ce_tls_sesscache_count(env.client);
+  cr_assert_eq(held, 2u);
+  SSL *ssl[3] = {NULL, NULL, NULL};
+  for (size_t i = 0; i < 3; i++)
+    cr_assert_eq(ce_tls_client_ssl_new_at(env.client, "api.example.com", 443, WIRE(H2_H11), &ssl[i]),
+                 CE_OK);
+  cr_assert_not_null(SSL_get0_session(ssl[0]));
+  cr_assert_not_null(SSL_get0_session(ssl[1]));
+  cr_assert_neq(SSL_get0_session(ssl[0]), SSL_get0_session(ssl[1]));
+  size_t len0 = 0, len1 = 0;
+  const unsigned char *t0 = NULL, *t1 = NULL;
+  SSL_SESSION_get0_ticket(SSL_get0_session(ssl[0]), &t0, &len0);
+  SSL_SESSION_get0_ticket(SSL_get0_session(ssl[1]), &t1, &len1);
+  cr_assert(len0 > 0 && len1 > 0);
+  cr_assert(len0 != len1 || memcmp(t0, t1, len0) != 0, "the same ticket offered twice");
+  cr_assert_null(SSL_get0_session(ssl[2]), "a third connection found a ticket that was taken");
   cr_assert_eq(ce_tls_sesscache_count(env.client), 0u);
-  SSL_free(a);
-  SSL_free(b);
+  for (size_t i = 0; i < 3; i++)
+    SSL_free(ssl[i]);
+}
+
+Test(sesscache, a_key_holds_at_most_its_share) {
+  /* An origin that sends more tickets than a key may hold. */
+  SSL_CTX_set_num_tickets(env.origin, CE_TLS_SESSCACHE_PER_KEY + 4);
+  cr_assert_not(resumed("api.example.com", 443, WIRE(H2_H11)));
+  cr_assert_eq(ce_tls_sesscache_count(env.client), CE_TLS_SESSCACHE_PER_KEY);
+  /* Another key has its own share beside it. */
+  cr_assert_not(resumed("www.example.com", 443, WIRE(H2_H11)));
+  cr_assert_eq(ce_tls_sesscache_count(env.client), 2 * CE_TLS_SESSCACHE_PER_KEY);
+  cr_assert(resumed("www.example.com", 443, WIRE(H2_H11)));
+  cr_assert(resumed("api.example.com", 443, WIRE(H2_H11)));
+  cr_assert_leq(ce_tls_sesscache_count(env.client), 2 * CE_TLS_SESSCACHE_PER_KEY);
 }
 
 Test(sesscache, another_name_port_or_alpn_does_not_resume) {
+  SSL_CTX_set_num_tickets(env.origin, 1); /* one ticket per key below */
   cr_assert_not(resumed("api.example.com", 443, WIRE(H2_H11)));
   cr_assert_not(resumed("www.example.com", 443, WIRE(H2_H11)));
   cr_assert_not(resumed("api.example.com", 8443, WIRE(H2_H11)));
@@ -150,6 +177,7 @@ Test(sesscache, no_resumption_without_a_port) {
 }
 
 Test(sesscache, a_failed_verification_never_stores_a_session) {
+  SSL_CTX_set_num_tickets(env.origin, 1);
   bool r = true;
   /* The origin presents a leaf for another name: hostname mismatch. */
   cr_assert_eq(connect_once("evil.example.net", "api.example.com", 443, WIRE(H2_H11), &r),
@@ -186,6 +214,7 @@ Test(sesscache, tls12_sessions_are_not_stored) {
 }
 
 Test(sesscache, the_bound_holds_and_the_oldest_goes_first) {
+  SSL_CTX_set_num_tickets(env.origin, 1); /* one ticket per key below */
   cr_assert_eq(ce__tls_sesscache_attach(env.client, 3), CE_OK);
   const char *hosts[] = {"a.example.com", "b.example.com", "c.example.com", "d.example.com"};
   for (size_t i = 0; i < 4; i++)
@@ -247,6 +276,7 @@ Test(sesscache, attach_under_allocation_failures) {
 }
 
 Test(sesscache, resuming_ssl_under_allocation_failures) {
+  SSL_CTX_set_num_tickets(env.origin, 1);
   for (size_t n = 0;; n++) {
     /* A stored session each round, so that every allocation of the
      * resuming path is reached. */
