@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -192,6 +193,40 @@ Test(port_channel, many_frames_of_one_read_arrive_whole_and_in_order) {
   emit(N + 1);
   expect_packet(event_frame(N + 1, N + 1));
   finish();
+}
+
+/* The BEAM's end of stdout goes away while frames of one read are held
+ * for one write: the combined write fails, its packets are freed, and the
+ * port stops with status 1 (it neither hangs nor dies of SIGPIPE). */
+Test(port_channel, a_failed_combined_write_stops_the_port) {
+  attach(256);
+  close(pp.out);
+  pp.out = -1;
+  for (int k = 1; k <= 100; k++)
+    emit(k); /* one read of the port: written together */
+  int status = 0;
+  pid_t r = 0;
+  for (int k = 0; k < WAIT_MS && r == 0; k++) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    r = waitpid(pp.pid, &status, WNOHANG);
+    if (r == 0)
+      poll(NULL, 0, 1);
+  }
+  cr_assert_eq(r, pp.pid, "the port did not stop");
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1, "status %d", status);
+  FILE *f = fopen(pp.err_path, "r");
+  cr_assert_not_null(f);
+  char line[256] = "";
+  bool said = false;
+  while (fgets(line, sizeof(line), f) != NULL)
+    said = said || strstr(line, "cannot write to stdout") != NULL;
+  fclose(f);
+  cr_assert(said, "the port did not say why it stopped");
+  close(pp.in);
+  unlink(pp.err_path);
+  stop_sidecar();
+  uv_run(&loop, UV_RUN_NOWAIT);
+  cr_assert_eq(uv_loop_close(&loop), 0, "handles left on the loop");
 }
 
 Test(port_channel, credit_window_holds_frames_until_ack) {
