@@ -6,14 +6,20 @@ defmodule Bench.Decide do
   # the `decision` to come back. Measured from the client, as the latency
   # of sequential keep-alive requests to decide.test, against the latency
   # of allowed.test (an allow rule: no round trip) on the same sidecar.
-  # With `cache: true` every request after the first is a cache hit.
+  # With `cache: true` every request after the first is a hit in the
+  # sidecar's decision cache.
 
   alias Condukt.Sandbox.NetworkPolicy
   alias Condukt.Sandbox.NetworkPolicy.ControlBridge
   alias Condukt.Dev.Netns.Cmd
 
   def run(tb, cache?, secs) do
-    decider = fn _ctx, req -> if req.host == "decide.test", do: :allow, else: {:deny, "not decide.test"} end
+    # With the cache on, the answer covers the whole host (scope :host), so
+    # the sidecar keeps it and answers later requests itself; a plain
+    # :allow covers one request only, and each later one would still make
+    # the round trip to the BEAM's own cache.
+    allow = if cache?, do: {:allow, scope: :host}, else: :allow
+    decider = fn _ctx, req -> if req.host == "decide.test", do: allow, else: {:deny, "not decide.test"} end
 
     policy =
       NetworkPolicy.new!(
