@@ -110,8 +110,10 @@ uint64_t ce_control_ask_with(ce_control_t *ctl, ce_control_write_fn write, const
   a->state = ASK_PENDING;
   ctl->pending++;
   uv_timer_start(&a->timer, ask_timer_cb, timeout_ms, 0);
+  /* After the events before it (its request's request_opened), in one
+   * write. */
   if (ctl->peer != NULL)
-    ce__ctl_peer_send(ctl->peer, a->line);
+    ce__ctl_flush_ring_then(ctl, a->line);
   return a->id;
 }
 

@@ -148,14 +148,11 @@ void ce_control_emit_with(ce_control_t *ctl, ce_control_write_fn write, const vo
     return;
   }
   ce__ctl_out_write(ctl, line);
-  /* Straight to the peer only when nothing older is waiting in the ring,
-   * so the peer always sees events in seq order. */
-  peer_t *p = ctl->peer;
-  if (p != NULL && ctl->ring_count == 0 && ce__ctl_queued_bytes(&p->io) < PEER_QUEUE_SOFT)
-    ce__ctl_peer_send(p, line);
-  else
-    ce__ctl_ring_push(ctl, line);
+  /* Through the ring, so the peer sees events in seq order and in batches
+   * (PEER_BATCH_LINES). */
+  ce__ctl_ring_push(ctl, line);
   ce__line_unref(line);
+  ce__ctl_peer_event_queued(ctl);
 }
 
 void ce_control_emit(ce_control_t *ctl, json_t *event) {
@@ -251,6 +248,9 @@ int ce_control_start(uv_loop_t *loop, const ce_control_opts_t *opts,
    * turn of the loop to finish. */
   uv_timer_init(loop, &ctl->refused_timer);
   ctl->refused_timer.data = ctl;
+  ctl->live_handles++;
+  uv_timer_init(loop, &ctl->peer_timer);
+  ctl->peer_timer.data = ctl;
   ctl->live_handles++;
   for (int i = 0; i < nl; i++) {
     stream_u *l = &ctl->listeners[i];
@@ -373,6 +373,7 @@ void ce_control_close(ce_control_t *ctl, void (*done)(void *data), void *data) {
   for (int i = 0; i < ctl->nlisteners; i++)
     ce__ctl_close_if_open(&ctl->listeners[i].handle, ce__ctl_closed_cb);
   ce__ctl_close_if_open((uv_handle_t *)&ctl->refused_timer, ce__ctl_closed_cb);
+  ce__ctl_close_if_open((uv_handle_t *)&ctl->peer_timer, ce__ctl_closed_cb);
   if (ctl->is_unix)
     ce__listen_remove(ctl->unix_path);
 
@@ -386,8 +387,11 @@ void ce_control_close(ce_control_t *ctl, void (*done)(void *data), void *data) {
       ce__ctl_peer_close(p, NULL);
       continue;
     }
-    /* The authenticated peer gets what is already queued for it, then an
-     * orderly end of stream. */
+    /* The authenticated peer gets what is already queued for it and the
+     * events of the batch, then an orderly end of stream. */
+    ce__ctl_flush_ring(ctl);
+    if (ctl->peer != p)
+      continue; /* the write failed and closed it */
     p->closing = true;
     ce__ctl_peer_unlink(p);
     uv_read_stop(&p->io.stream);

@@ -61,6 +61,13 @@
  * written on its own as before. ce_control_close writes what is left. */
 #define OUT_BATCH_CAP (64u * 1024u)
 #define OUT_BATCH_MS 1u
+/* Events for the authenticated peer wait in the ring, in order, and go
+ * to it in one write when PEER_BATCH_LINES have gathered or OUT_BATCH_MS
+ * after the first (peer_timer), and at once ahead of a decision request,
+ * which travels in the same write: a request's events are not written
+ * (waking the peer's reader) between reading its decision and forwarding
+ * it, and its request_opened and decision_request leave together. */
+#define PEER_BATCH_LINES 64u
 /* Bytes waiting for the peer. Past the soft bound events go to the ring
  * instead (where the oldest are dropped); past the hard bound the peer is
  * taken as stuck and closed, so that a re-dialled bridge gets a fresh
@@ -150,6 +157,15 @@ typedef struct {
   ce__line_t *line;
 } write_req_t;
 
+/* One uv_write of up to PEER_BATCH_LINES + 1 lines to the peer (a batch of
+ * events, and the decision request that follows them); each line stays
+ * referenced until the callback. */
+typedef struct {
+  uv_write_t req;
+  unsigned count;
+  ce__line_t *lines[PEER_BATCH_LINES + 1];
+} peer_write_t;
+
 typedef enum { OUT_NONE, OUT_FILE, OUT_STREAM } out_kind_t;
 
 struct ce_control {
@@ -197,6 +213,8 @@ struct ce_control {
   uint64_t next_id;
 
   uint64_t seq, events, dropped, stdout_dropped, auth_failures;
+
+  uv_timer_t peer_timer;     /* flushes the ring to the peer (PEER_BATCH_LINES) */
 
   /* control_refused events (REFUSED_EVENT_MS apart at most) */
   uv_timer_t refused_timer;
@@ -256,6 +274,12 @@ void ce__ctl_peer_send(peer_t *p, ce__line_t *line);
 /* Moves buffered events to the peer while its queue is under the soft
  * bound. */
 void ce__ctl_flush_ring(ce_control_t *ctl);
+/* The same, then `line` (a decision request) whatever the soft bound, in
+ * the same write as the last events when they fit. */
+void ce__ctl_flush_ring_then(ce_control_t *ctl, ce__line_t *line);
+/* An event was queued in the ring: flushes it when the batch is full,
+ * else makes sure peer_timer will. */
+void ce__ctl_peer_event_queued(ce_control_t *ctl);
 void ce__ctl_peer_close(peer_t *p, const char *why);
 void ce__ctl_peer_unlink(peer_t *p);
 void ce__ctl_peer_closed_cb(uv_handle_t *h);

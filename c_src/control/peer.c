@@ -155,10 +155,11 @@ static void peer_fail(peer_t *p, const char *why) {
 void ce__ctl_flush_ring(ce_control_t *ctl);
 
 static void peer_write_cb(uv_write_t *req, int status) {
-  write_req_t *w = (write_req_t *)req;
+  peer_write_t *w = (peer_write_t *)req;
   peer_t *p = req->handle->data;
   ce_control_t *ctl = p->ctl;
-  ce__line_unref(w->line);
+  for (unsigned i = 0; i < w->count; i++)
+    ce__line_unref(w->lines[i]);
   free(w);
   if (status < 0) {
     if (status != UV_ECANCELED && !p->closing) {
@@ -168,32 +169,54 @@ static void peer_write_cb(uv_write_t *req, int status) {
     }
     return;
   }
-  if (p == ctl->peer && !ctl->closing)
-    ce__ctl_flush_ring(ctl);
+  /* Events held back by the soft bound go on as the queue drains. */
+  if (p == ctl->peer && !ctl->closing && ctl->ring_count > 0 &&
+      !uv_is_active((uv_handle_t *)&ctl->peer_timer))
+    ce__ctl_peer_event_queued(ctl);
 }
 
-void ce__ctl_peer_send(peer_t *p, ce__line_t *line) {
-  if (p->closing)
-    return;
-  if (ce__ctl_queued_bytes(&p->io) + line->len > PEER_QUEUE_HARD) {
+/* Writes w's lines (bytes of them in all) with one request; takes w. */
+static void peer_write(peer_t *p, peer_write_t *w, size_t bytes) {
+  if (ce__ctl_queued_bytes(&p->io) + bytes > PEER_QUEUE_HARD) {
+    for (unsigned i = 0; i < w->count; i++)
+      ce__line_unref(w->lines[i]);
+    free(w);
     ce__ctl_peer_close(p, "is not reading (over 64 MiB waiting to be written)");
     return;
   }
-  write_req_t *w = malloc(sizeof(*w));
-  if (w == NULL) {
-    ce__ctl_peer_close(p, "out of memory for a write");
-    return;
-  }
-  w->line = ce__line_ref(line);
-  uv_buf_t buf = uv_buf_init(line->data, (unsigned int)line->len);
-  int rc = uv_write(&w->req, &p->io.stream, &buf, 1, peer_write_cb);
+  uv_buf_t bufs[PEER_BATCH_LINES + 1];
+  for (unsigned i = 0; i < w->count; i++)
+    bufs[i] = uv_buf_init(w->lines[i]->data, (unsigned int)w->lines[i]->len);
+  int rc = uv_write(&w->req, &p->io.stream, bufs, w->count, peer_write_cb);
   if (rc != 0) {
-    ce__line_unref(w->line);
+    for (unsigned i = 0; i < w->count; i++)
+      ce__line_unref(w->lines[i]);
     free(w);
     char why[128];
     snprintf(why, sizeof(why), "write failed (%s)", uv_strerror(rc));
     ce__ctl_peer_close(p, why);
   }
+}
+
+/* An empty write request; NULL (the peer closed) when out of memory. */
+static peer_write_t *peer_write_new(peer_t *p) {
+  peer_write_t *w = malloc(sizeof(*w));
+  if (w == NULL) {
+    ce__ctl_peer_close(p, "out of memory for a write");
+    return NULL;
+  }
+  w->count = 0;
+  return w;
+}
+
+void ce__ctl_peer_send(peer_t *p, ce__line_t *line) {
+  if (p->closing)
+    return;
+  peer_write_t *w = peer_write_new(p);
+  if (w == NULL)
+    return;
+  w->lines[w->count++] = ce__line_ref(line);
+  peer_write(p, w, line->len);
 }
 
 /* Sends a frame built from a jansson object, for the few frames that are
@@ -210,16 +233,52 @@ static void peer_send_obj(peer_t *p, json_t *obj) {
   ce__line_unref(line);
 }
 
-/* Moves buffered events to the peer while its queue is under the soft
- * bound; the peer's write callbacks call it again as the queue drains. */
-void ce__ctl_flush_ring(ce_control_t *ctl) {
+/* Moves buffered events to the peer, PEER_BATCH_LINES to a write, while
+ * its queue is under the soft bound (the write callbacks call it again as
+ * the queue drains); `then`, when given, goes last whatever the bound, in
+ * the last write when it has room. */
+static void flush_ring(ce_control_t *ctl, ce__line_t *then) {
+  uv_timer_stop(&ctl->peer_timer);
   peer_t *p = ctl->peer;
-  while (p != NULL && ctl->ring_count > 0 && ce__ctl_queued_bytes(&p->io) < PEER_QUEUE_SOFT) {
-    ce__line_t *line = ce__ctl_ring_pop(ctl);
-    ce__ctl_peer_send(p, line);
-    ce__line_unref(line);
+  while (p != NULL && !p->closing) {
+    bool events = ctl->ring_count > 0 && ce__ctl_queued_bytes(&p->io) < PEER_QUEUE_SOFT;
+    if (!events && then == NULL)
+      return;
+    peer_write_t *w = peer_write_new(p);
+    if (w == NULL)
+      return;
+    size_t bytes = 0;
+    while (events && ctl->ring_count > 0 && w->count < PEER_BATCH_LINES) {
+      ce__line_t *line = ce__ctl_ring_pop(ctl); /* the ring's reference, now the write's */
+      bytes += line->len;
+      w->lines[w->count++] = line;
+    }
+    bool last = ctl->ring_count == 0 || !events;
+    if (last && then != NULL) {
+      w->lines[w->count++] = ce__line_ref(then);
+      bytes += then->len;
+      then = NULL;
+    }
+    peer_write(p, w, bytes);
+    if (last && then == NULL)
+      return;
     p = ctl->peer; /* NULL if the write failed and closed it */
   }
+}
+
+void ce__ctl_flush_ring(ce_control_t *ctl) { flush_ring(ctl, NULL); }
+
+void ce__ctl_flush_ring_then(ce_control_t *ctl, ce__line_t *line) { flush_ring(ctl, line); }
+
+static void peer_timer_cb(uv_timer_t *t) { ce__ctl_flush_ring(t->data); }
+
+void ce__ctl_peer_event_queued(ce_control_t *ctl) {
+  if (ctl->peer == NULL || ctl->peer->closing)
+    return;
+  if (ctl->ring_count >= PEER_BATCH_LINES)
+    ce__ctl_flush_ring(ctl);
+  else if (!uv_is_active((uv_handle_t *)&ctl->peer_timer))
+    uv_timer_start(&ctl->peer_timer, peer_timer_cb, OUT_BATCH_MS, 0);
 }
 
 static void peer_authenticate(peer_t *p) {

@@ -25,6 +25,7 @@
 
 #include "common/error.h"
 #include "control/control.h"
+#include "support/failalloc.h"
 #include "control/handshake.h"
 
 /* Long enough for a loaded CI machine, short enough to fail fast. */
@@ -1264,6 +1265,129 @@ Test(control, buffered_events_flushed_in_order) {
   cr_assert_eq(s.events, 10);
   cr_assert_eq(s.dropped, 3);
   client_free(c);
+  stop();
+}
+
+static size_t lines_in(client_t *c) {
+  size_t n = 0;
+  for (size_t i = 0; i < c->len; i++)
+    n += c->buf[i] == '\n';
+  return n;
+}
+
+/* Events for the peer are not written one by one: they gather and go
+ * together a millisecond later, or at once with the next decision
+ * request, ahead of it, in the same write. */
+Test(control, events_to_the_peer_are_batched_and_an_ask_takes_them_along) {
+  start();
+  client_t *c = connect_ctl();
+  authenticate(c);
+  emit_n(1, 3);
+  client_poll(c);
+  cr_assert_eq(c->len, 0, "an event was written on its own: %.*s", (int)c->len, c->buf);
+  answer_t a = {0};
+  ask(&a, 5000);
+  /* No turn of the loop since: the one write happened inside the ask. */
+  client_poll(c);
+  cr_assert_eq(lines_in(c), 4, "got: %.*s", (int)c->len, c->buf);
+  expect_event(c, 1, 1);
+  expect_event(c, 2, 2);
+  expect_event(c, 3, 3);
+  expect_request(c, 1);
+  /* Alone, events arrive within the batch's millisecond. */
+  emit_n(4, 2);
+  client_poll(c);
+  cr_assert_eq(c->len, 0);
+  expect_event(c, 4, 4);
+  expect_event(c, 5, 5);
+  client_free(c);
+  stop();
+}
+
+Test(control, a_full_batch_of_events_goes_at_once) {
+  start();
+  client_t *c = connect_ctl();
+  authenticate(c);
+  emit_n(1, 63);
+  client_poll(c);
+  cr_assert_eq(c->len, 0);
+  emit_n(64, 1); /* the 64th fills the batch */
+  client_poll(c);
+  cr_assert_eq(lines_in(c), 64, "got %zu lines", lines_in(c));
+  for (int i = 1; i <= 64; i++)
+    expect_event(c, i, i);
+  expect_quiet(c, 20);
+  client_free(c);
+  stop();
+}
+
+/* Closing writes the events still gathered for the peer before its end
+ * of stream: nothing emitted is lost on the way out. */
+Test(control, close_writes_the_gathered_events_first) {
+  start();
+  client_t *c = connect_ctl();
+  authenticate(c);
+  emit_n(1, 2);
+  client_poll(c);
+  cr_assert_eq(c->len, 0);
+  stop(); /* the loop is closed after it: read the socket alone */
+  for (int k = 0; k < WAIT_MS && !c->closed; k++) {
+    client_poll(c);
+    if (!c->closed)
+      poll(NULL, 0, 1);
+  }
+  cr_assert(c->closed, "no end of stream");
+  cr_assert_eq(lines_in(c), 2, "got: %.*s", (int)c->len, c->buf);
+  client_free(c);
+}
+
+static bool peer_gone(void *arg) {
+  return !stats().peer_connected;
+}
+
+/* Every allocation of an ask with events gathered in front of it failing
+ * in turn: either the ask fails (and says so through its callback), or the
+ * write cannot be made and the peer is closed; then the ask waits for the
+ * next peer, which gets it. Nothing leaks, nothing is answered twice. */
+Test(control, an_ask_and_its_events_under_allocation_failures) {
+  start();
+  int peer_closed = 0;
+  for (size_t n = 0;; n++) {
+    client_t *c = connect_ctl();
+    authenticate(c);
+    emit_n(1, 3);
+    answer_t a = {0};
+    json_t *req = json_pack("{s:s}", "host", "api.example.com");
+    ce_failalloc_arm(n);
+    uint64_t id = ce_control_ask(ctl, req, 5000, on_answer, &a);
+    ce_failalloc_disarm();
+    size_t failures = ce_failalloc_failures();
+    if (id == 0) {
+      cr_assert_gt(failures, 0);
+    } else if (!stats().peer_connected) {
+      /* The write failed: the next peer is sent the waiting ask. */
+      peer_closed++;
+      client_free(c);
+      c = connect_ctl();
+      authenticate(c);
+      json_t *j = NULL;
+      while ((j = client_read(c)) != NULL && strcmp(str(j, "type"), "decision_request") != 0)
+        json_decref(j);
+      cr_assert_not_null(j, "the waiting ask was not sent to the next peer");
+      json_decref(j);
+      ce_control_cancel(ctl, id);
+    } else {
+      pump(5);
+      if (a.calls == 0)
+        ce_control_cancel(ctl, id);
+    }
+    cr_assert_leq(a.calls, 1);
+    client_free(c);
+    cr_assert(pump_until(peer_gone, NULL, WAIT_MS));
+    if (failures == 0)
+      break;
+  }
+  cr_assert_gt(peer_closed, 0, "no failure reached the write itself");
   stop();
 }
 
