@@ -43,11 +43,13 @@ end
 
 log = fn msg -> IO.puts("[#{Time.utc_now() |> Time.truncate(:second)}] #{msg}") end
 
-# A busy loop per CPU at the lowest priority, for the "awake" setting.
+# A busy loop per CPU at the lowest priority, for the "awake" setting,
+# bounded by `timeout` so that it cannot outlive an interrupted run.
 spin = fn ->
   for cpu <- [Bench.Os.proxy_cpu(), Bench.Os.load_cpu()] do
     Bench.Os.spawn(
-      ["/usr/bin/taskset", "-c", cpu, "/usr/bin/nice", "-n", "19", "/bin/sh", "-c", "while :; do :; done"],
+      ["/usr/bin/timeout", "#{secs + 60}", "/usr/bin/taskset", "-c", cpu, "/usr/bin/nice", "-n", "19"] ++
+        ["/bin/sh", "-c", "while :; do :; done"],
       "/dev/null",
       "/dev/null"
     )
@@ -66,7 +68,8 @@ cpu_ticks = fn pid ->
   end
 end
 
-unspin = fn pids -> for pid <- pids, do: Cmd.run(["/bin/kill", "-KILL", "#{pid}"], stderr: :discard) end
+# Each loop is its own session (Bench.Os.spawn: setsid): the group goes.
+unspin = fn pids -> for pid <- pids, do: Cmd.run(["/bin/kill", "-KILL", "--", "-#{pid}"], stderr: :discard) end
 
 tb = Testbed.start(on_exit: false)
 

@@ -163,6 +163,7 @@ typedef struct {
 typedef struct {
   uv_write_t req;
   unsigned count;
+  unsigned events;           /* how many of the lines are events (counted as dropped if lost here) */
   ce__line_t *lines[PEER_BATCH_LINES + 1];
 } peer_write_t;
 

@@ -152,8 +152,6 @@ static void peer_fail(peer_t *p, const char *why) {
   ce__ctl_peer_close(p, NULL);
 }
 
-void ce__ctl_flush_ring(ce_control_t *ctl);
-
 static void peer_write_cb(uv_write_t *req, int status) {
   peer_write_t *w = (peer_write_t *)req;
   peer_t *p = req->handle->data;
@@ -175,13 +173,20 @@ static void peer_write_cb(uv_write_t *req, int status) {
     ce__ctl_peer_event_queued(ctl);
 }
 
+/* A write that cannot be made: its lines are released, its events
+ * counted as dropped (the next peer's welcome says so), the peer closed. */
+static void peer_write_lost(peer_t *p, peer_write_t *w, const char *why) {
+  p->ctl->dropped += w->events;
+  for (unsigned i = 0; i < w->count; i++)
+    ce__line_unref(w->lines[i]);
+  free(w);
+  ce__ctl_peer_close(p, why);
+}
+
 /* Writes w's lines (bytes of them in all) with one request; takes w. */
 static void peer_write(peer_t *p, peer_write_t *w, size_t bytes) {
   if (ce__ctl_queued_bytes(&p->io) + bytes > PEER_QUEUE_HARD) {
-    for (unsigned i = 0; i < w->count; i++)
-      ce__line_unref(w->lines[i]);
-    free(w);
-    ce__ctl_peer_close(p, "is not reading (over 64 MiB waiting to be written)");
+    peer_write_lost(p, w, "is not reading (over 64 MiB waiting to be written)");
     return;
   }
   uv_buf_t bufs[PEER_BATCH_LINES + 1];
@@ -189,12 +194,9 @@ static void peer_write(peer_t *p, peer_write_t *w, size_t bytes) {
     bufs[i] = uv_buf_init(w->lines[i]->data, (unsigned int)w->lines[i]->len);
   int rc = uv_write(&w->req, &p->io.stream, bufs, w->count, peer_write_cb);
   if (rc != 0) {
-    for (unsigned i = 0; i < w->count; i++)
-      ce__line_unref(w->lines[i]);
-    free(w);
     char why[128];
     snprintf(why, sizeof(why), "write failed (%s)", uv_strerror(rc));
-    ce__ctl_peer_close(p, why);
+    peer_write_lost(p, w, why);
   }
 }
 
@@ -206,6 +208,7 @@ static peer_write_t *peer_write_new(peer_t *p) {
     return NULL;
   }
   w->count = 0;
+  w->events = 0;
   return w;
 }
 
@@ -252,6 +255,7 @@ static void flush_ring(ce_control_t *ctl, ce__line_t *then) {
       ce__line_t *line = ce__ctl_ring_pop(ctl); /* the ring's reference, now the write's */
       bytes += line->len;
       w->lines[w->count++] = line;
+      w->events++;
     }
     bool last = ctl->ring_count == 0 || !events;
     if (last && then != NULL) {
@@ -275,7 +279,9 @@ static void peer_timer_cb(uv_timer_t *t) { ce__ctl_flush_ring(t->data); }
 void ce__ctl_peer_event_queued(ce_control_t *ctl) {
   if (ctl->peer == NULL || ctl->peer->closing)
     return;
-  if (ctl->ring_count >= PEER_BATCH_LINES)
+  /* A ring smaller than a batch (buffer_events) is flushed when full,
+   * before the next event would push its oldest out. */
+  if (ctl->ring_count >= PEER_BATCH_LINES || ctl->ring_count >= ctl->ring_cap)
     ce__ctl_flush_ring(ctl);
   else if (!uv_is_active((uv_handle_t *)&ctl->peer_timer))
     uv_timer_start(&ctl->peer_timer, peer_timer_cb, OUT_BATCH_MS, 0);

@@ -121,6 +121,11 @@ static int new_session(SSL *ssl, SSL_SESSION *sess) {
       SSL_get_verify_result(ssl) != X509_V_OK || SSL_get0_peer_certificate(ssl) == NULL ||
       !SSL_SESSION_is_resumable(sess))
     return 0;
+  const unsigned char *ticket = NULL;
+  size_t ticket_len = 0;
+  SSL_SESSION_get0_ticket(sess, &ticket, &ticket_len);
+  if (ticket_len > CE_TLS_SESSCACHE_TICKET_MAX)
+    return 0;
   SSL_SESSION *copy = SSL_SESSION_dup(sess);
   if (copy == NULL)
     return 0; /* out of memory: the next connection does a full handshake */

@@ -29,6 +29,9 @@
 #define CE_TLS_SESSCACHE_MAX 256u
 /* How many tickets one key (name, port, ALPN offer) holds at most. */
 #define CE_TLS_SESSCACHE_PER_KEY 16u
+/* Tickets longer than this are not kept (origins send a few hundred
+ * bytes): the store's memory stays bounded by what honest origins use. */
+#define CE_TLS_SESSCACHE_TICKET_MAX 4096u
 /* ALPN lists longer than this (wire bytes) are not cached. */
 #define CE_TLS_SESSCACHE_ALPN_MAX 32u
 

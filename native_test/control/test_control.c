@@ -1323,6 +1323,22 @@ Test(control, a_full_batch_of_events_goes_at_once) {
 
 /* Closing writes the events still gathered for the peer before its end
  * of stream: nothing emitted is lost on the way out. */
+/* A ring smaller than a batch is written when full, before an event
+ * would push its oldest out. */
+Test(control, a_small_ring_is_flushed_when_full) {
+  ce_control_opts_t o = default_opts();
+  o.buffer_events = 3;
+  start_with(&o);
+  client_t *c = connect_ctl();
+  authenticate(c);
+  emit_n(1, 7);
+  for (int i = 1; i <= 7; i++)
+    expect_event(c, i, i);
+  cr_assert_eq(stats().dropped, 0);
+  client_free(c);
+  stop();
+}
+
 Test(control, close_writes_the_gathered_events_first) {
   start();
   client_t *c = connect_ctl();
@@ -1355,7 +1371,9 @@ Test(control, an_ask_and_its_events_under_allocation_failures) {
   for (size_t n = 0;; n++) {
     client_t *c = connect_ctl();
     authenticate(c);
-    emit_n(1, 3);
+    /* More than libuv's four inline buffers: its own allocation fails too. */
+    emit_n(1, 6);
+    uint64_t dropped = stats().dropped;
     answer_t a = {0};
     json_t *req = json_pack("{s:s}", "host", "api.example.com");
     ce_failalloc_arm(n);
@@ -1365,7 +1383,10 @@ Test(control, an_ask_and_its_events_under_allocation_failures) {
     if (id == 0) {
       cr_assert_gt(failures, 0);
     } else if (!stats().peer_connected) {
-      /* The write failed: the next peer is sent the waiting ask. */
+      /* The write failed: events it held are counted as dropped, and the
+       * next peer is sent the waiting ask. */
+      uint64_t lost = stats().dropped - dropped;
+      cr_assert(lost == 0 || lost == 6, "%llu events counted as dropped", (unsigned long long)lost);
       peer_closed++;
       client_free(c);
       c = connect_ctl();

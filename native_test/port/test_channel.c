@@ -195,10 +195,11 @@ Test(port_channel, many_frames_of_one_read_arrive_whole_and_in_order) {
   finish();
 }
 
-/* The BEAM's end of stdout goes away while frames of one read are held
- * for one write: the combined write fails, its packets are freed, and the
- * port stops with status 1 (it neither hangs nor dies of SIGPIPE). */
-Test(port_channel, a_failed_combined_write_stops_the_port) {
+/* The BEAM's end of stdout goes away while the sidecar sends a burst of
+ * frames (held and written together, as many as one read brings): the
+ * write of held packets fails, they are freed, and the port stops with
+ * status 1 (it neither hangs nor dies of SIGPIPE). */
+Test(port_channel, a_failed_write_of_held_frames_stops_the_port) {
   attach(256);
   close(pp.out);
   pp.out = -1;

@@ -166,6 +166,31 @@ Test(sesscache, another_name_port_or_alpn_does_not_resume) {
   cr_assert(resumed("api.example.com", 443, NULL, 0));
 }
 
+/* An origin that sends a key's full share of tickets at once: none of
+ * them stands in for another name, port or ALPN offer. */
+Test(sesscache, many_tickets_still_resume_only_their_own_key) {
+  SSL_CTX_set_num_tickets(env.origin, CE_TLS_SESSCACHE_PER_KEY + 4);
+  cr_assert_not(resumed("api.example.com", 443, WIRE(H2_H11)));
+  cr_assert_eq(ce_tls_sesscache_count(env.client), CE_TLS_SESSCACHE_PER_KEY);
+  cr_assert_not(resumed("www.example.com", 443, WIRE(H2_H11)));
+  cr_assert_not(resumed("api.example.com", 8443, WIRE(H2_H11)));
+  cr_assert_not(resumed("api.example.com", 443, WIRE(H11)));
+  cr_assert(resumed("api.example.com", 443, WIRE(H2_H11)));
+}
+
+/* When the store is full, a key's new tickets push out the least recently
+ * stored ones of other keys. */
+Test(sesscache, a_full_store_drops_the_oldest_tickets_of_any_key) {
+  SSL_CTX_set_num_tickets(env.origin, 2);
+  cr_assert_eq(ce__tls_sesscache_attach(env.client, 3), CE_OK);
+  cr_assert_not(resumed("a.example.com", 443, WIRE(H11))); /* a1 a2 */
+  cr_assert_not(resumed("b.example.com", 443, WIRE(H11))); /* b1 b2 push out a1 */
+  cr_assert_eq(ce_tls_sesscache_count(env.client), 3u);
+  cr_assert(resumed("a.example.com", 443, WIRE(H11)), "a2 is still there");
+  cr_assert(resumed("b.example.com", 443, WIRE(H11)));
+  cr_assert_eq(ce_tls_sesscache_count(env.client), 3u);
+}
+
 Test(sesscache, no_resumption_without_a_port) {
   cr_assert_not(resumed("api.example.com", 0, WIRE(H2_H11)));
   cr_assert_eq(ce_tls_sesscache_count(env.client), 0u);
