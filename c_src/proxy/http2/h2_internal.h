@@ -54,10 +54,13 @@
  * upstream gets CE_H2_UP_STREAM_WINDOW, the bound of a down buffer: a
  * larger window lets the origin keep sending while the proxy writes the
  * previous bytes, instead of stopping every 64 KiB for a WINDOW_UPDATE,
- * which nghttp2 sends once half of it was consumed. The connection
- * windows (CE_H2_CONN_WINDOW, each way) bound the sum over the streams. */
+ * which nghttp2 sends once half of it was consumed (bench/PROFILE.md
+ * "Bulk: windows and copies": 1 MiB took a 1 GiB download in two fifths
+ * of the time of 64 KiB). The connection windows (CE_H2_CONN_WINDOW, each
+ * way) bound the sum over the streams, so one stream may use all of its
+ * connection's window but the memory bound of a connection is unchanged. */
 #define CE_H2_STREAM_BUF 65535u
-#define CE_H2_UP_STREAM_WINDOW (256u * 1024u)
+#define CE_H2_UP_STREAM_WINDOW (1024u * 1024u)
 #define CE_H2_CONN_WINDOW (1024 * 1024)
 _Static_assert(CE_H2_UP_STREAM_WINDOW >= CE_H2_STREAM_BUF, "a down buffer also holds an HTTP/1.1 response's");
 _Static_assert(CE_H2_UP_STREAM_WINDOW <= CE_H2_CONN_WINDOW, "the connection window bounds every stream's");
