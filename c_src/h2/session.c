@@ -35,6 +35,10 @@ static void set_callbacks(nghttp2_session_callbacks *cb, const ce_h2_session_cal
     nghttp2_session_callbacks_set_on_frame_send_callback(cb, c->frame_send);
   if (c->stream_close != NULL)
     nghttp2_session_callbacks_set_on_stream_close_callback(cb, c->stream_close);
+  if (c->send_data != NULL)
+    nghttp2_session_callbacks_set_send_data_callback(cb, c->send_data);
+  if (c->data_length != NULL)
+    nghttp2_session_callbacks_set_data_source_read_length_callback(cb, c->data_length);
 }
 
 int ce_h2_session_new(const ce_h2_session_params_t *p, const ce_h2_session_callbacks_t *cbs, void *user_data,

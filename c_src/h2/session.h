@@ -28,6 +28,8 @@ typedef struct {
   nghttp2_on_data_chunk_recv_callback data_chunk_recv;
   nghttp2_on_frame_send_callback frame_send;
   nghttp2_on_stream_close_callback stream_close;
+  nghttp2_send_data_callback send_data;                      /* DATA sent with NGHTTP2_DATA_FLAG_NO_COPY */
+  nghttp2_data_source_read_length_callback data_length;      /* the payload size of each DATA frame */
 } ce_h2_session_callbacks_t;
 
 typedef struct {

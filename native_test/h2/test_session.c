@@ -85,3 +85,69 @@ Test(h2_session, a_client_session_sends_the_preface_and_no_stream_limit) {
   cr_assert_eq(a.conn_window_increment, 65535 * 3);
   nghttp2_session_del(s);
 }
+
+/* A body of 2,500 bytes sent with NGHTTP2_DATA_FLAG_NO_COPY. */
+typedef struct {
+  size_t body_left;
+  size_t frames[8];
+  size_t nframes;
+  size_t mem_send_data_bytes; /* DATA payload seen in mem_send's output: none */
+} nocopy_t;
+
+static ssize_t nocopy_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
+                           uint32_t *data_flags, nghttp2_data_source *source, void *user_data) {
+  nocopy_t *t = source->ptr;
+  size_t n = t->body_left < length ? t->body_left : length;
+  t->body_left -= n;
+  *data_flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+  if (t->body_left == 0)
+    *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+  return (ssize_t)n;
+}
+
+static int nocopy_send(nghttp2_session *session, nghttp2_frame *frame, const uint8_t *framehd, size_t length,
+                       nghttp2_data_source *source, void *user_data) {
+  nocopy_t *t = user_data;
+  uint32_t hdlen = (uint32_t)framehd[0] << 16 | (uint32_t)framehd[1] << 8 | framehd[2];
+  cr_assert_eq(framehd[3], NGHTTP2_DATA);
+  cr_assert_eq(hdlen, length, "the header announces the payload the callback writes");
+  cr_assert_lt(t->nframes, 8);
+  t->frames[t->nframes++] = length;
+  return 0;
+}
+
+static ssize_t nocopy_length(nghttp2_session *session, uint8_t frame_type, int32_t stream_id,
+                             int32_t session_remote_window_size, int32_t stream_remote_window_size,
+                             uint32_t remote_max_frame_size, void *user_data) {
+  return 1000;
+}
+
+Test(h2_session, data_without_a_copy_goes_through_send_data_in_frames_of_the_length_asked) {
+  ce_h2_session_params_t p = {.role = CE_H2_SESSION_CLIENT,
+                              .stream_window = 65535,
+                              .conn_window = 1024 * 1024,
+                              .max_header_list = 65536};
+  ce_h2_session_callbacks_t cbs = {.send_data = nocopy_send, .data_length = nocopy_length};
+  nocopy_t t = {.body_left = 2500};
+  nghttp2_session *s = NULL;
+  cr_assert_eq(ce_h2_session_new(&p, &cbs, &t, &s), CE_OK);
+  const nghttp2_nv nva[] = {
+      {(uint8_t *)":method", (uint8_t *)"POST", 7, 4, NGHTTP2_NV_FLAG_NONE},
+      {(uint8_t *)":scheme", (uint8_t *)"https", 7, 5, NGHTTP2_NV_FLAG_NONE},
+      {(uint8_t *)":authority", (uint8_t *)"a.test", 10, 6, NGHTTP2_NV_FLAG_NONE},
+      {(uint8_t *)":path", (uint8_t *)"/", 5, 1, NGHTTP2_NV_FLAG_NONE},
+  };
+  nghttp2_data_provider prd = {.source.ptr = &t, .read_callback = nocopy_read};
+  cr_assert_gt(nghttp2_submit_request(s, NULL, nva, 4, &prd, NULL), 0);
+  const uint8_t *data;
+  ssize_t got;
+  size_t total = 0;
+  while ((got = nghttp2_session_mem_send(s, &data)) > 0)
+    total += (size_t)got;
+  cr_assert_lt(total, 500, "mem_send gave only the preface, SETTINGS and HEADERS (%zu bytes)", total);
+  cr_assert_eq(t.nframes, 3);
+  cr_assert_eq(t.frames[0], 1000);
+  cr_assert_eq(t.frames[1], 1000);
+  cr_assert_eq(t.frames[2], 500);
+  nghttp2_session_del(s);
+}

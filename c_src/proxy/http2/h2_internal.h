@@ -40,6 +40,7 @@
 #include "h2/guard.h"
 #include "h2/headers.h"
 #include "h2/session.h"
+#include "h2/streambuf.h"
 #include "http1/writer.h"
 #include "proxy/conn_internal.h"
 #include "proxy/netaddr.h"
@@ -47,10 +48,26 @@
 #include "proxy/transport.h"
 #include "tls/context.h"
 
-/* Per stream and direction: one stream window (docs/http2.md §4). */
+/* Per stream and direction: one stream window (docs/http2.md §4). The
+ * workspace gets CE_H2_STREAM_BUF: what a stream's request body buffer
+ * (up) holds, and an HTTP/1.1 upstream's response buffer (down). An h2
+ * upstream gets CE_H2_UP_STREAM_WINDOW, the bound of a down buffer: a
+ * larger window lets the origin keep sending while the proxy writes the
+ * previous bytes, instead of stopping every 64 KiB for a WINDOW_UPDATE,
+ * which nghttp2 sends once half of it was consumed (bench/PROFILE.md
+ * "Bulk: windows and copies": 1 MiB took a 1 GiB download in two fifths
+ * of the time of 64 KiB). The connection windows (CE_H2_CONN_WINDOW, each
+ * way) bound the sum over the streams, so one stream may use all of its
+ * connection's window but the memory bound of a connection is unchanged. */
 #define CE_H2_STREAM_BUF 65535u
+#define CE_H2_UP_STREAM_WINDOW (1024u * 1024u)
 #define CE_H2_CONN_WINDOW (1024 * 1024)
+_Static_assert(CE_H2_UP_STREAM_WINDOW >= CE_H2_STREAM_BUF, "a down buffer also holds an HTTP/1.1 response's");
+_Static_assert(CE_H2_UP_STREAM_WINDOW <= CE_H2_CONN_WINDOW, "the connection window bounds every stream's");
 #define CE_H2_MAX_STREAMS 100u
+/* A DATA frame to the workspace is not cut shorter than this to end a TLS
+ * record (server.c srv_data_length). */
+#define CE_H2_MIN_DATA 1024u
 /* Decoded header list (RFC 9113 §6.5.2 counting) and fields per block. */
 #define CE_H2_MAX_HEADER_LIST 65536u
 #define CE_H2_MAX_FIELDS 128u
@@ -66,8 +83,6 @@
  * HTTP/1.1 upstreams are not read, except for bytes the workspace can
  * take at once (its windows are open). */
 #define CE_H2_DOWN_BUDGET (1024u * 1024u)
-/* Buffers grow in steps of this size up to CE_H2_STREAM_BUF. */
-#define CE_H2_BUF_STEP 4096u
 /* Request-head bytes held per workspace connection (docs/http2.md §4, §5):
  * the allocated size of the decoded heads of its streams, whether they
  * wait for a decision, for an upstream connection, or are kept for a
@@ -102,11 +117,9 @@ typedef struct {
   bool overflow;
 } hset_t;
 
-typedef struct {
-  uint8_t *data;           /* cap bytes (≤ CE_H2_STREAM_BUF), grown on use, freed when empty */
-  size_t len, cap;
-  bool eof;
-} sbuf_t;
+/* A stream's buffer of one direction (h2/streambuf.h): up ≤ CE_H2_STREAM_BUF,
+ * down ≤ CE_H2_UP_STREAM_WINDOW bytes, grown on use, freed when empty. */
+typedef ce_h2buf_t sbuf_t;
 
 struct h1slot;
 
@@ -225,8 +238,6 @@ size_t h2__hset_nva(const hset_t *s, nghttp2_nv *out, size_t cap, bool trailers)
 long h2__rq_fields(h2s_t *s, ce_h1_field_t *f, size_t cap);
 void h2__hset_head(const hset_t *s, ce_h1_head_t *hd);
 size_t h2__hset_bytes(const hset_t *s);
-void h2__sbuf_trim(sbuf_t *b);
-size_t h2__sbuf_take(sbuf_t *b, uint8_t *out, size_t cap);
 bool h2__down_put(h2_t *h, h2s_t *s, const uint8_t *data, size_t len);
 void h2__rq_drop(h2_t *h, h2s_t *s);
 void h2__fail_with(h2s_t *s, int status, const char *reason);

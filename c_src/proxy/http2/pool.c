@@ -147,17 +147,16 @@ static void h1_send_body(h2s_t *s) {
       int hl = snprintf(hdr, sizeof(hdr), "%zx\r\n", n);
       ce_conn_side_write(u, hdr, (size_t)hl);
     }
-    ce_conn_side_write(u, (const char *)s->up.data, n);
+    ce_conn_side_write(u, (const char *)ce_h2buf_bytes(&s->up), n);
     if (s->h1_chunked)
       ce_conn_side_write(u, "\r\n", 2);
     s->x.req.bytes_out += n;
-    ce_reqinfo_add_preview(&s->x.req, (const char *)s->up.data, n, c->proxy->opts->body_preview);
-    memmove(s->up.data, s->up.data + n, s->up.len - n);
-    s->up.len -= n;
+    ce_reqinfo_add_preview(&s->x.req, (const char *)ce_h2buf_bytes(&s->up), n, c->proxy->opts->body_preview);
+    ce_h2buf_drop(&s->up, n);
     /* The bytes left the proxy: the workspace may send as many again. */
     nghttp2_session_consume(h->srv, s->cid, n);
   }
-  h2__sbuf_trim(&s->up);
+  ce_h2buf_trim(&s->up);
   if (s->up.len > 0 || !s->up.eof || c->dead)
     return;
   if (s->h1_chunked) {

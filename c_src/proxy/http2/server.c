@@ -2,8 +2,7 @@
 #include "proxy/http2/h2_internal.h"
 
 static void hset_free(hset_t *s);
-static bool sbuf_put(sbuf_t *b, const uint8_t *data, size_t len);
-static size_t down_take(h2_t *h, h2s_t *s, uint8_t *out, size_t cap);
+static void down_taken(h2_t *h, h2s_t *s, size_t n);
 static void down_drop(h2_t *h, h2s_t *s);
 static void rq_check(const h2_t *h);
 static h2s_t *rq_kept_for_resend(h2_t *h, const h2s_t *except);
@@ -184,65 +183,34 @@ size_t h2__hset_bytes(const hset_t *s) {
 
 /* ---- streams ---------------------------------------------------------------- */
 
-static bool sbuf_put(sbuf_t *b, const uint8_t *data, size_t len) {
-  if (len == 0)
-    return true;
-  if (len > CE_H2_STREAM_BUF - b->len)
-    return false;
-  if (b->len + len > b->cap) {
-    size_t cap = (b->len + len + CE_H2_BUF_STEP - 1) / CE_H2_BUF_STEP * CE_H2_BUF_STEP;
-    if (cap > CE_H2_STREAM_BUF)
-      cap = CE_H2_STREAM_BUF;
-    uint8_t *nb = realloc(b->data, cap);
-    if (nb == NULL)
-      return false;
-    b->data = nb;
-    b->cap = cap;
-  }
-  memcpy(b->data + b->len, data, len);
-  b->len += len;
-  return true;
-}
-
-/* An empty buffer gives its memory back. */
-void h2__sbuf_trim(sbuf_t *b) {
-  if (b->len == 0 && b->data != NULL) {
-    free(b->data);
-    b->data = NULL;
-    b->cap = 0;
-  }
-}
-
-size_t h2__sbuf_take(sbuf_t *b, uint8_t *out, size_t cap) {
-  size_t n = b->len < cap ? b->len : cap;
-  if (n == 0)
-    return 0;
-  memcpy(out, b->data, n);
-  memmove(b->data, b->data + n, b->len - n);
-  b->len -= n;
-  h2__sbuf_trim(b);
-  return n;
-}
-
 /* The down buffer, counted in h->down_held (CE_H2_DOWN_BUDGET). */
 bool h2__down_put(h2_t *h, h2s_t *s, const uint8_t *data, size_t len) {
   size_t before = s->down.cap;
-  bool ok = sbuf_put(&s->down, data, len);
+  int rc = ce_h2buf_put(&s->down, data, len, CE_H2_UP_STREAM_WINDOW);
   h->down_held += s->down.cap - before;
-  return ok;
+  return rc == CE_OK;
 }
 
-static size_t down_take(h2_t *h, h2s_t *s, uint8_t *out, size_t cap) {
+/* n bytes of the down buffer went to the workspace (a DATA frame): they
+ * leave the buffer, count as the response's, and the upstream may send as
+ * many again. */
+static void down_taken(h2_t *h, h2s_t *s, size_t n) {
   size_t before = s->down.cap;
-  size_t n = h2__sbuf_take(&s->down, out, cap);
+  ce_h2buf_drop(&s->down, n);
   h->down_held -= before - s->down.cap;
-  return n;
+  s->x.req.bytes_in += n;
+  nghttp2_session *us = h2__stream_up(s);
+  if (us != NULL) {
+    if (s->uid > 0)
+      nghttp2_session_consume(us, s->uid, n);
+    else
+      nghttp2_session_consume_connection(us, n);
+  }
 }
 
 static void down_drop(h2_t *h, h2s_t *s) {
   h->down_held -= s->down.cap;
-  s->down.len = 0;
-  h2__sbuf_trim(&s->down);
+  ce_h2buf_clear(&s->down);
 }
 
 /* ---- request heads, counted in h->rq_held (CE_H2_HEAD_BUDGET) ---------------- */
@@ -367,7 +335,7 @@ static void stream_free(h2_t *h, h2s_t *s) {
   h2__rq_drop(h, s);
   hset_free(&s->rqt);
   hset_free(&s->rs);
-  free(s->up.data);
+  ce_h2buf_clear(&s->up);
   down_drop(h, s);
   free(s->local_body);
   free(s->h1_trailers);
@@ -444,25 +412,19 @@ void h2__fail_502(h2s_t *s, const char *reason) { h2__fail_with(s, 502, reason);
 
 /* ---- the upstream's data, to the workspace ------------------------------------ */
 
+/* The response's DATA is not copied into nghttp2's frame buffer: the read
+ * callback only says how much goes (NGHTTP2_DATA_FLAG_NO_COPY), and
+ * srv_send_data writes the frame from the down buffer, its header in the
+ * buffer's headroom (h2/streambuf.h), in one piece. */
 ssize_t h2__down_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf, size_t length,
                          uint32_t *data_flags, nghttp2_data_source *source, void *user_data) {
   h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
   if (s == NULL)
     return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
-  h2_t *h = s->h;
-  size_t n = down_take(h, s, buf, length);
-  if (n > 0) {
-    s->x.req.bytes_in += n;
-    /* The bytes left the proxy: the upstream may send as many again. */
-    nghttp2_session *us = h2__stream_up(s);
-    if (us != NULL) {
-      if (s->uid > 0)
-        nghttp2_session_consume(us, s->uid, n);
-      else
-        nghttp2_session_consume_connection(us, n);
-    }
-  }
-  if (s->down.len == 0 && s->down.eof) {
+  size_t n = s->down.len < length ? s->down.len : length;
+  if (n > 0)
+    *data_flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+  if (s->down.len == n && s->down.eof) {
     *data_flags |= NGHTTP2_DATA_FLAG_EOF;
     if (s->rs_trailers) {
       nghttp2_nv nva[CE_H2_MAX_FIELDS];
@@ -475,6 +437,49 @@ ssize_t h2__down_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf,
   if (n == 0)
     return NGHTTP2_ERR_DEFERRED;
   return (ssize_t)n;
+}
+
+/* Writes a DATA frame h2__down_read announced: the 9-byte header, then
+ * `length` bytes from the front of the stream's down buffer (no padding:
+ * the session has no padding callback). Like the frames of mem_send, it
+ * goes only while the workspace's socket is under its high-water mark;
+ * else nghttp2 offers the same frame again at the next flush. */
+static int srv_send_data(nghttp2_session *session, nghttp2_frame *frame, const uint8_t *framehd, size_t length,
+                         nghttp2_data_source *source, void *user_data) {
+  h2_t *h = user_data;
+  ce_conn_t *c = h->c;
+  if (c->dead || !c->c.open || c->c.queued >= CE_CONN_HIGH_WATER)
+    return NGHTTP2_ERR_WOULDBLOCK;
+  h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
+  /* The bytes it announced are gone (the stream was reset meanwhile). */
+  if (s == NULL || s->down.len < length || frame->data.padlen != 0)
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+  if (length == 0) {
+    ce_conn_side_write(&c->c, (const char *)framehd, CE_H2BUF_HEADROOM);
+    return 0;
+  }
+  const uint8_t *wire = ce_h2buf_frame(&s->down, framehd);
+  ce_conn_side_write(&c->c, (const char *)wire, CE_H2BUF_HEADROOM + length);
+  down_taken(h, s, length);
+  return 0;
+}
+
+/* DATA frames to the workspace sized so that each ends a TLS record
+ * (CE_CONN_RECORD, docs/proxy.md "Writes"): the transport then seals
+ * whole records straight from the down buffer, with no copy into its
+ * record buffer. The first frame after other output (a HEADERS frame)
+ * fills the record that output began. */
+static ssize_t srv_data_length(nghttp2_session *session, uint8_t frame_type, int32_t stream_id,
+                               int32_t session_remote_window_size, int32_t stream_remote_window_size,
+                               uint32_t remote_max_frame_size, void *user_data) {
+  h2_t *h = user_data;
+  size_t used = (h->c->c.rec_len + CE_H2BUF_HEADROOM) % CE_CONN_RECORD;
+  size_t want = CE_CONN_RECORD - used;
+  /* Too little to end the record: a whole frame more if the peer takes
+   * it, else a full frame now and the next one ends a record. */
+  if (want < CE_H2_MIN_DATA)
+    want = want + CE_CONN_RECORD <= remote_max_frame_size ? want + CE_CONN_RECORD : remote_max_frame_size;
+  return (ssize_t)(want < remote_max_frame_size ? want : remote_max_frame_size);
 }
 
 /* ---- the exchange's ops (proxy/exchange.h) --------------------------------------- */
@@ -512,7 +517,7 @@ static bool h2_preview(ce_exchange_t *x, bool final) {
   r->body_preview = NULL;
   r->body_preview_len = 0;
   if (s->up.len > 0)
-    ce_reqinfo_add_preview(r, (const char *)s->up.data, s->up.len, cap);
+    ce_reqinfo_add_preview(r, (const char *)ce_h2buf_bytes(&s->up), s->up.len, cap);
   return final || s->up.eof || r->body_preview_len >= cap || s->up.len >= CE_H2_STREAM_BUF;
 }
 
@@ -713,7 +718,7 @@ static int srv_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, 
     nghttp2_session_consume(session, stream_id, len);
     return 0;
   }
-  if (!sbuf_put(&s->up, data, len)) {
+  if (ce_h2buf_put(&s->up, data, len, CE_H2_STREAM_BUF) != CE_OK) {
     /* More than the window we gave, or out of memory. */
     nghttp2_session_consume(session, stream_id, len);
     nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_FLOW_CONTROL_ERROR);
@@ -826,6 +831,8 @@ static int new_sessions(h2_t *h) {
       .data_chunk_recv = srv_data,
       .frame_send = srv_frame_send,
       .stream_close = srv_stream_close,
+      .send_data = srv_send_data,
+      .data_length = srv_data_length,
   };
   if (ce_h2_session_new(&params, &cbs, h, &h->srv) != CE_OK)
     return CE_ENOMEM;

@@ -19,7 +19,7 @@ static ssize_t up_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf
   if (s == NULL)
     return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
   h2_t *h = s->h;
-  size_t n = h2__sbuf_take(&s->up, buf, length);
+  size_t n = ce_h2buf_take(&s->up, buf, length);
   if (n > 0) {
     s->up_sent += n; /* gone: a refused stream cannot be sent again */
     s->x.req.bytes_out += n;
@@ -292,7 +292,7 @@ int h2__up_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t er
 int h2__up_session_new(h2_t *h, nghttp2_session **out) {
   static const ce_h2_session_params_t params = {
       .role = CE_H2_SESSION_CLIENT,
-      .stream_window = CE_H2_STREAM_BUF,
+      .stream_window = CE_H2_UP_STREAM_WINDOW,
       .conn_window = CE_H2_CONN_WINDOW,
       .max_header_list = CE_H2_MAX_HEADER_LIST,
   };
