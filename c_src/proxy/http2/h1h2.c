@@ -37,10 +37,18 @@
 
 /* One stream window of request body (docs/http2.md §4). */
 #define H1H2_BUF 65535u
+/* The window announced for the response (as the h2 path's upstream
+ * stream window, docs/http2.md §4). What the workspace has not taken yet
+ * waits in its socket's queue, acknowledged to the upstream only under
+ * CE_CONN_HIGH_WATER, so a connection holds at most that plus this
+ * window; a 64 KiB window made a download wait for a WINDOW_UPDATE every
+ * 32 KiB. */
+#define H1H2_STREAM_WINDOW (1024u * 1024u)
 /* The connection window (one stream at a time uses it): as the h2 path's
  * (docs/http2.md §4); what it lets in beyond the stream window is only
  * ever a stream's that ended. */
 #define H1H2_CONN_WINDOW (1024 * 1024)
+_Static_assert(H1H2_STREAM_WINDOW <= H1H2_CONN_WINDOW, "the connection window bounds the stream's");
 /* Response header block, as HTTP/1.1 bounds a head. */
 #define H1H2_MAX_HEADER_LIST CE_H1_MAX_HEAD_BYTES
 
@@ -364,7 +372,7 @@ static int start(ce_conn_t *c) {
   c->h1h2 = h;
   static const ce_h2_session_params_t params = {
       .role = CE_H2_SESSION_CLIENT,
-      .stream_window = H1H2_BUF,
+      .stream_window = H1H2_STREAM_WINDOW,
       .conn_window = H1H2_CONN_WINDOW,
       .max_header_list = H1H2_MAX_HEADER_LIST,
   };

@@ -319,6 +319,47 @@ defmodule Condukt.Netns.SidecarHttpTest do
 
   ## 3. Pipelining
 
+  describe "a slow HTTP/1.1 reader of an h2 upstream" do
+    # On 443 the upstream speaks h2 (h1h2.c). Its DATA is acknowledged only
+    # while the workspace's socket is under the high-water mark, so what
+    # the proxy holds for one connection stays within: its two input
+    # buffers, the queue towards the workspace (the high-water mark and one
+    # write of a TLS record), the response window the upstream may send
+    # beyond it (1 MiB, in the queue or still as TLS records), and h1h2's
+    # field buffer.
+    @h1h2_held_bound 2 * 128 * 1024 + (256 * 1024 + 1024 * 1024 + 64 * 1024) + 64 * 1024
+
+    test "a download read at 1 MB/s: what the proxy holds stays within its limits", %{tb: tb, sc: sc} do
+      q = tag()
+
+      task =
+        Task.async(fn ->
+          Client.run(tb, :curl, "https://allowed.test/big.bin?#{q}",
+            ca: sc.ca_cert,
+            http: :h1,
+            extra_args: ["--limit-rate", "1M", "--max-time", "5"],
+            timeout: 30_000
+          )
+        end)
+
+      Process.sleep(1_500)
+      samples = Enum.map(1..8, fn _ -> Process.sleep(250) && Sidecar.buffer_stats(sc) end)
+      r = Task.await(task, 30_000)
+      # curl gives up at --max-time (28), having read only part of the body.
+      assert r.exit_status == 28, inspect(r)
+
+      # held (buffers and queues) and tls (OpenSSL's buffers, the upstream's
+      # records not yet taken included): all the connection's bytes.
+      peak = Enum.max_by(samples, &(&1["held"] + &1["tls"]))
+
+      assert peak["held"] + peak["tls"] <= @h1h2_held_bound,
+             "the proxy held #{inspect(peak)}, over #{@h1h2_held_bound} bytes"
+
+      # The reader was slower than the origin: the bytes waited in the proxy.
+      assert Enum.any?(samples, &(&1["queued"] > 0)), inspect(samples)
+    end
+  end
+
   describe "pipelining" do
     test "pipelined plain-HTTP requests to several hosts are answered in order, each evaluated on its own",
          %{tb: tb, sc: sc} do
