@@ -37,12 +37,12 @@
 
 /* One stream window of request body (docs/http2.md §4). */
 #define H1H2_BUF 65535u
-/* The window announced for the response (as the h2 path's upstream
- * stream window, docs/http2.md §4). What the workspace has not taken yet
- * waits in its socket's queue, acknowledged to the upstream only under
+/* The window announced for the response (docs/http2.md §6). What the
+ * workspace has not taken yet waits in its socket's queue, and the
+ * upstream is read and acknowledged only while that queue is under
  * CE_CONN_HIGH_WATER, so a connection holds at most that plus this
- * window; a 64 KiB window made a download wait for a WINDOW_UPDATE every
- * 32 KiB. */
+ * window (one stream at a time); a 64 KiB window made a download wait for
+ * a WINDOW_UPDATE every 32 KiB. */
 #define H1H2_STREAM_WINDOW (1024u * 1024u)
 /* The connection window (one stream at a time uses it): as the h2 path's
  * (docs/http2.md §4); what it lets in beyond the stream window is only

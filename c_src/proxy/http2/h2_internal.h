@@ -51,16 +51,16 @@
 /* Per stream and direction: one stream window (docs/http2.md §4). The
  * workspace gets CE_H2_STREAM_BUF: what a stream's request body buffer
  * (up) holds, and an HTTP/1.1 upstream's response buffer (down). An h2
- * upstream gets CE_H2_UP_STREAM_WINDOW, the bound of a down buffer: a
- * larger window lets the origin keep sending while the proxy writes the
- * previous bytes, instead of stopping every 64 KiB for a WINDOW_UPDATE,
- * which nghttp2 sends once half of it was consumed (bench/PROFILE.md
- * "Bulk: windows and copies": 1 MiB took a 1 GiB download in two fifths
- * of the time of 64 KiB). The connection windows (CE_H2_CONN_WINDOW, each
- * way) bound the sum over the streams, so one stream may use all of its
- * connection's window but the memory bound of a connection is unchanged. */
+ * upstream gets CE_H2_UP_STREAM_WINDOW, the bound of a down buffer. A
+ * 1 MiB window took a 1 GiB download in two fifths of the time of 64 KiB
+ * (bench/PROFILE.md "Bulk: windows and copies"), but it is held back at
+ * 64 KiB: a buffer's allocation does not shrink as the workspace drains
+ * it, and the buffers of streams whose upstream connection closed count
+ * against no window, so with 1 MiB a workspace could make one connection
+ * hold about 100 MiB (100 streams), past the bound of docs/http2.md §4.
+ * Both are to be accounted first. */
 #define CE_H2_STREAM_BUF 65535u
-#define CE_H2_UP_STREAM_WINDOW (1024u * 1024u)
+#define CE_H2_UP_STREAM_WINDOW CE_H2_STREAM_BUF
 #define CE_H2_CONN_WINDOW (1024 * 1024)
 _Static_assert(CE_H2_UP_STREAM_WINDOW >= CE_H2_STREAM_BUF, "a down buffer also holds an HTTP/1.1 response's");
 _Static_assert(CE_H2_UP_STREAM_WINDOW <= CE_H2_CONN_WINDOW, "the connection window bounds every stream's");
