@@ -39,7 +39,8 @@ static inline const uint8_t *ce_h2buf_bytes(const ce_h2buf_t *b) { return b->dat
 
 /* Appends n bytes, keeping len ≤ max. Returns CE_OK; CE_ETOOBIG when they
  * do not fit under max; CE_ENOMEM when the room cannot be allocated. On
- * failure the buffer is unchanged. */
+ * failure it holds the same bytes, which CE_ENOMEM may have moved to the
+ * front (ce_h2buf_bytes finds them). */
 int ce_h2buf_put(ce_h2buf_t *b, const uint8_t *p, size_t n, size_t max);
 
 /* Copies up to cap bytes from the front into out and drops them; returns
