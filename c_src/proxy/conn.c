@@ -1411,6 +1411,19 @@ void ce_conn_abort_all(ce_proxy_t *p) {
 /* ---- for the HTTP/2 path (conn_internal.h) -------------------------------- */
 
 void ce_conn_side_write(side_t *s, const char *data, size_t len) { conn__side_write(s, data, len); }
+
+void ce_conn_side_seal(side_t *s) {
+  ce_conn_t *c = s->conn;
+  if (c->dead || !s->open)
+    return;
+  if (ce_transport_seal(s) == CE_ETLS) {
+    conn__report_failed(c, s == &c->c ? "tls_client_error" : "upstream_tls: write failed");
+    conn__abort(c);
+    return;
+  }
+  if (!c->dead && s->open && ce_transport_has_output(s))
+    flush_later(s);
+}
 void ce_conn_report_failed(ce_conn_t *c, const char *reason) { conn__report_failed(c, reason); }
 void ce_conn_abort(ce_conn_t *c) { conn__abort(c); }
 void ce_conn_close_after_flush(ce_conn_t *c) { conn__close_after_flush(c); }
