@@ -242,9 +242,10 @@ long h2__rq_fields(h2s_t *s, ce_h1_field_t *f, size_t cap);
 void h2__hset_head(const hset_t *s, ce_h1_head_t *hd);
 size_t h2__hset_bytes(const hset_t *s);
 bool h2__down_put(h2_t *h, h2s_t *s, const uint8_t *data, size_t len);
-/* Response bytes (allocated) held for streams whose h2 upstream
- * connection is gone: responses the workspace has not read yet, which no
- * connection window counts any more (CE_H2_ORPHAN_BUDGET). */
+/* Response bytes held for streams whose h2 upstream connection is gone:
+ * responses the workspace has not read yet, which no connection window
+ * counts any more (CE_H2_ORPHAN_BUDGET). Their allocation is at most two
+ * chunks more per stream (h2/streambuf.h). */
 size_t h2__orphaned(const h2_t *h);
 void h2__rq_drop(h2_t *h, h2s_t *s);
 void h2__fail_with(h2s_t *s, int status, const char *reason);

@@ -630,9 +630,16 @@ static bool slot_serve(h1slot_t *sl) {
 }
 
 /* No new h2 upstream connection (a fresh connection window) while the
- * responses of closed ones wait unread past CE_H2_ORPHAN_BUDGET. */
+ * responses of closed ones wait unread past CE_H2_ORPHAN_BUDGET. A
+ * connection already being opened (before they passed it) serves the
+ * queue once it is up: that is no hold. */
 static bool orphans_hold(h2_t *h) {
-  return h->h2up && h2__up_current(h) == NULL && h2__orphaned(h) > CE_H2_ORPHAN_BUDGET;
+  if (!h->h2up || h2__up_current(h) != NULL || h2__orphaned(h) <= CE_H2_ORPHAN_BUDGET)
+    return false;
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++)
+    if (slot_connecting(&h->slots[i]))
+      return false;
+  return true;
 }
 
 /* Streams wait for an h2 connection while none can be opened: every slot
@@ -664,6 +671,10 @@ static void queue_timeout(uv_timer_t *t) {
     h->blocked_at = 0;
     return;
   }
+  /* Blocked again after a pause (a connection was being opened): the
+   * deadline counts from now. */
+  if (h->blocked_at == 0)
+    h->blocked_at = h2__now_ms();
   uint64_t limit = c->proxy->opts->connect_ms, waited = h2__now_ms() - h->blocked_at;
   if (waited < limit) {
     uv_timer_start(t, queue_timeout, limit - waited, 0);
@@ -672,10 +683,12 @@ static void queue_timeout(uv_timer_t *t) {
   h->blocked_at = 0;
   if (orphans_hold(h)) {
     CE_TRACE_D("proxy", 'c', c->id, "h2: unread responses of closed upstream connections; the waiting streams fail");
-    h2__fail_queue(h, 503,
-                   "upstream_busy: responses of closed upstream connections wait unread (more than 1048576 bytes); "
-                   "no new upstream connection is opened until they are read, and none was within the connect "
-                   "timeout");
+    char why[240];
+    snprintf(why, sizeof(why),
+             "upstream_busy: responses of closed upstream connections wait unread (more than %zu bytes); no new "
+             "upstream connection is opened until they are read, and none was within the connect timeout",
+             (size_t)CE_H2_ORPHAN_BUDGET);
+    h2__fail_queue(h, 503, why);
   } else {
     CE_TRACE_D("proxy", 'c', c->id, "h2: every upstream connection drains; the waiting streams fail");
     h2__fail_queue(h, 503,
@@ -777,8 +790,8 @@ void h2__h1_pump(h2_t *h) {
     if (h->h2up && (coming > 0 || h2__up_current(h) != NULL))
       return;
     if (orphans_hold(h)) {
-      CE_TRACE_D("proxy", 'c', c->id, "h2: %zu bytes of closed upstream connections unread; new streams wait",
-                 h2__orphaned(h));
+      if (h->blocked_at == 0)
+        CE_TRACE_D("proxy", 'c', c->id, "h2: responses of closed upstream connections unread; new streams wait");
       queue_wait(h);
       return;
     }

@@ -212,7 +212,7 @@ size_t h2__orphaned(const h2_t *h) {
   size_t n = 0;
   for (const h2s_t *s = h->streams; s != NULL; s = s->next)
     if (s->route == H2S_ROUTE_H2 && s->uslot == NULL)
-      n += s->down.cap;
+      n += s->down.len;
   return n;
 }
 
@@ -473,8 +473,11 @@ static int srv_send_data(nghttp2_session *session, nghttp2_frame *frame, const u
    * rest of a chunk) goes as a short record of its own rather than being
    * filled with this frame's bytes, a copy of up to 16 KiB per frame
    * that would shift every later frame off the records. */
-  if (CE_H2BUF_HEADROOM + length == CE_CONN_RECORD && c->c.rec_len > 0)
+  if (CE_H2BUF_HEADROOM + length == CE_CONN_RECORD && c->c.rec_len > 0) {
     ce_conn_side_seal(&c->c);
+    if (c->dead)
+      return NGHTTP2_ERR_CALLBACK_FAILURE;
+  }
   const uint8_t *wire = ce_h2buf_frame(&s->down, framehd);
   ce_conn_side_write(&c->c, (const char *)wire, CE_H2BUF_HEADROOM + length);
   down_taken(h, s, length);
@@ -524,14 +527,12 @@ static bool h2_preview(ce_exchange_t *x, bool final) {
   h2s_t *s = x->owner;
   size_t cap = s->h->c->proxy->opts->body_preview;
   ce_reqinfo_t *r = &x->req;
-  free(r->body_preview);
-  r->body_preview = NULL;
-  r->body_preview_len = 0;
+  ce_reqinfo_reset_preview(r);
   const uint8_t *p;
   size_t n;
   for (size_t k = 0; (n = ce_h2buf_piece(&s->up, k, &p)) > 0 && r->body_preview_len < cap; k++)
     ce_reqinfo_add_preview(r, (const char *)p, n, cap);
-  return final || s->up.eof || r->body_preview_len >= cap || s->up.len >= CE_H2_STREAM_BUF;
+  return final || s->up.eof || r->body_preview_len >= cap || r->body_preview_lost || s->up.len >= CE_H2_STREAM_BUF;
 }
 
 /* The question waits for DATA under the connection's timer (its expiry
