@@ -4,8 +4,8 @@
  *
  * The bytes live in a chain of chunks. Taking from the front only moves an
  * offset and frees each chunk as soon as it is taken whole, so what is
- * allocated follows what is held (at most two chunks more than the bytes:
- * the partly taken first one and the partly filled last one) however the
+ * allocated follows what is held (at most two chunks more than the bytes
+ * fill: the partly taken first one and the partly filled last one) however the
  * buffer is drained, and bytes are never moved to make room. A chunk is
  * CE_H2BUF_CHUNK bytes, the first CE_H2BUF_HEADROOM of which are never
  * data: there is always room for a DATA frame's 9-byte header just before
