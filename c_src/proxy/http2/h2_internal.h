@@ -169,6 +169,9 @@ typedef struct h2s {
   struct h1slot *uslot;    /* the connection whose session uid is on, NULL once it is gone */
   bool retried;            /* refused once and sent again: never twice */
   size_t up_sent;          /* request body bytes handed to an h2 upstream */
+  int64_t rq_length;       /* the request's content-length, -1 when it declared none */
+  uint64_t rq_seen;        /* request body bytes received (forwarded or dropped) */
+  bool end_early_sent;     /* RST_STREAM(NO_ERROR) after the response went (h2__stream_end_early) */
 } h2s_t;
 
 /*

@@ -321,6 +321,7 @@ static h2s_t *stream_new(h2_t *h, int32_t cid) {
     return NULL;
   s->h = h;
   s->cid = cid;
+  s->rq_length = -1;
   ce_exchange_init(&s->x, &h2_ops, s, &h->asks);
   s->next = h->streams;
   if (h->streams != NULL)
@@ -691,10 +692,18 @@ static int srv_header(nghttp2_session *session, const nghttp2_frame *frame, cons
   h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
   if (s == NULL)
     return 0;
-  if (s->rq_head_done)
+  if (s->rq_head_done) {
     h2__hset_add(&s->rqt, name, namelen, value, valuelen, SIZE_MAX);
-  else
-    rq_add(s->h, s, name, namelen, value, valuelen);
+    return 0;
+  }
+  rq_add(s->h, s, name, namelen, value, valuelen);
+  /* nghttp2 has checked it (digits; DATA will be held to it). */
+  if (namelen == 14 && memcmp(name, "content-length", 14) == 0 && valuelen > 0 && valuelen <= 18) {
+    int64_t n = 0;
+    for (size_t i = 0; i < valuelen && n >= 0; i++)
+      n = value[i] >= '0' && value[i] <= '9' ? n * 10 + (value[i] - '0') : -1;
+    s->rq_length = n;
+  }
   return 0;
 }
 
@@ -728,8 +737,12 @@ static int srv_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, 
 static int srv_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, const uint8_t *data, size_t len,
                     void *user_data) {
   h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
+  if (s != NULL)
+    s->rq_seen += len;
   if (s == NULL || s->local || s->h1_abandon || (s->uid == 0 && s->rq_head_done && ce_exchange_is_open(&s->x) && s->x.ended)) {
     nghttp2_session_consume(session, stream_id, len);
+    if (s != NULL)
+      h2__stream_end_early(s);
     return 0;
   }
   if (ce_h2buf_put(&s->up, data, len, CE_H2_STREAM_BUF) != CE_OK) {
@@ -746,13 +759,24 @@ static int srv_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, 
 /* RFC 9113 §8.1: the response is complete and the rest of the request can
  * go nowhere (answered locally, the upstream's stream closed, or the
  * HTTP/1.1 response ended first): RST_STREAM(NO_ERROR) tells a workspace
- * still sending to stop, and the stream ends. */
+ * still sending to stop, and the stream ends. Not while what its
+ * content-length says is left fits one stream window: such a body is let
+ * come (its bytes dropped, its window given back) and ends the stream
+ * itself. A reset there gains nothing, and some clients report it instead
+ * of the response they got (curl 7.88, Debian 12's, when the answer
+ * came before it sent its body: a refusal from the cache does). Called
+ * when the response ends and for each dropped DATA frame after it. */
 void h2__stream_end_early(h2s_t *s) {
   h2_t *h = s->h;
-  if (!s->resp_end_sent || h->failed || nghttp2_session_get_stream_remote_close(h->srv, s->cid) != 0)
+  if (!s->resp_end_sent || s->end_early_sent || h->failed ||
+      nghttp2_session_get_stream_remote_close(h->srv, s->cid) != 0)
     return;
   if (!s->local && !s->h1_abandon && !(s->route == H2S_ROUTE_H2 && s->uid == 0))
     return;
+  if (s->rq_length >= 0 && (uint64_t)s->rq_length >= s->rq_seen &&
+      (uint64_t)s->rq_length - s->rq_seen <= CE_H2_STREAM_BUF)
+    return;
+  s->end_early_sent = true;
   nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_NO_ERROR);
 }
 

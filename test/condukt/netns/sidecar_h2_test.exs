@@ -1002,6 +1002,19 @@ defmodule Condukt.Netns.SidecarH2Test do
       assert %{"status" => 403, "ended" => true, "reset" => 0} = out["streams"]["1"], inspect(out)
       assert %{"event" => "request_denied", "stream_id" => 1} = List.last(events_for(q))
     end
+
+    test "a stream answered while the rest of its declared body fits a window is not reset: the workspace ends it",
+         %{tb: tb, sc: sc} do
+      # 1000 of 1500 announced bytes sent, then nothing for 3 s: the 500
+      # left fit the stream's window, so no RST_STREAM comes (curl 7.88,
+      # answered before it sent its body, reports such a reset as a stream
+      # error instead of the 403 it received).
+      q = tag()
+      out = h2_raw(tb, sc, %{host: "decide.test", mode: "upload_open", path: "/secret", size: 1500, query: q})
+      assert %{"status" => 403, "ended" => true} = st = out["streams"]["1"], inspect(out)
+      refute Map.has_key?(st, "reset"), inspect(out)
+      assert %{"event" => "request_denied", "stream_id" => 1} = List.last(events_for(q))
+    end
   end
 
   describe "event shapes" do
