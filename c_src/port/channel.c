@@ -40,6 +40,7 @@
 #include "control/handshake.h"
 #include "control/listen.h"
 #include "port/etf.h"
+#include "port/json_line.h"
 #include "port/json_term.h"
 
 /* A channel's read buffer: one line of the control channel at most. */
@@ -414,15 +415,10 @@ static void on_welcome_line(ce__chan_t *c, const char *line, size_t n) {
   ce__port_send(c->port, &x);
 }
 
-/* Any later line: {control, Chan, {frame, Map}}. Returns false when the
- * line ended the channel. */
+/* Any later line: {control, Chan, {frame, Map}}, the map written as the
+ * line is read (json_line.h). Returns false when the line ended the
+ * channel. */
 static bool on_frame_line(ce__chan_t *c, const char *line, size_t n) {
-  char why[200];
-  json_t *v = parse_line(line, n, why, sizeof(why));
-  if (v == NULL) {
-    end(c, true, "the sidecar sent a malformed frame: %s", why);
-    return false;
-  }
   ei_x_buff x;
   char err[CE_PORT_MSG_MAX] = "";
   int rc = ei_x_new_with_version(&x) == 0 ? CE_OK : CE_ENOMEM;
@@ -432,13 +428,15 @@ static bool on_frame_line(ce__chan_t *c, const char *line, size_t n) {
        ei_x_encode_tuple_header(&x, 2) != 0 || ei_x_encode_atom(&x, "frame") != 0))
     rc = CE_ENOMEM;
   if (rc == CE_OK)
-    rc = ce_json_to_term(v, &x, err, sizeof(err));
-  json_decref(v);
+    rc = ce_json_line_to_term(line, n, &x, err, sizeof(err));
   if (rc != CE_OK) {
     if (x.buff != NULL)
       ei_x_free(&x);
-    end(c, true, "the sidecar sent a frame the port cannot relay: %s",
-        err[0] != '\0' ? err : ce_strerror(rc));
+    if (rc == CE_EPARSE)
+      end(c, true, "the sidecar sent a malformed frame: %s", err);
+    else
+      end(c, true, "the sidecar sent a frame the port cannot relay: %s",
+          err[0] != '\0' ? err : ce_strerror(rc));
     return false;
   }
   c->unacked++;

@@ -609,3 +609,74 @@ Test(port_channel, attach_needs_the_session_id) {
                 "sidecar)\">>}}}");
   finish();
 }
+
+/* A sidecar that holds the token (the squatter above, given it) runs the
+ * handshake to the welcome, as a real one would. */
+static void squat_open(squat_t *q, int id) {
+  char line[1024];
+  squat_accept(q, id, line, sizeof(line));
+  json_error_t jerr;
+  json_t *hello = json_loads(line, 0, &jerr);
+  cr_assert_not_null(hello, "%s", line);
+  uint8_t tok[16], np[CE_CONTROL_NONCE_LEN], ns[CE_CONTROL_NONCE_LEN];
+  uint8_t proof[CE_CONTROL_PROOF_LEN];
+  cr_assert(ce_control_unhex(TOKEN_HEX, 32, tok, sizeof(tok)));
+  cr_assert(ce_control_unhex(json_string_value(json_object_get(hello, "nonce")), 64, np,
+                             sizeof(np)));
+  json_decref(hello);
+  cr_assert(ce_control_unhex(H64, 64, ns, sizeof(ns)));
+  squat_say(q, "{\"type\":\"challenge\",\"version\":2,\"nonce\":\"" H64 "\"}\n");
+  ssize_t n = read(q->c, line, sizeof(line) - 1);
+  cr_assert(n > 0);
+  cr_assert_eq(ce_control_proof(tok, sizeof(tok), CE_CONTROL_ROLE_SIDECAR, "sess-port", np, ns,
+                                proof),
+               CE_OK);
+  char welcome[400];
+  int len = snprintf(welcome, sizeof(welcome),
+                     "{\"type\":\"welcome\",\"version\":2,\"session_id\":\"sess-port\","
+                     "\"dropped\":0,\"proof\":\"");
+  ce_control_hex(proof, sizeof(proof), welcome + len);
+  snprintf(welcome + len + 2 * CE_CONTROL_PROOF_LEN,
+           sizeof(welcome) - (size_t)len - 2 * CE_CONTROL_PROOF_LEN, "\"}\n");
+  squat_say(q, welcome);
+  char expect[256];
+  snprintf(expect, sizeof(expect),
+           "{reply,%d,{ok,{%d,#{<<\"type\">> => <<\"welcome\">>,<<\"version\">> => 2,"
+           "<<\"session_id\">> => <<\"sess-port\">>,<<\"dropped\">> => 0}}}}",
+           id, id);
+  expect_packet(expect);
+}
+
+/* A sidecar's line that is not a frame ends the channel: the frames
+ * before it in the same read are delivered, then {closed, Reason} says
+ * what was wrong and where, and nothing after it is relayed. */
+Test(port_channel, a_malformed_frame_closes_the_channel_with_the_reason) {
+  squat_t q;
+  squat_start(&q);
+  squat_open(&q, 1);
+  squat_say(&q, "{\"type\":\"event\",\"seq\":1,\"s\":\"\\u00e9\"}\n"
+                "{\"type\":\"event\",\"seq\":2,\"type\":\"x\"}\n"
+                "{\"type\":\"event\",\"seq\":3}\n");
+  expect_packet("{control,1,{frame,#{<<\"type\">> => <<\"event\">>,<<\"seq\">> => 1,"
+                "<<\"s\">> => <<\"é\">>}}}");
+  expect_packet("{control,1,{closed,<<\"the sidecar sent a malformed frame: byte 0: the member "
+                "\\\"type\\\" appears twice in an object\">>}}");
+  expect_quiet();
+  squat_end(&q);
+
+  /* Valid JSON nested deeper than the mapping goes. */
+  squat_open(&q, 2);
+  char deep[200];
+  int len = snprintf(deep, sizeof(deep), "{\"type\":\"event\",\"x\":");
+  for (int k = 0; k < 40; k++)
+    deep[len++] = '[';
+  for (int k = 0; k < 40; k++)
+    deep[len++] = ']';
+  snprintf(deep + len, sizeof(deep) - (size_t)len, "}\n");
+  squat_say(&q, deep);
+  expect_packet("{control,2,{closed,<<\"the sidecar sent a frame the port cannot relay: byte 52: "
+                "nested deeper than 32\">>}}");
+  squat_end(&q);
+  close(q.lfd);
+  finish();
+}
