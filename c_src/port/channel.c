@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/jsonw.h"
 #include "control/control.h"
 #include "control/handshake.h"
 #include "control/listen.h"
@@ -82,9 +83,13 @@ struct ce__chan {
   char reason[REASON_MAX];                  /* why an OPEN channel ended */
 };
 
+/* One write to the sidecar: its bytes follow the request (handshake
+ * lines, copied), or are a buffer the write owns (frames, written in
+ * place by control_send). */
 typedef struct {
   uv_write_t req;
   ce__chan_t *chan;
+  char *owned;
   size_t len;
   char data[];
 } chan_write_t;
@@ -227,25 +232,38 @@ static void end(ce__chan_t *c, bool discard, const char *fmt, ...) {
 static void on_written(uv_write_t *req, int status) {
   chan_write_t *w = (chan_write_t *)req;
   ce__chan_t *c = w->chan;
+  free(w->owned);
   free(w);
   if (status < 0 && status != UV_ECANCELED)
     end(c, false, "cannot write to the sidecar: %s", uv_strerror(status));
 }
 
-/* Queues len bytes of data (a line with its '\n'). Returns 0 or a libuv
- * error. */
-static int chan_write(ce__chan_t *c, const char *data, size_t len) {
-  chan_write_t *w = malloc(sizeof(*w) + len);
-  if (w == NULL)
+/* Queues len bytes (a line with its '\n'): a copy of data, or, with
+ * owned, data itself, which the write then frees (also when it cannot be
+ * queued). Returns 0 or a libuv error. */
+static int chan_write_buf(ce__chan_t *c, char *data, size_t len, bool owned) {
+  chan_write_t *w = malloc(sizeof(*w) + (owned ? 0 : len));
+  if (w == NULL) {
+    if (owned)
+      free(data);
     return UV_ENOMEM;
+  }
   w->chan = c;
   w->len = len;
-  memcpy(w->data, data, len);
-  uv_buf_t b = uv_buf_init(w->data, (unsigned)len);
+  w->owned = owned ? data : NULL;
+  if (!owned)
+    memcpy(w->data, data, len);
+  uv_buf_t b = uv_buf_init(owned ? data : w->data, (unsigned)len);
   int rc = uv_write(&w->req, &c->sock.stream, &b, 1, on_written);
-  if (rc != 0)
+  if (rc != 0) {
+    free(w->owned);
     free(w);
+  }
   return rc;
+}
+
+static int chan_write(ce__chan_t *c, const char *data, size_t len) {
+  return chan_write_buf(c, (char *)data, len, false);
 }
 
 /* ---- reading -------------------------------------------------------------------------- */
@@ -639,44 +657,48 @@ void ce__chan_send(ce_port_t *p, uint64_t id, uint64_t chan, json_t *frame) {
                          (unsigned long long)chan);
     return;
   }
-  char *text = json_dumps(frame, JSON_COMPACT);
-  json_decref(frame);
-  if (text == NULL) {
-    ce__port_reply_error(p, id, CE_ENOMEM, "control_send: out of memory");
-    return;
-  }
-  size_t n = strlen(text);
-  if (n + 1 > CE_CONTROL_MAX_FRAME) {
-    free(text);
-    ce__port_reply_error(p, id, CE_ETOOBIG,
-                         "control_send: the frame is %zu bytes of JSON, over the control "
-                         "channel's limit of %u",
-                         n + 1, CE_CONTROL_MAX_FRAME);
-    return;
-  }
-  /* The sidecar's own parser judges the frame first: a frame it would
+  /* The sidecar's own rules judge the frame first: a frame it would
    * refuse closes the channel there (a protocol violation), while here
    * it is only this call's error. Handshake frames are valid for the
-   * parser but a violation once authenticated. */
+   * parser but a violation once authenticated. What only the text could
+   * get wrong (duplicate members, UTF-8, NUL bytes) the conversion from
+   * the term ruled out already; the size is the writer's bound. */
   ce_frame_t parsed;
   const char *why = NULL;
-  if (ce_control_frame_parse(text, n, &parsed, &why) != CE_OK ||
+  if (ce_control_frame_check(frame, &parsed, &why) != CE_OK ||
       parsed.type == CE_FRAME_HELLO || parsed.type == CE_FRAME_AUTH) {
-    free(text);
+    json_decref(frame);
     ce__port_reply_error(p, id, CE_EINVAL, "control_send: frame: %s",
                          why != NULL ? why : "the handshake is control_attach's alone");
     return;
   }
   if (uv_stream_get_write_queue_size(&c->sock.stream) > CE_PORT_CHAN_WRITE_MAX) {
-    free(text);
+    json_decref(frame);
     ce__port_reply_error(p, id, CE_EUNAVAIL,
                          "control_send: the sidecar is not reading (over %u bytes queued)",
                          CE_PORT_CHAN_WRITE_MAX);
     return;
   }
-  text[n] = '\n';
-  int rc = chan_write(c, text, n + 1);
-  free(text);
+  /* The line is written once, into the buffer the socket write takes. */
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, NULL, 0, CE_CONTROL_MAX_FRAME);
+  ce_jsonw_value(&w, frame);
+  ce_jsonw_raw(&w, "\n", 1);
+  json_decref(frame);
+  int err = ce_jsonw_error(&w);
+  if (err != CE_OK) {
+    ce_jsonw_free(&w);
+    if (err == CE_ETOOBIG)
+      ce__port_reply_error(p, id, CE_ETOOBIG,
+                           "control_send: the frame is over the control channel's limit of %u "
+                           "bytes of JSON",
+                           CE_CONTROL_MAX_FRAME);
+    else
+      ce__port_reply_error(p, id, err, "control_send: cannot write the frame: %s",
+                           ce_strerror(err));
+    return;
+  }
+  int rc = chan_write_buf(c, w.buf, w.len, true);
   if (rc != 0) {
     ce__port_reply_error(p, id, rc == UV_ENOMEM ? CE_ENOMEM : CE_ECLOSED,
                          "control_send: cannot write to the sidecar: %s", uv_strerror(rc));

@@ -315,9 +315,31 @@ Test(port_channel, control_send_refusals) {
   expect_packet("{reply,6,{error,{closed,<<\"control_send: channel 9 is not open\">>}}}");
   ce_test_port_send(&pp, "{call, 7, {control_send, 0, #{type => ping}}}");
   expect_packet("{reply,7,{error,{badarg,<<\"control_send: Chan must be a positive integer\">>}}}");
+  /* Deeper than the sidecar's parser goes (16), within the mapping's 32. */
+  ce_test_port_send(&pp, "{call, 9, {control_send, 1, #{type => ping, x => "
+                         "[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}}}");
+  expect_packet("{reply,9,{error,{inval,<<\"control_send: frame: frame nested deeper than "
+                "16\">>}}}");
+  /* Over 1 MiB of JSON with its newline, and just within it. */
+  size_t room = CE_CONTROL_MAX_FRAME - strlen("{\"type\":\"ping\",\"x\":\"\"}\n");
+  for (int k = 0; k < 2; k++) {
+    size_t n = room + (k == 0 ? 1 : 0);
+    char *req = malloc(n + 100);
+    cr_assert_not_null(req);
+    int len = snprintf(req, 100, "{call, %d, {control_send, 1, #{type => ping, x => <<\"",
+                       10 + k);
+    memset(req + len, 'a', n);
+    strcpy(req + (size_t)len + n, "\">>}}}");
+    ce_test_port_send(&pp, req);
+    free(req);
+  }
+  expect_packet("{reply,10,{error,{toobig,<<\"control_send: the frame is over the control "
+                "channel's limit of 1048576 bytes of JSON\">>}}}");
+  expect_packet("{reply,11,ok}");
   /* The channel survived all of that. */
   ce_test_port_send(&pp, "{call, 8, {control_send, 1, #{type => ping}}}");
   expect_packet("{reply,8,ok}");
+  expect_packet("{control,1,{frame,#{<<\"type\">> => <<\"pong\">>}}}");
   expect_packet("{control,1,{frame,#{<<\"type\">> => <<\"pong\">>}}}");
   finish();
 }
