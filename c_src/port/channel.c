@@ -649,11 +649,40 @@ fail_sock:
 
 /* ---- send, detach, ack, close_all ------------------------------------------------------------- */
 
-void ce__chan_send(ce_port_t *p, uint64_t id, uint64_t chan, json_t *frame) {
+void ce__chan_send_error(ce_port_t *p, const ce__send_to_t *to, uint64_t chan, int code,
+                         const char *fmt, ...) {
+  char msg[CE_PORT_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (!to->post) {
+    ce__port_reply_error(p, to->id, code, "%s", msg);
+    return;
+  }
+  /* The Tag's bytes were checked with the packet (ce_etf_check) and are
+   * copied as they are: the poster finds its own term again. */
+  ei_x_buff x;
+  if (ei_x_new_with_version(&x) == 0 && ei_x_encode_tuple_header(&x, 3) == 0 &&
+      ei_x_encode_atom(&x, "control") == 0 && ei_x_encode_ulonglong(&x, (EI_ULONGLONG)chan) == 0 &&
+      ei_x_encode_tuple_header(&x, 3) == 0 && ei_x_encode_atom(&x, "send_failed") == 0 &&
+      ei_x_append_buf(&x, to->tag, (int)to->tag_len) == 0 &&
+      ei_x_encode_tuple_header(&x, 2) == 0 && ce__port_encode_code(&x, code) == 0 &&
+      ce_etf_encode_text(&x, msg) == 0) {
+    ce__port_send(p, &x);
+  } else {
+    if (x.buff != NULL)
+      ei_x_free(&x);
+    fprintf(stderr, "condukt-egress port: out of memory reporting a failed post\n");
+    ce__port_stop(p, 1);
+  }
+}
+
+void ce__chan_send(ce_port_t *p, const ce__send_to_t *to, uint64_t chan, json_t *frame) {
   ce__chan_t *c = find(p, chan);
   if (c == NULL || c->state != OPEN) {
     json_decref(frame);
-    ce__port_reply_error(p, id, CE_ECLOSED, "control_send: channel %llu is not open",
+    ce__chan_send_error(p, to, chan, CE_ECLOSED, "control_send: channel %llu is not open",
                          (unsigned long long)chan);
     return;
   }
@@ -668,13 +697,13 @@ void ce__chan_send(ce_port_t *p, uint64_t id, uint64_t chan, json_t *frame) {
   if (ce_control_frame_check(frame, &parsed, &why) != CE_OK ||
       parsed.type == CE_FRAME_HELLO || parsed.type == CE_FRAME_AUTH) {
     json_decref(frame);
-    ce__port_reply_error(p, id, CE_EINVAL, "control_send: frame: %s",
+    ce__chan_send_error(p, to, chan, CE_EINVAL, "control_send: frame: %s",
                          why != NULL ? why : "the handshake is control_attach's alone");
     return;
   }
   if (uv_stream_get_write_queue_size(&c->sock.stream) > CE_PORT_CHAN_WRITE_MAX) {
     json_decref(frame);
-    ce__port_reply_error(p, id, CE_EUNAVAIL,
+    ce__chan_send_error(p, to, chan, CE_EUNAVAIL,
                          "control_send: the sidecar is not reading (over %u bytes queued)",
                          CE_PORT_CHAN_WRITE_MAX);
     return;
@@ -689,23 +718,24 @@ void ce__chan_send(ce_port_t *p, uint64_t id, uint64_t chan, json_t *frame) {
   if (err != CE_OK) {
     ce_jsonw_free(&w);
     if (err == CE_ETOOBIG)
-      ce__port_reply_error(p, id, CE_ETOOBIG,
+      ce__chan_send_error(p, to, chan, CE_ETOOBIG,
                            "control_send: the frame is over the control channel's limit of %u "
                            "bytes of JSON",
                            CE_CONTROL_MAX_FRAME);
     else
-      ce__port_reply_error(p, id, err, "control_send: cannot write the frame: %s",
+      ce__chan_send_error(p, to, chan, err, "control_send: cannot write the frame: %s",
                            ce_strerror(err));
     return;
   }
   int rc = chan_write_buf(c, w.buf, w.len, true);
   if (rc != 0) {
-    ce__port_reply_error(p, id, rc == UV_ENOMEM ? CE_ENOMEM : CE_ECLOSED,
+    ce__chan_send_error(p, to, chan, rc == UV_ENOMEM ? CE_ENOMEM : CE_ECLOSED,
                          "control_send: cannot write to the sidecar: %s", uv_strerror(rc));
     end(c, false, "cannot write to the sidecar: %s", uv_strerror(rc));
     return;
   }
-  ce__port_reply_ok(p, id);
+  if (!to->post)
+    ce__port_reply_ok(p, to->id);
 }
 
 void ce__chan_detach(ce_port_t *p, uint64_t id, uint64_t chan) {

@@ -344,6 +344,52 @@ Test(port_channel, control_send_refusals) {
   finish();
 }
 
+static void on_post_decision(void *data, int status, bool allow, const char *reason,
+                             bool cacheable) {
+  int *got = data;
+  *got = status == CE_OK && allow ? 1 : -1;
+}
+
+/* A post is control_send without the reply: a frame that is queued gets
+ * no answer at all, one that is not gets {send_failed, Tag, {Code, Msg}}
+ * on the channel, with the poster's Tag as it was sent. */
+Test(port_channel, post_answers_only_failures) {
+  attach(8);
+  int got = 0;
+  cr_assert_eq(ce_control_ask(ctl, json_pack("{s:s}", "host", "a.test"), 5000, on_post_decision,
+                              &got),
+               1);
+  char *req = recv_term();
+  cr_assert(strstr(req, "decision_request") != NULL, "%s", req);
+  free(req);
+  ce_test_port_send(&pp, "{post, 1, {decision, <<\"1\">>, allow}, #{type => decision, "
+                         "id => <<\"1\">>, decision => allow, cache => false}}");
+  for (int k = 0; k < 2000 && got == 0; k++) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    poll(NULL, 0, 1);
+  }
+  cr_assert_eq(got, 1, "the posted decision did not reach the sidecar");
+  expect_quiet();
+  /* Refused by the sidecar's rules, by the mapping, not a map, and a
+   * channel that is not open: each a send_failed with its Tag. */
+  ce_test_port_send(&pp, "{post, 1, {t, 1}, #{type => decision, id => <<\"x\">>}}");
+  expect_packet("{control,1,{send_failed,{t,1},{inval,<<\"control_send: frame: decision: "
+                "\\\"id\\\" must be a decimal string of a uint64\">>}}}");
+  ce_test_port_send(&pp, "{post, 1, {t, 2}, #{type => ping, x => {1}}}");
+  expect_packet("{control,1,{send_failed,{t,2},{badarg,<<\"post: frame.x: a tuple is not "
+                "JSON\">>}}}");
+  ce_test_port_send(&pp, "{post, 1, [t, 3], [ping]}");
+  expect_packet("{control,1,{send_failed,[t,3],{badarg,<<\"post: Frame must be a map\">>}}}");
+  ce_test_port_send(&pp, "{post, 9, <<\"t4\">>, #{type => ping}}");
+  expect_packet("{control,9,{send_failed,<<\"t4\">>,{closed,<<\"control_send: channel 9 is not "
+                "open\">>}}}");
+  /* The channel is fine: a posted ping is answered by the sidecar only. */
+  ce_test_port_send(&pp, "{post, 1, t5, #{type => ping}}");
+  expect_packet("{control,1,{frame,#{<<\"type\">> => <<\"pong\">>}}}");
+  expect_quiet();
+  finish();
+}
+
 Test(port_channel, sidecar_gone_is_closed_once_after_pending_frames) {
   attach(1);
   emit(1);
