@@ -48,19 +48,30 @@ defmodule Condukt.Bench.DecideSyscallsTest do
     for _ <- 1..5, do: assert(curl(tb, sc).status == 200)
 
     File.mkdir_p!(@out)
+
     tracers =
       for {name, pid} <- [port: port_pid, sidecar: sc.pid] do
         file = Path.join(@out, "#{name}.txt")
+
         args =
           case System.get_env("TRACER", "strace") do
-            "strace" -> ["strace", "-f", "-c", "-o", file, "-p", "#{pid}"]
+            "strace" ->
+              ["strace", "-f", "-c", "-o", file, "-p", "#{pid}"]
+
             # every read and write with its socket's addresses, for counts per socket
-            "calls" -> ["strace", "-f", "-yy", "-e", "trace=read,write,writev", "-o", file, "-p", "#{pid}"]
-            "perf" -> ["perf", "stat", "-e", "instructions:u,instructions:k,context-switches", "-o", file, "-p", "#{pid}"]
+            "calls" ->
+              ["strace", "-f", "-yy", "-e", "trace=read,write,writev", "-o", file, "-p", "#{pid}"]
+
+            "perf" ->
+              ["perf", "stat", "-e", "instructions:u,instructions:k,context-switches", "-o", file, "-p", "#{pid}"]
           end
 
-        port = Port.open({:spawn_executable, System.find_executable(hd(args))},
-          [:binary, :exit_status, args: tl(args)])
+        port =
+          Port.open(
+            {:spawn_executable, System.find_executable(hd(args))},
+            [:binary, :exit_status, args: tl(args)]
+          )
+
         {:os_pid, os} = Port.info(port, :os_pid)
         {name, port, os, file}
       end
@@ -81,6 +92,9 @@ defmodule Condukt.Bench.DecideSyscallsTest do
 
   defp curl(tb, sc) do
     Client.run(tb, :curl, "https://decide.test/?t=#{System.unique_integer([:positive])}",
-      ca: sc.ca_cert, http: :h1, timeout: 30_000)
+      ca: sc.ca_cert,
+      http: :h1,
+      timeout: 30_000
+    )
   end
 end
