@@ -81,12 +81,14 @@ static int nomem(lp_t *p) {
 
 /* RFC 8259 §2: space, tab, line feed, carriage return. */
 static void skip_ws(lp_t *p) {
-  while (p->i < p->n) {
-    char c = p->s[p->i];
+  size_t i = p->i;
+  while (i < p->n) {
+    char c = p->s[i];
     if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
-      return;
-    p->i++;
+      break;
+    i++;
   }
+  p->i = i;
 }
 
 /* The byte at the cursor, or -1 at the end. */
@@ -243,17 +245,24 @@ static int unescape(lp_t *p, size_t *len) {
 static int parse_string(lp_t *p, size_t *off, size_t *len) {
   size_t open = p->i++;
   size_t start = p->i;
-  /* The plain run: most strings have no escape and are copied once. */
-  while (p->i < p->n) {
-    unsigned char c = (unsigned char)p->s[p->i];
-    if (c == '"' || c == '\\' || c < 0x20)
+  /* The plain run: most strings have no escape and are copied once; most
+   * are ASCII too, which needs no UTF-8 check. */
+  const unsigned char *u = (const unsigned char *)p->s;
+  size_t i = start, end = p->n;
+  unsigned char high = 0;
+  while (i < end) {
+    unsigned char b = u[i];
+    if (b == '"' || b == '\\' || b < 0x20)
       break;
-    p->i++;
+    high |= b;
+    i++;
   }
+  p->i = i;
   const char *bytes = p->s + start;
-  size_t n = p->i - start;
+  size_t n = i - start;
   int c = peek(p);
   if (c == '\\') {
+    high = 0x80; /* decoded escapes may be anything */
     /* Escapes only shrink the text: the rest of the line bounds it. */
     if (!tmp_reserve(p, p->n - start))
       return nomem(p);
@@ -278,7 +287,7 @@ static int parse_string(lp_t *p, size_t *off, size_t *len) {
     return refuse_at(p, CE_EPARSE, open, "a string without its closing quote");
   if (c != '"')
     return REFUSE("a control character in a string (escape it)");
-  if (!ce_utf8_valid(bytes, n))
+  if ((high & 0x80) != 0 && !ce_utf8_valid(bytes, n))
     return refuse_at(p, CE_EPARSE, open, "a string that is not valid UTF-8");
   p->i++;
   int rc = reserve(p, 5 + n);
