@@ -697,17 +697,23 @@ void ce_conn_writes_close(ce_proxy_t *p) {
 /* Gives plaintext to a side through its transport (data NULL: only what
  * the transport has pending, such as a handshake flight); it is written at
  * the end of the turn. */
-void conn__side_write(side_t *s, const char *data, size_t len) {
+/* After a transport call on s: a TLS failure ends the connection,
+ * gathered output is written at the end of the turn. */
+static void side_wrote(side_t *s, int rc) {
   ce_conn_t *c = s->conn;
-  if (c->dead || !s->open)
-    return;
-  if (ce_transport_send(s, data, len) == CE_ETLS) {
+  if (rc == CE_ETLS) {
     conn__report_failed(c, s == &c->c ? "tls_client_error" : "upstream_tls: write failed");
     conn__abort(c);
     return;
   }
   if (!c->dead && s->open && ce_transport_has_output(s))
     flush_later(s);
+}
+
+void conn__side_write(side_t *s, const char *data, size_t len) {
+  if (s->conn->dead || !s->open)
+    return;
+  side_wrote(s, ce_transport_send(s, data, len));
 }
 void conn__side_printf(side_t *s, const char *fmt, ...) {
   char buf[1024];
@@ -1411,6 +1417,12 @@ void ce_conn_abort_all(ce_proxy_t *p) {
 /* ---- for the HTTP/2 path (conn_internal.h) -------------------------------- */
 
 void ce_conn_side_write(side_t *s, const char *data, size_t len) { conn__side_write(s, data, len); }
+
+void ce_conn_side_seal(side_t *s) {
+  if (s->conn->dead || !s->open)
+    return;
+  side_wrote(s, ce_transport_seal(s));
+}
 void ce_conn_report_failed(ce_conn_t *c, const char *reason) { conn__report_failed(c, reason); }
 void ce_conn_abort(ce_conn_t *c) { conn__abort(c); }
 void ce_conn_close_after_flush(ce_conn_t *c) { conn__close_after_flush(c); }

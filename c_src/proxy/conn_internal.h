@@ -178,6 +178,8 @@ struct ce_conn {
 
 /* conn.c, for the HTTP/2 path (proxy/http2/). */
 void ce_conn_side_write(side_t *s, const char *data, size_t len);
+/* What s gathered goes as a record of its own now (ce_transport_seal). */
+void ce_conn_side_seal(side_t *s);
 /* Closes a side's handle (closed: its close callback, which counts the
  * handle out); its queued writes no longer count. */
 void ce_conn_side_close(side_t *s, uv_close_cb closed);

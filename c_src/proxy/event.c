@@ -202,13 +202,22 @@ int ce_reqinfo_set_response(ce_reqinfo_t *r, const ce_h1_head_t *head, const ce_
   return set_fields(r, &r->response_headers, &r->response_headers_len, head, opts);
 }
 
+void ce_reqinfo_reset_preview(ce_reqinfo_t *r) {
+  free(r->body_preview);
+  r->body_preview = NULL;
+  r->body_preview_len = 0;
+  r->body_preview_lost = false;
+}
+
 void ce_reqinfo_add_preview(ce_reqinfo_t *r, const char *data, size_t len, size_t cap) {
-  if (cap == 0 || r->body_preview_len >= cap || len == 0)
+  if (cap == 0 || r->body_preview_len >= cap || len == 0 || r->body_preview_lost)
     return;
   if (r->body_preview == NULL) {
     r->body_preview = malloc(cap);
-    if (r->body_preview == NULL)
-      return; /* the preview is best effort; the request is not */
+    if (r->body_preview == NULL) {
+      r->body_preview_lost = true; /* the preview is best effort; the request is not */
+      return;
+    }
   }
   size_t take = cap - r->body_preview_len < len ? cap - r->body_preview_len : len;
   memcpy(r->body_preview + r->body_preview_len, data, take);

@@ -58,6 +58,7 @@ typedef struct {
   const char *matched_kind;  /* "allow" | "deny" | "decide" (static) */
   char *body_preview;        /* owned; up to the configured cap */
   size_t body_preview_len;
+  bool body_preview_lost;    /* its buffer could not be had: none, rather than one that skips bytes */
   int32_t stream_id;         /* HTTP/2 stream of the workspace; 0 = none */
 } ce_reqinfo_t;
 
@@ -71,7 +72,12 @@ int ce_reqinfo_set_request(ce_reqinfo_t *r, const ce_h1_head_t *head,
                            const ce_proxy_options_t *opts);
 int ce_reqinfo_set_response(ce_reqinfo_t *r, const ce_h1_head_t *head,
                             const ce_proxy_options_t *opts);
+/* Appends body bytes to the preview, up to cap. When its buffer cannot be
+ * allocated the record has no preview from then on (a later piece never
+ * starts one that would skip the body's first bytes). */
 void ce_reqinfo_add_preview(ce_reqinfo_t *r, const char *data, size_t len, size_t cap);
+/* Drops the preview: the body is previewed again from its start. */
+void ce_reqinfo_reset_preview(ce_reqinfo_t *r);
 
 /* Writes the event's members, {"event": name, "at": ..., "id": ..., ...}
  * without the braces, each as ,"name":value (ce_control_write_fn). reason

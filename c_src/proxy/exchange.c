@@ -298,9 +298,7 @@ static void decided(ce_exchange_t *x, bool allow, const char *reason) {
     if (x->previewed) {
       /* The forwarding path previews the same bytes again, as it does
        * for every request: the record starts over. */
-      free(x->req.body_preview);
-      x->req.body_preview = NULL;
-      x->req.body_preview_len = 0;
+      ce_reqinfo_reset_preview(&x->req);
     }
     set_state(x, CE_EXCHANGE_ALLOWED);
     x->ops->forward(x);

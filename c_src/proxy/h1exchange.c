@@ -224,9 +224,7 @@ static bool h1_preview(ce_exchange_t *x, bool final) {
   if (c->req_done || c->req_expect_continue || c->req_upgrade)
     return true;
   ce_reqinfo_t *r = &x->req;
-  free(r->body_preview);
-  r->body_preview = NULL;
-  r->body_preview_len = 0;
+  ce_reqinfo_reset_preview(r);
   ce_h1_body_t body = c->req_body; /* a copy: the real decoder starts at the same place later */
   ce_h1_body_keep_trailers(&body, NULL);
   size_t off = 0;
@@ -242,7 +240,8 @@ static bool h1_preview(ce_exchange_t *x, bool final) {
     if (rc == 1 || used == 0)
       break;
   }
-  return final || rc == 1 || r->body_preview_len >= cap || c->c.eof || c->c.in_len >= CE_CONN_INPUT_MAX;
+  return final || rc == 1 || r->body_preview_len >= cap || r->body_preview_lost || c->c.eof ||
+         c->c.in_len >= CE_CONN_INPUT_MAX;
 }
 
 /* The question waits for the body under the connection's timer. */

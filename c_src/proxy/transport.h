@@ -69,6 +69,12 @@ int ce_transport_pump(struct side *s);
  * failed (conn.c's wire reported it and aborted the connection). */
 int ce_transport_send(struct side *s, const char *data, size_t len);
 
+/* Seals what the side gathered now, as a record of its own however short
+ * (a plain side writes it), so that a whole record given next goes
+ * straight from the caller's bytes instead of being copied to fill the
+ * gathered one. The same returns as ce_transport_send. */
+int ce_transport_seal(struct side *s);
+
 /* The side has output waiting for a flush: gathered plaintext, or what
  * the TLS engine produced (records, a handshake flight, an alert). */
 bool ce_transport_has_output(const struct side *s);

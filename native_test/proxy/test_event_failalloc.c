@@ -178,3 +178,25 @@ Test(event_failalloc, long_header_list) {
   }
   free(v);
 }
+
+Test(event_failalloc, a_preview_whose_buffer_could_not_be_had_stays_empty_until_reset) {
+  ce_reqinfo_t r;
+  ce_reqinfo_init(&r, 1, 1);
+  /* The first piece's buffer fails: a later piece must not start a preview
+   * that skips the body's first bytes. */
+  ce_failalloc_arm(0);
+  ce_reqinfo_add_preview(&r, "first ", 6, 64);
+  ce_failalloc_disarm();
+  cr_assert_eq(ce_failalloc_failures(), 1);
+  cr_assert(r.body_preview_lost);
+  ce_reqinfo_add_preview(&r, "second", 6, 64);
+  cr_assert_null(r.body_preview);
+  cr_assert_eq(r.body_preview_len, 0);
+  /* Previewed again from the body's start (a decision's forward path): it works. */
+  ce_reqinfo_reset_preview(&r);
+  ce_reqinfo_add_preview(&r, "first ", 6, 64);
+  ce_reqinfo_add_preview(&r, "second", 6, 64);
+  cr_assert_eq(r.body_preview_len, 12);
+  cr_assert(memcmp(r.body_preview, "first second", 12) == 0);
+  ce_reqinfo_clear(&r);
+}

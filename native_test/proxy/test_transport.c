@@ -301,6 +301,45 @@ Test(transport, a_tls_side_gathers_a_turn_and_writes_it_once_in_full_records_in_
   gx_close(&g);
 }
 
+Test(transport, a_seal_sends_the_gathered_bytes_as_a_short_record_and_a_whole_one_then_goes_as_given) {
+  gx_t g;
+  gx_open(&g);
+  side_t *s = &g.c->c;
+  /* An h2 HEADERS frame's worth, sealed, then one whole record (a DATA
+   * frame of a whole chunk) and a small rest. */
+  size_t total = 60 + CE_CONN_RECORD + 500;
+  uint8_t *plain = malloc(total);
+  cr_assert_not_null(plain);
+  for (size_t i = 0; i < total; i++)
+    plain[i] = (uint8_t)(i % 251);
+  cr_assert_eq(ce_transport_send(s, (const char *)plain, 60), CE_OK);
+  cr_assert_eq(ce_transport_seal(s), CE_OK);
+  cr_assert_eq(s->rec_len, 0, "nothing gathered after a seal");
+  cr_assert_eq(ce_transport_seal(s), CE_OK, "a seal with nothing gathered does nothing");
+  cr_assert_eq(ce_transport_send(s, (const char *)plain + 60, CE_CONN_RECORD), CE_OK);
+  cr_assert_eq(s->rec_len, 0, "the whole record was not copied into the record buffer");
+  cr_assert_eq(ce_transport_send(s, (const char *)plain + 60 + CE_CONN_RECORD, 500), CE_OK);
+  cr_assert_eq(ce_transport_flush(s), CE_OK);
+
+  uint8_t *wire = malloc(total * 2);
+  cr_assert_not_null(wire);
+  size_t wlen = gx_read(&g, wire, total * 2);
+  size_t lens[8];
+  cr_assert_eq(record_lengths(wire, wlen, lens, 8), 3);
+  cr_assert_eq(lens[0], 60 + 17, "the sealed bytes are a record of their own");
+  cr_assert_eq(lens[1], CE_CONN_RECORD + 17);
+  cr_assert_eq(lens[2], 500 + 17);
+  uint8_t *back = malloc(total);
+  cr_assert_not_null(back);
+  cr_assert_eq(open_records(&g, wire, wlen, back, total), total);
+  cr_assert(memcmp(back, plain, total) == 0, "in order");
+  uv_run(&g.loop, UV_RUN_NOWAIT);
+  free(back);
+  free(wire);
+  free(plain);
+  gx_close(&g);
+}
+
 Test(transport, what_the_socket_does_not_take_of_a_turn_waits_in_order) {
   gx_t g;
   gx_open(&g);

@@ -51,23 +51,26 @@
 /* Per stream and direction: one stream window (docs/http2.md §4). The
  * workspace gets CE_H2_STREAM_BUF: what a stream's request body buffer
  * (up) holds, and an HTTP/1.1 upstream's response buffer (down). An h2
- * upstream gets CE_H2_UP_STREAM_WINDOW, the bound of a down buffer. A
- * 1 MiB window took a 1 GiB download in two fifths of the time of 64 KiB
- * (bench/PROFILE.md "Bulk: windows and copies"), but it is held back at
- * 64 KiB: a buffer's allocation does not shrink as the workspace drains
- * it, and the buffers of streams whose upstream connection closed count
- * against no window, so with 1 MiB a workspace could make one connection
- * hold about 100 MiB (100 streams), past the bound of docs/http2.md §4.
- * Both are to be accounted first. */
+ * upstream gets CE_H2_UP_STREAM_WINDOW, the bound of a down buffer: 1 MiB
+ * took a 1 GiB download in two fifths of the time of 64 KiB
+ * (bench/PROFILE.md "Bulk: windows and copies"). What the down buffers
+ * hold together is bounded by the upstream connections' windows (1 MiB
+ * each) and CE_H2_ORPHAN_BUDGET; what they allocate follows what they
+ * hold (h2/streambuf.h: chunks freed as they are taken). */
 #define CE_H2_STREAM_BUF 65535u
-#define CE_H2_UP_STREAM_WINDOW CE_H2_STREAM_BUF
 #define CE_H2_CONN_WINDOW (1024 * 1024)
+#define CE_H2_UP_STREAM_WINDOW CE_H2_CONN_WINDOW
+/* The response bytes held for streams whose h2 upstream connection is
+ * gone (h2__orphaned): past it no new upstream connection is opened (a
+ * fresh connection window) until the workspace reads them; the streams
+ * wait in the queue, and fail with 503 after the connect timeout. One
+ * closing connection leaves at most one window, so this only holds back
+ * a workspace that leaves the responses of several closed connections
+ * unread. */
+#define CE_H2_ORPHAN_BUDGET ((size_t)CE_H2_CONN_WINDOW)
 _Static_assert(CE_H2_UP_STREAM_WINDOW >= CE_H2_STREAM_BUF, "a down buffer also holds an HTTP/1.1 response's");
 _Static_assert(CE_H2_UP_STREAM_WINDOW <= CE_H2_CONN_WINDOW, "the connection window bounds every stream's");
 #define CE_H2_MAX_STREAMS 100u
-/* A DATA frame to the workspace is not cut shorter than this to end a TLS
- * record (server.c srv_data_length). */
-#define CE_H2_MIN_DATA 1024u
 /* Decoded header list (RFC 9113 §6.5.2 counting) and fields per block. */
 #define CE_H2_MAX_HEADER_LIST 65536u
 #define CE_H2_MAX_FIELDS 128u
@@ -239,6 +242,11 @@ long h2__rq_fields(h2s_t *s, ce_h1_field_t *f, size_t cap);
 void h2__hset_head(const hset_t *s, ce_h1_head_t *hd);
 size_t h2__hset_bytes(const hset_t *s);
 bool h2__down_put(h2_t *h, h2s_t *s, const uint8_t *data, size_t len);
+/* Response bytes held for streams whose h2 upstream connection is gone:
+ * responses the workspace has not read yet, which no connection window
+ * counts any more (CE_H2_ORPHAN_BUDGET). Their allocation is at most two
+ * chunks more per stream (h2/streambuf.h). */
+size_t h2__orphaned(const h2_t *h);
 void h2__rq_drop(h2_t *h, h2s_t *s);
 void h2__fail_with(h2s_t *s, int status, const char *reason);
 void h2__fail_502(h2s_t *s, const char *reason);

@@ -26,7 +26,7 @@ static void own_timer_closed(uv_handle_t *hd);
 static void own_connect(h1slot_t *sl);
 static void slot_connect(h1slot_t *sl);
 static bool slot_serve(h1slot_t *sl);
-static bool queue_blocked(const h2_t *h);
+static bool queue_blocked(h2_t *h);
 static void queue_timeout(uv_timer_t *t);
 static void queue_wait(h2_t *h);
 
@@ -141,7 +141,8 @@ static void h1_send_body(h2s_t *s) {
   if (s->h1_req_done || s->h1_abandon)
     return;
   while (s->up.len > 0 && u->open && u->queued < CE_CONN_HIGH_WATER && !c->dead) {
-    size_t n = s->up.len < 16384u ? s->up.len : 16384u;
+    size_t n = ce_h2buf_front(&s->up);
+    n = n < 16384u ? n : 16384u;
     if (s->h1_chunked) {
       char hdr[24];
       int hl = snprintf(hdr, sizeof(hdr), "%zx\r\n", n);
@@ -576,17 +577,24 @@ static void own_timer_closed(uv_handle_t *hd) {
   ce_conn_release(sl->h->c); /* last: it may free the connection */
 }
 
+/* An own slot's timer, once (it closes with the connection:
+ * ce_h2conn_close_handles). */
+static void slot_timer_init(h1slot_t *sl) {
+  if (sl->timer_init)
+    return;
+  ce_conn_t *c = sl->h->c;
+  uv_timer_init(c->proxy->loop, &sl->timer);
+  sl->timer.data = sl;
+  sl->timer_init = true;
+  c->handles++;
+}
+
 /* Starts connecting an own slot (docs/http2.md §6). */
 static void own_connect(h1slot_t *sl) {
   ce_conn_t *c = sl->h->c;
   if (sl->own.closing)
     return; /* the last attempt's handle is still going away */
-  if (!sl->timer_init) {
-    uv_timer_init(c->proxy->loop, &sl->timer);
-    sl->timer.data = sl;
-    sl->timer_init = true;
-    c->handles++;
-  }
+  slot_timer_init(sl);
   sl->connecting = true;
   uv_timer_start(&sl->timer, slot_timeout, c->proxy->opts->connect_ms, 0);
   int rc = ce_connector_start(&sl->k, c->sni.text, c->port, true, sl->want_h2 ? CE_ALPN_H2_HTTP11 : CE_ALPN_HTTP11);
@@ -621,12 +629,28 @@ static bool slot_serve(h1slot_t *sl) {
   return !c->dead;
 }
 
+/* No new h2 upstream connection (a fresh connection window) while the
+ * responses of closed ones wait unread past CE_H2_ORPHAN_BUDGET. A
+ * connection already being opened (before they passed it) serves the
+ * queue once it is up: that is no hold. */
+static bool orphans_hold(h2_t *h) {
+  if (!h->h2up || h2__up_current(h) != NULL || h2__orphaned(h) <= CE_H2_ORPHAN_BUDGET)
+    return false;
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++)
+    if (slot_connecting(&h->slots[i]))
+      return false;
+  return true;
+}
+
 /* Streams wait for an h2 connection while none can be opened: every slot
  * holds a connection draining after its GOAWAY (kept by long streams),
- * and none is coming. */
-static bool queue_blocked(const h2_t *h) {
+ * and none is coming; or the unread responses of closed connections hold
+ * new ones back. */
+static bool queue_blocked(h2_t *h) {
   if (!h->h2up || h->qhead == NULL)
     return false;
+  if (orphans_hold(h))
+    return true;
   for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
     const h1slot_t *sl = &h->slots[i];
     if (sl->sess == NULL || !sl->goaway)
@@ -647,16 +671,30 @@ static void queue_timeout(uv_timer_t *t) {
     h->blocked_at = 0;
     return;
   }
+  /* Blocked again after a pause (a connection was being opened): the
+   * deadline counts from now. */
+  if (h->blocked_at == 0)
+    h->blocked_at = h2__now_ms();
   uint64_t limit = c->proxy->opts->connect_ms, waited = h2__now_ms() - h->blocked_at;
   if (waited < limit) {
     uv_timer_start(t, queue_timeout, limit - waited, 0);
     return;
   }
   h->blocked_at = 0;
-  CE_TRACE_D("proxy", 'c', c->id, "h2: every upstream connection drains; the waiting streams fail");
-  h2__fail_queue(h, 503,
-             "upstream_busy: every upstream connection is draining after a GOAWAY; no new one could be opened "
-             "within the connect timeout");
+  if (orphans_hold(h)) {
+    CE_TRACE_D("proxy", 'c', c->id, "h2: unread responses of closed upstream connections; the waiting streams fail");
+    char why[240];
+    snprintf(why, sizeof(why),
+             "upstream_busy: responses of closed upstream connections wait unread (more than %zu bytes); no new "
+             "upstream connection is opened until they are read, and none was within the connect timeout",
+             (size_t)CE_H2_ORPHAN_BUDGET);
+    h2__fail_queue(h, 503, why);
+  } else {
+    CE_TRACE_D("proxy", 'c', c->id, "h2: every upstream connection drains; the waiting streams fail");
+    h2__fail_queue(h, 503,
+                   "upstream_busy: every upstream connection is draining after a GOAWAY; no new one could be opened "
+                   "within the connect timeout");
+  }
   ce_conn_process(c);
 }
 
@@ -675,6 +713,13 @@ static void queue_wait(h2_t *h) {
     if (!uv_is_active((uv_handle_t *)&sl->timer))
       uv_timer_start(&sl->timer, queue_timeout, h->c->proxy->opts->connect_ms, 0);
     return;
+  }
+  /* No own slot was used yet (held back by unread responses, the
+   * connections so far were all slot 0's): the first one's timer. */
+  h1slot_t *sl = &h->slots[1];
+  if (!sl->timer_init && !sl->own.closing) {
+    slot_timer_init(sl);
+    uv_timer_start(&sl->timer, queue_timeout, h->c->proxy->opts->connect_ms, 0);
   }
 }
 
@@ -744,6 +789,12 @@ void h2__h1_pump(h2_t *h) {
      * offering h2 (slot 0 too, once its first connection is gone). */
     if (h->h2up && (coming > 0 || h2__up_current(h) != NULL))
       return;
+    if (orphans_hold(h)) {
+      if (h->blocked_at == 0)
+        CE_TRACE_D("proxy", 'c', c->id, "h2: responses of closed upstream connections unread; new streams wait");
+      queue_wait(h);
+      return;
+    }
     h1slot_t *idle = NULL;
     for (size_t i = 0; i < CE_H2_H1_POOL && idle == NULL; i++) {
       h1slot_t *sl = &h->slots[i];

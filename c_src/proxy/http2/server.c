@@ -208,6 +208,14 @@ static void down_taken(h2_t *h, h2s_t *s, size_t n) {
   }
 }
 
+size_t h2__orphaned(const h2_t *h) {
+  size_t n = 0;
+  for (const h2s_t *s = h->streams; s != NULL; s = s->next)
+    if (s->route == H2S_ROUTE_H2 && s->uslot == NULL)
+      n += s->down.len;
+  return n;
+}
+
 static void down_drop(h2_t *h, h2s_t *s) {
   h->down_held -= s->down.cap;
   ce_h2buf_clear(&s->down);
@@ -295,7 +303,7 @@ static void rq_add(h2_t *h, h2s_t *s, const uint8_t *name, size_t nl, const uint
 static void stream_release_windows(h2_t *h, h2s_t *s) {
   if (s->up.len > 0) {
     nghttp2_session_consume(h->srv, s->cid, s->up.len);
-    s->up.len = 0;
+    ce_h2buf_clear(&s->up);
   }
   nghttp2_session *us = h2__stream_up(s);
   if (s->down.len > 0 && us != NULL) {
@@ -421,7 +429,10 @@ ssize_t h2__down_read(nghttp2_session *session, int32_t stream_id, uint8_t *buf,
   h2s_t *s = nghttp2_session_get_stream_user_data(session, stream_id);
   if (s == NULL)
     return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
-  size_t n = s->down.len < length ? s->down.len : length;
+  /* A frame goes out in one piece: at most the bytes of the buffer's
+   * first chunk (h2/streambuf.h). */
+  size_t front = ce_h2buf_front(&s->down);
+  size_t n = front < length ? front : length;
   if (n > 0)
     *data_flags |= NGHTTP2_DATA_FLAG_NO_COPY;
   if (s->down.len == n && s->down.eof) {
@@ -452,11 +463,20 @@ static int srv_send_data(nghttp2_session *session, nghttp2_frame *frame, const u
     return NGHTTP2_ERR_WOULDBLOCK;
   h2s_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
   /* The bytes it announced are gone (the stream was reset meanwhile). */
-  if (s == NULL || s->down.len < length || frame->data.padlen != 0)
+  if (s == NULL || ce_h2buf_front(&s->down) < length || frame->data.padlen != 0)
     return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
   if (length == 0) {
     ce_conn_side_write(&c->c, (const char *)framehd, CE_H2BUF_HEADROOM);
     return 0;
+  }
+  /* A whole record: what was gathered before it (a HEADERS frame, the
+   * rest of a chunk) goes as a short record of its own rather than being
+   * filled with this frame's bytes, a copy of up to 16 KiB per frame
+   * that would shift every later frame off the records. */
+  if (CE_H2BUF_HEADROOM + length == CE_CONN_RECORD && c->c.rec_len > 0) {
+    ce_conn_side_seal(&c->c);
+    if (c->dead)
+      return NGHTTP2_ERR_CALLBACK_FAILURE;
   }
   const uint8_t *wire = ce_h2buf_frame(&s->down, framehd);
   ce_conn_side_write(&c->c, (const char *)wire, CE_H2BUF_HEADROOM + length);
@@ -464,22 +484,16 @@ static int srv_send_data(nghttp2_session *session, nghttp2_frame *frame, const u
   return 0;
 }
 
-/* DATA frames to the workspace sized so that each ends a TLS record
- * (CE_CONN_RECORD, docs/proxy.md "Writes"): the transport then seals
- * whole records straight from the down buffer, with no copy into its
- * record buffer. The first frame after other output (a HEADERS frame)
- * fills the record that output began. */
+/* DATA frames to the workspace carry at most one chunk's bytes (a frame
+ * goes out in one piece from its chunk, h2/streambuf.h): a whole chunk and
+ * its header make one TLS record, sealed straight from the buffer
+ * (srv_send_data). */
+_Static_assert(CE_H2BUF_CHUNK == CE_CONN_RECORD, "a whole chunk's frame is one TLS record");
 static ssize_t srv_data_length(nghttp2_session *session, uint8_t frame_type, int32_t stream_id,
                                int32_t session_remote_window_size, int32_t stream_remote_window_size,
                                uint32_t remote_max_frame_size, void *user_data) {
-  h2_t *h = user_data;
-  size_t used = (h->c->c.rec_len + CE_H2BUF_HEADROOM) % CE_CONN_RECORD;
-  size_t want = CE_CONN_RECORD - used;
-  /* Too little to end the record: a whole frame more if the peer takes
-   * it, else a full frame now and the next one ends a record. */
-  if (want < CE_H2_MIN_DATA)
-    want = want + CE_CONN_RECORD <= remote_max_frame_size ? want + CE_CONN_RECORD : remote_max_frame_size;
-  return (ssize_t)(want < remote_max_frame_size ? want : remote_max_frame_size);
+  size_t most = CE_H2BUF_CHUNK - CE_H2BUF_HEADROOM;
+  return (ssize_t)(most < remote_max_frame_size ? most : remote_max_frame_size);
 }
 
 /* ---- the exchange's ops (proxy/exchange.h) --------------------------------------- */
@@ -513,12 +527,12 @@ static bool h2_preview(ce_exchange_t *x, bool final) {
   h2s_t *s = x->owner;
   size_t cap = s->h->c->proxy->opts->body_preview;
   ce_reqinfo_t *r = &x->req;
-  free(r->body_preview);
-  r->body_preview = NULL;
-  r->body_preview_len = 0;
-  if (s->up.len > 0)
-    ce_reqinfo_add_preview(r, (const char *)ce_h2buf_bytes(&s->up), s->up.len, cap);
-  return final || s->up.eof || r->body_preview_len >= cap || s->up.len >= CE_H2_STREAM_BUF;
+  ce_reqinfo_reset_preview(r);
+  const uint8_t *p;
+  size_t n;
+  for (size_t k = 0; (n = ce_h2buf_piece(&s->up, k, &p)) > 0 && r->body_preview_len < cap; k++)
+    ce_reqinfo_add_preview(r, (const char *)p, n, cap);
+  return final || s->up.eof || r->body_preview_len >= cap || r->body_preview_lost || s->up.len >= CE_H2_STREAM_BUF;
 }
 
 /* The question waits for DATA under the connection's timer (its expiry
@@ -926,7 +940,8 @@ static void conn_fail(h2_t *h, uint32_t code, const char *reason) {
   nghttp2_session_terminate_session(h->srv, code);
 }
 
-void h2__flush(h2_t *h) {
+/* The frames every h2 upstream session has to send. */
+static void up_send(h2_t *h) {
   ce_conn_t *c = h->c;
   for (size_t i = 0; i < CE_H2_H1_POOL && !c->dead; i++) {
     h1slot_t *sl = &h->slots[i];
@@ -949,6 +964,11 @@ void h2__flush(h2_t *h) {
         !nghttp2_session_want_write(sl->sess))
       h2__up_gone(sl, "upstream_reset: the upstream ended the connection (GOAWAY)");
   }
+}
+
+/* The frames of the workspace's session, while its socket takes them. */
+static void srv_send(h2_t *h) {
+  ce_conn_t *c = h->c;
   while (!c->dead && c->c.open && c->c.queued < CE_CONN_HIGH_WATER) {
     const uint8_t *data;
     ssize_t n = nghttp2_session_mem_send(h->srv, &data);
@@ -961,6 +981,19 @@ void h2__flush(h2_t *h) {
       break;
     ce_conn_side_write(&c->c, (const char *)data, (size_t)n);
   }
+}
+
+void h2__flush(h2_t *h) {
+  ce_conn_t *c = h->c;
+  up_send(h);
+  srv_send(h);
+  /* The DATA just written to the workspace gave the upstreams their
+   * windows back (down_taken): the WINDOW_UPDATEs go in this turn, not
+   * with the next event. A connection that closed meanwhile may have
+   * reset streams towards the workspace: those frames go too. */
+  up_send(h);
+  if (!c->dead && nghttp2_session_want_write(h->srv))
+    srv_send(h);
 }
 
 void ce_h2conn_process(ce_conn_t *c) {

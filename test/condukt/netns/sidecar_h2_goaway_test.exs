@@ -404,4 +404,101 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
       assert Enum.all?(events, &(&1["event"] == "request_closed" and &1["status"] == 200)), inspect(events)
     end
   end
+
+  describe "memory of responses left unread (h2_origin.py /bytes, /close-after)" do
+    # What the proxy accounts for (its buffer statistics), sampled while the
+    # client runs. A chunk of a stream's response buffer costs 16 KiB and
+    # its 24-byte record (h2/streambuf.h); the request heads held are at
+    # most 64 KiB here.
+    @chunk 16_384 + 24
+    @window 1_048_576
+    @heads 65_536
+
+    defp body_sha(size) do
+      body = "0123456789abcdef" |> String.duplicate(div(size, 16) + 1) |> binary_part(0, size)
+      :crypto.hash(:sha256, body) |> Base.encode16(case: :lower)
+    end
+
+    defp unread(tb, sc, spec) do
+      task =
+        Task.async(fn -> h2_raw(tb, sc, Map.merge(%{host: "allowed.test", port: @h2_only, mode: "unread"}, spec)) end)
+
+      sample_while(task, sc, [])
+    end
+
+    defp sample_while(task, sc, acc) do
+      case Task.yield(task, 100) do
+        {:ok, out} -> {out, Enum.reverse(acc)}
+        nil -> sample_while(task, sc, [Sidecar.buffer_stats(sc)["h2_streams"] | acc])
+      end
+    end
+
+    test "streams drained to their last byte hold a chunk each, not the window they once filled", %{tb: tb, sc: sc} do
+      # Each response (1,000,000 bytes) fills its stream's buffer while the
+      # workspace reads nothing, then the workspace takes all of it but the
+      # last byte and goes to the next stream. A buffer whose allocation
+      # kept its high-water mark would hold a megabyte per stream.
+      n = 8
+      size = 1_000_000
+      paths = for i <- 1..n, do: "/bytes?size=#{size}&i=#{i}"
+      {out, samples} = unread(tb, sc, %{paths: paths, take: size - 1, gap: 0.5, seconds: 1, query: tag()})
+
+      sha = body_sha(size)
+
+      for i <- 1..n do
+        assert %{"status" => 200, "ended" => true, "size" => ^size, "sha256" => ^sha} = out["streams"]["#{2 * i - 1}"],
+               inspect(out["streams"]["#{2 * i - 1}"])
+      end
+
+      # The window let a whole response in (the pipe was full) ...
+      assert Enum.max(samples) >= size, inspect(samples)
+      # ... and what stayed behind is a chunk per drained stream.
+      bound = @window + n * 2 * @chunk + @heads
+      assert Enum.max(samples) <= bound, "held #{Enum.max(samples)} > #{bound}: #{inspect(samples)}"
+    end
+
+    test "responses of closed upstream connections left unread hold new connections back, then all arrive",
+         %{tb: tb, sc: sc} do
+      # Each response (900,000 bytes) comes whole and its connection closes
+      # (GOAWAY): no connection window counts the bytes any more. Without a
+      # bound every new stream's new connection brought another window:
+      # 4.5 MB here, 100 MiB with 100 streams of 1 MiB.
+      n = 5
+      size = 900_000
+      paths = for i <- 1..n, do: "/close-after?size=#{size}&i=#{i}"
+      {out, samples} = unread(tb, sc, %{paths: paths, gap: 0.4, seconds: 0.5, query: tag()})
+
+      sha = body_sha(size)
+
+      for i <- 1..n do
+        assert %{"status" => 200, "ended" => true, "size" => ^size, "sha256" => ^sha} = out["streams"]["#{2 * i - 1}"],
+               inspect(out["streams"]["#{2 * i - 1}"])
+      end
+
+      # Two closed connections' responses (over one window), then the rest waited.
+      assert Enum.max(samples) >= 2 * size, inspect(samples)
+      bound = 2 * @window + n * 2 * @chunk + @heads
+      assert Enum.max(samples) <= bound, "held #{Enum.max(samples)} > #{bound}: #{inspect(samples)}"
+    end
+
+    test "a stream held back by unread responses of closed connections fails with 503 after the connect timeout",
+         %{tb: tb, sc: sc} do
+      q = tag()
+      size = 900_000
+      paths = for i <- 1..3, do: "/close-after?size=#{size}&i=#{i}"
+      {out, _samples} = unread(tb, sc, %{paths: paths, gap: 0.4, seconds: @connect_ms / 1000 + 1.5, query: q})
+
+      sha = body_sha(size)
+      assert %{"status" => 200, "ended" => true, "size" => ^size, "sha256" => ^sha} = out["streams"]["1"], inspect(out)
+      assert %{"status" => 200, "ended" => true, "size" => ^size, "sha256" => ^sha} = out["streams"]["3"], inspect(out)
+      assert %{"status" => 503, "ended" => true} = failed = out["streams"]["5"], inspect(out)
+      assert failed["body"] =~ "upstream_busy: responses of closed upstream connections wait unread", inspect(failed)
+
+      events = closing_events(q, 3)
+      [ev] = Enum.filter(events, &(&1["event"] == "request_failed"))
+
+      assert ev["status"] == 503 and ev["reason"] =~ "upstream_busy: responses of closed upstream connections",
+             inspect(ev)
+    end
+  end
 end

@@ -1060,9 +1060,11 @@ defmodule Condukt.Netns.SidecarH2Test do
     # (docs/proxy.md "Limits", docs/http2.md §4) for one connection: its
     # two input buffers, the output queued towards the workspace up to the
     # high-water mark plus the one write that crosses it, the stream's
-    # response buffer (one upstream stream window, 64 KiB, and 9 bytes of
-    # room for a frame header) and its request head.
-    @held_bound 2 * 128 * 1024 + (256 + 64) * 1024 + (64 * 1024 + 9) + 64 * 1024
+    # response buffer (one upstream stream window, 1 MiB, in chunks of
+    # 16,375 bytes that cost 16,408 with their headroom and record: 65 of
+    # them, and two more when the first is partly taken and the last partly
+    # filled) and its request head.
+    @held_bound 2 * 128 * 1024 + (256 + 64) * 1024 + 67 * 16_408 + 64 * 1024
 
     test "a slow reader of a 20 MiB response: what the proxy holds stays within its limits, then all bytes arrive",
          %{tb: tb, sc: sc} do

@@ -22,7 +22,14 @@ defmodule Condukt.Test.Netns.ControlPeer do
     GenServer.start_link(__MODULE__, {sc, owner, decide, opts})
   end
 
-  def stop(pid), do: GenServer.stop(pid)
+  # A peer that already ended (its connection closed, or it went down with
+  # the test process it is linked to, between a caller's alive check and
+  # this call) is stopped too.
+  def stop(pid) do
+    GenServer.stop(pid)
+  catch
+    :exit, {:noproc, _} -> :ok
+  end
 
   # Answers a decision request that `decide` left unanswered (:ignore):
   # decision is :allow or {:deny, reason}.

@@ -39,6 +39,12 @@ modes:
                once every one ended or was reset, the same for each list
                of streams in "then" (optional), on the same connection;
                "huffman": false sends the header strings as literals
+  unread       SETTINGS_INITIAL_WINDOW_SIZE 0 (and a 64 MiB connection
+               window); one GET stream per entry of "paths", one after the
+               other, "gap" seconds apart, each read to "take" bytes (0:
+               not read); prints {"waiting": true}, reads nothing for
+               "seconds", then opens the stream windows (1 MiB) and reads
+               every stream to its end ("sha256" per stream)
   window_zero  SETTINGS_INITIAL_WINDOW_SIZE 0 (and a 16 MiB connection
                window), one GET stream per entry of "paths", all at once;
                reads only HEADERS for "seconds", then asks "stats" (a path)
@@ -115,7 +121,8 @@ def pump(until):
                     hashes[ev.stream_id].update(ev.data)
                 if len(st["body"]) < 4096:
                     st["body"] += ev.data.decode("utf-8", "replace")
-                conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                if ack[0]:
+                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
             elif isinstance(ev, h2.events.StreamEnded):
                 out["streams"].setdefault(str(ev.stream_id), {"body": ""})["ended"] = True
             elif isinstance(ev, h2.events.StreamReset):
@@ -127,6 +134,53 @@ def pump(until):
 
 q = spec.get("query", "")
 hashes = {}
+# Whether received DATA is acknowledged (its window opened again).
+ack = [True]
+
+
+def zero_windows(conn_window):
+    """SETTINGS_INITIAL_WINDOW_SIZE 0 (no stream gets a byte of DATA until
+    its window is opened) and a connection window of conn_window."""
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    conn.increment_flow_control_window(conn_window)
+
+
+def get_hashed(i, path):
+    """The i-th GET stream (path + "&" + the query), its body hashed."""
+    import hashlib
+
+    sid = 1 + 2 * i
+    hashes[sid] = hashlib.sha256()
+    conn.send_headers(sid, headers(authority, path + "&" + q), end_stream=True)
+    return sid
+
+
+def read_all(sids, keep):
+    """Opens the stream windows (INITIAL_WINDOW_SIZE 1 MiB) and reads every
+    stream to its end: "sha256" per stream, the first `keep` characters
+    of its body."""
+    tls.settimeout(30)
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1024 * 1024})
+    tls.sendall(conn.data_to_send())
+    ended = lambda s: out["streams"].get(str(s), {}).get("ended") or "reset" in out["streams"].get(str(s), {})
+    pump(lambda: all(ended(s) for s in sids) or out["goaway"] is not None)
+    for sid, hsh in hashes.items():
+        st = out["streams"].setdefault(str(sid), {"body": ""})
+        st["sha256"] = hsh.hexdigest()
+        st["body"] = st["body"][:keep]
+
+
+def pump_for(seconds):
+    """Reads (HEADERS, and DATA as the windows allow) for `seconds`."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    tls.settimeout(0.2)
+    while time.monotonic() < deadline and not out.get("closed"):
+        try:
+            pump(lambda: False)
+        except (socket.timeout, ssl.SSLError, TimeoutError):
+            pass
 
 
 def raw_frame(length, ftype, flags, stream, payload=b""):
@@ -295,43 +349,40 @@ try:
         time.sleep(float(spec.get("seconds", 3)))
         pump(lambda: out["streams"].get("1", {}).get("ended") or out["goaway"] is not None)
         out["streams"]["1"]["body"] = ""
-    elif spec["mode"] == "window_zero":
-        import hashlib
-        import http.client
-        import time
-
-        conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
-        conn.increment_flow_control_window(16 * 1024 * 1024)
-        sids = []
-        for i, p in enumerate(spec["paths"]):
-            sid = 1 + 2 * i
-            sids.append(sid)
-            hashes[sid] = hashlib.sha256()
-            conn.send_headers(sid, headers(authority, p + "&" + q), end_stream=True)
+    elif spec["mode"] == "unread":
+        ack[0] = False
+        zero_windows(64 * 1024 * 1024)
         tls.sendall(conn.data_to_send())
-        deadline = time.monotonic() + float(spec.get("seconds", 3))
-        tls.settimeout(0.2)
-        while time.monotonic() < deadline:
-            try:
-                pump(lambda: False)
-            except (socket.timeout, ssl.SSLError, TimeoutError):
-                pass
-            if out.get("closed"):
-                break
+        take = int(spec.get("take", 0))
+        sids = []
+        size_of = lambda s: out["streams"].get(str(s), {}).get("size", 0)
+        for i, p in enumerate(spec["paths"]):
+            sid = get_hashed(i, p)
+            sids.append(sid)
+            tls.sendall(conn.data_to_send())
+            pump_for(float(spec.get("gap", 0.5)))
+            if take > 0:
+                conn.increment_flow_control_window(take, stream_id=sid)
+                tls.sendall(conn.data_to_send())
+                tls.settimeout(10)
+                pump(lambda: size_of(sid) >= take or out["goaway"] is not None)
+        print(json.dumps({"waiting": True}), flush=True)
+        pump_for(float(spec.get("seconds", 3)))
+        ack[0] = True
+        read_all(sids, 200)
+    elif spec["mode"] == "window_zero":
+        import http.client
+
+        zero_windows(16 * 1024 * 1024)
+        sids = [get_hashed(i, p) for i, p in enumerate(spec["paths"])]
+        tls.sendall(conn.data_to_send())
+        pump_for(float(spec.get("seconds", 3)))
         plain = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE"))
         hc = http.client.HTTPSConnection(host, port, context=plain, timeout=15)
         hc.request("GET", spec["stats"])
         out["stats"] = hc.getresponse().read().decode()
         hc.close()
-        tls.settimeout(30)
-        conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1024 * 1024})
-        tls.sendall(conn.data_to_send())
-        ended = lambda s: out["streams"].get(str(s), {}).get("ended") or "reset" in out["streams"].get(str(s), {})
-        pump(lambda: all(ended(s) for s in sids) or out["goaway"] is not None)
-        for sid, hsh in hashes.items():
-            st = out["streams"].setdefault(str(sid), {"body": ""})
-            st["sha256"] = hsh.hexdigest()
-            st["body"] = ""
+        read_all(sids, 0)
     elif spec["mode"] == "coalesce":
         for sid, auth in ((1, host), (3, spec["other"]), (5, host)):
             conn.send_headers(sid, headers(auth, "/?" + q), end_stream=True)

@@ -31,6 +31,13 @@ handshake), IPv4 and IPv6. Answers by path:
              no other), "held\n"; N ms later "done\n" and the end of the
              stream, then the connection closes once the client closes it;
              with err=1 a second GOAWAY (INTERNAL_ERROR) comes before "done\n"
+  /bytes?size=N...
+             200 with N bytes ("0123456789abcdef" repeated), sent as the
+             client's windows allow
+  /close-after?size=N...
+             the same, then GOAWAY NO_ERROR naming this stream as the last,
+             and the connection closes once the client closes it (or
+             after 10 s)
   /count...  200 "h2 origin <path> seen <n>\n" (<n>: how many times it came)
   /count-refuse...
              RST_STREAM REFUSED_STREAM, counted like /count
@@ -77,6 +84,16 @@ def serve(tls):
                 streams[ev.stream_id]["trailers"] = [(k.decode(), v.decode()) for k, v in ev.headers]
             elif isinstance(ev, h2.events.StreamEnded):
                 st = streams.pop(ev.stream_id)
+                if st["path"].startswith("/bytes") or st["path"].startswith("/close-after"):
+                    send_bytes(tls, conn, ev.stream_id, query_int(st["path"], "size", 1000))
+                    if st["path"].startswith("/close-after"):
+                        goaway = GoAwayFrame(0)
+                        goaway.last_stream_id = ev.stream_id
+                        goaway.error_code = 0
+                        tls.sendall(goaway.serialize())
+                        read_until_closed(tls, 10)
+                        return
+                    continue
                 if st["path"].startswith("/goaway-hold"):
                     hold(tls, conn, ev.stream_id, st["path"])
                     return
@@ -88,12 +105,7 @@ def serve(tls):
                         time.sleep(2)
                         conn.close_connection(error_code=0, last_stream_id=max(ev.stream_id - 2, 0))
                         tls.sendall(conn.data_to_send())
-                        tls.settimeout(5)
-                        try:
-                            while tls.recv(65536):
-                                pass
-                        except OSError:
-                            pass
+                        read_until_closed(tls, 5)
                         return
                     body = ("h2 origin %s seen %d\n" % (st["path"], n)).encode()
                     conn.send_headers(ev.stream_id, [(":status", "200"), ("content-length", str(len(body)))])
@@ -119,12 +131,7 @@ def serve(tls):
                         # Closed once the client is done: a close with
                         # bytes unread would be a reset, which may take the
                         # GOAWAY with it.
-                        tls.settimeout(5)
-                        try:
-                            while tls.recv(65536):
-                                pass
-                        except OSError:
-                            pass
+                        read_until_closed(tls, 5)
                         return
                     body = ("h2 origin %s seen %d body %d\n" % (st["path"], n, st["size"])).encode()
                     conn.send_headers(ev.stream_id, [(":status", "200"), ("content-length", str(len(body)))])
@@ -157,6 +164,46 @@ def serve(tls):
         tls.sendall(conn.data_to_send())
 
 
+def read_until_closed(tls, seconds):
+    """Reads until the client closes (or `seconds` pass without a byte): a
+    close with bytes unread would be a reset, which may take what was sent
+    last with it."""
+    tls.settimeout(seconds)
+    try:
+        while tls.recv(65536):
+            pass
+    except OSError:
+        pass
+
+
+def query_int(path, name, default):
+    for kv in path.partition("?")[2].split("&"):
+        if kv.startswith(name + "="):
+            return int(kv[len(name) + 1 :])
+    return default
+
+
+def send_bytes(tls, conn, sid, size):
+    """200 and `size` bytes of "0123456789abcdef" repeated, as fast as the
+    client's windows allow (this connection serves nothing else meanwhile)."""
+    body = (b"0123456789abcdef" * (size // 16 + 1))[:size]
+    conn.send_headers(sid, [(":status", "200"), ("content-length", str(size))])
+    tls.sendall(conn.data_to_send())
+    off = 0
+    while off < size:
+        w = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size, size - off)
+        if w <= 0:
+            data = tls.recv(65536)
+            if not data:
+                return
+            conn.receive_data(data)
+            tls.sendall(conn.data_to_send())
+            continue
+        conn.send_data(sid, body[off : off + w], end_stream=off + w == size)
+        off += w
+        tls.sendall(conn.data_to_send())
+
+
 def hold(tls, conn, sid, path):
     """/goaway-hold: served on a connection that takes no other stream
     (its GOAWAY names it as the last one), held open for ms=N."""
@@ -182,12 +229,7 @@ def hold(tls, conn, sid, path):
         tls.sendall(goaway.serialize())
     conn.send_data(sid, b"done\n", end_stream=True)
     tls.sendall(conn.data_to_send())
-    tls.settimeout(10)
-    try:
-        while tls.recv(65536):
-            pass
-    except OSError:
-        pass
+    read_until_closed(tls, 10)
 
 
 def handle(sock, ctx):
