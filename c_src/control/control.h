@@ -113,6 +113,18 @@ typedef struct {
 int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
                            const char **why);
 
+/*
+ * Judges a frame given as a jansson value as ce_control_frame_parse()
+ * judges its text: an object nested at most 16 deep, then the same rules
+ * for its type and members. For a writer that builds the frame as a
+ * value (the port program) and must not send what the sidecar would
+ * refuse, without writing and parsing the text again. What only text can
+ * get wrong (its size, duplicate members, UTF-8, NUL bytes) is the
+ * builder's to rule out. Returns CE_OK or CE_EPARSE, with *out and *why
+ * as ce_control_frame_parse() leaves them; root is not consumed.
+ */
+int ce_control_frame_check(const json_t *root, ce_frame_t *out, const char **why);
+
 /* Starts listening. Returns CE_OK, CE_EINVAL (bad or non-loopback listen
  * address, bad token or session id, unusable stdout_fd, a path that exists
  * and is not a socket; *err explains), CE_EIO (bind/listen failed or the

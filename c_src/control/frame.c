@@ -238,13 +238,55 @@ int ce__frame_load(const char *line, size_t len, json_t **root, const char **why
   return CE_OK;
 }
 
+/* Nesting of a value as depth_within() counts it in the text: each
+ * object or array one level, the root's included. */
+static bool json_depth_within(const json_t *v, int depth, int max) {
+  if (json_is_object(v)) {
+    if (++depth > max)
+      return false;
+    const char *key;
+    json_t *member;
+    json_object_foreach((json_t *)v, key, member) {
+      if (!json_depth_within(member, depth, max))
+        return false;
+    }
+  } else if (json_is_array(v)) {
+    if (++depth > max)
+      return false;
+    for (size_t i = 0; i < json_array_size(v); i++)
+      if (!json_depth_within(json_array_get(v, i), depth, max))
+        return false;
+  }
+  return true;
+}
+
+static int frame_from_root(json_t *root, ce_frame_t *out, const char **why);
+
 int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
                            const char **why) {
   json_t *root = NULL;
   int rc = ce__frame_load(line, len, &root, why);
   if (rc != CE_OK)
     return rc;
+  rc = frame_from_root(root, out, why);
+  json_decref(root);
+  return rc;
+}
 
+int ce_control_frame_check(const json_t *root, ce_frame_t *out, const char **why) {
+  if (why != NULL)
+    *why = NULL;
+  /* In the order ce__frame_load() refuses, so the reasons agree. */
+  if (!json_depth_within(root, 0, FRAME_MAX_DEPTH))
+    return refuse(why, "frame nested deeper than 16");
+  if (!json_is_object(root))
+    return refuse(why, "frame is not a JSON object");
+  return frame_from_root((json_t *)root, out, why);
+}
+
+/* The frame's type and members, from a parsed object (not consumed). */
+static int frame_from_root(json_t *root, ce_frame_t *out, const char **why) {
+  int rc;
   /* Parsed into a copy so that *out stays untouched on failure. The copy
    * is only as large as what the frame needs. */
   ce_frame_t f;
@@ -280,7 +322,6 @@ int ce_control_frame_parse(const char *line, size_t len, ce_frame_t *out,
   } else {
     rc = refuse(why, "unknown type");
   }
-  json_decref(root);
   if (rc != CE_OK)
     return rc;
 

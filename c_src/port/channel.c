@@ -36,10 +36,12 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/jsonw.h"
 #include "control/control.h"
 #include "control/handshake.h"
 #include "control/listen.h"
 #include "port/etf.h"
+#include "port/json_line.h"
 #include "port/json_term.h"
 
 /* A channel's read buffer: one line of the control channel at most. */
@@ -81,9 +83,13 @@ struct ce__chan {
   char reason[REASON_MAX];                  /* why an OPEN channel ended */
 };
 
+/* One write to the sidecar: its bytes follow the request (handshake
+ * lines, copied), or are a buffer the write owns (frames, written in
+ * place by control_send). */
 typedef struct {
   uv_write_t req;
   ce__chan_t *chan;
+  char *owned;
   size_t len;
   char data[];
 } chan_write_t;
@@ -226,25 +232,38 @@ static void end(ce__chan_t *c, bool discard, const char *fmt, ...) {
 static void on_written(uv_write_t *req, int status) {
   chan_write_t *w = (chan_write_t *)req;
   ce__chan_t *c = w->chan;
+  free(w->owned);
   free(w);
   if (status < 0 && status != UV_ECANCELED)
     end(c, false, "cannot write to the sidecar: %s", uv_strerror(status));
 }
 
-/* Queues len bytes of data (a line with its '\n'). Returns 0 or a libuv
- * error. */
-static int chan_write(ce__chan_t *c, const char *data, size_t len) {
-  chan_write_t *w = malloc(sizeof(*w) + len);
-  if (w == NULL)
+/* Queues len bytes (a line with its '\n'): a copy of data, or, with
+ * owned, data itself, which the write then frees (also when it cannot be
+ * queued). Returns 0 or a libuv error. */
+static int chan_write_buf(ce__chan_t *c, char *data, size_t len, bool owned) {
+  chan_write_t *w = malloc(sizeof(*w) + (owned ? 0 : len));
+  if (w == NULL) {
+    if (owned)
+      free(data);
     return UV_ENOMEM;
+  }
   w->chan = c;
   w->len = len;
-  memcpy(w->data, data, len);
-  uv_buf_t b = uv_buf_init(w->data, (unsigned)len);
+  w->owned = owned ? data : NULL;
+  if (!owned)
+    memcpy(w->data, data, len);
+  uv_buf_t b = uv_buf_init(owned ? data : w->data, (unsigned)len);
   int rc = uv_write(&w->req, &c->sock.stream, &b, 1, on_written);
-  if (rc != 0)
+  if (rc != 0) {
+    free(w->owned);
     free(w);
+  }
   return rc;
+}
+
+static int chan_write(ce__chan_t *c, const char *data, size_t len) {
+  return chan_write_buf(c, (char *)data, len, false);
 }
 
 /* ---- reading -------------------------------------------------------------------------- */
@@ -414,15 +433,10 @@ static void on_welcome_line(ce__chan_t *c, const char *line, size_t n) {
   ce__port_send(c->port, &x);
 }
 
-/* Any later line: {control, Chan, {frame, Map}}. Returns false when the
- * line ended the channel. */
+/* Any later line: {control, Chan, {frame, Map}}, the map written as the
+ * line is read (json_line.h). Returns false when the line ended the
+ * channel. */
 static bool on_frame_line(ce__chan_t *c, const char *line, size_t n) {
-  char why[200];
-  json_t *v = parse_line(line, n, why, sizeof(why));
-  if (v == NULL) {
-    end(c, true, "the sidecar sent a malformed frame: %s", why);
-    return false;
-  }
   ei_x_buff x;
   char err[CE_PORT_MSG_MAX] = "";
   int rc = ei_x_new_with_version(&x) == 0 ? CE_OK : CE_ENOMEM;
@@ -432,13 +446,15 @@ static bool on_frame_line(ce__chan_t *c, const char *line, size_t n) {
        ei_x_encode_tuple_header(&x, 2) != 0 || ei_x_encode_atom(&x, "frame") != 0))
     rc = CE_ENOMEM;
   if (rc == CE_OK)
-    rc = ce_json_to_term(v, &x, err, sizeof(err));
-  json_decref(v);
+    rc = ce_json_line_to_term(line, n, &x, err, sizeof(err));
   if (rc != CE_OK) {
     if (x.buff != NULL)
       ei_x_free(&x);
-    end(c, true, "the sidecar sent a frame the port cannot relay: %s",
-        err[0] != '\0' ? err : ce_strerror(rc));
+    if (rc == CE_EPARSE)
+      end(c, true, "the sidecar sent a malformed frame: %s", err);
+    else
+      end(c, true, "the sidecar sent a frame the port cannot relay: %s",
+          err[0] != '\0' ? err : ce_strerror(rc));
     return false;
   }
   c->unacked++;
@@ -633,59 +649,93 @@ fail_sock:
 
 /* ---- send, detach, ack, close_all ------------------------------------------------------------- */
 
-void ce__chan_send(ce_port_t *p, uint64_t id, uint64_t chan, json_t *frame) {
+void ce__chan_send_error(ce_port_t *p, const ce__send_to_t *to, uint64_t chan, int code,
+                         const char *fmt, ...) {
+  char msg[CE_PORT_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (!to->post) {
+    ce__port_reply_error(p, to->id, code, "%s", msg);
+    return;
+  }
+  /* The Tag's bytes were checked with the packet (ce_etf_check) and are
+   * copied as they are: the poster finds its own term again. */
+  ei_x_buff x;
+  if (ei_x_new_with_version(&x) == 0 && ei_x_encode_tuple_header(&x, 3) == 0 &&
+      ei_x_encode_atom(&x, "control") == 0 && ei_x_encode_ulonglong(&x, (EI_ULONGLONG)chan) == 0 &&
+      ei_x_encode_tuple_header(&x, 3) == 0 && ei_x_encode_atom(&x, "send_failed") == 0 &&
+      ei_x_append_buf(&x, to->tag, (int)to->tag_len) == 0 &&
+      ei_x_encode_tuple_header(&x, 2) == 0 && ce__port_encode_code(&x, code) == 0 &&
+      ce_etf_encode_text(&x, msg) == 0) {
+    ce__port_send(p, &x);
+  } else {
+    if (x.buff != NULL)
+      ei_x_free(&x);
+    fprintf(stderr, "condukt-egress port: out of memory reporting a failed post\n");
+    ce__port_stop(p, 1);
+  }
+}
+
+void ce__chan_send(ce_port_t *p, const ce__send_to_t *to, uint64_t chan, json_t *frame) {
   ce__chan_t *c = find(p, chan);
   if (c == NULL || c->state != OPEN) {
     json_decref(frame);
-    ce__port_reply_error(p, id, CE_ECLOSED, "control_send: channel %llu is not open",
+    ce__chan_send_error(p, to, chan, CE_ECLOSED, "control_send: channel %llu is not open",
                          (unsigned long long)chan);
     return;
   }
-  char *text = json_dumps(frame, JSON_COMPACT);
-  json_decref(frame);
-  if (text == NULL) {
-    ce__port_reply_error(p, id, CE_ENOMEM, "control_send: out of memory");
-    return;
-  }
-  size_t n = strlen(text);
-  if (n + 1 > CE_CONTROL_MAX_FRAME) {
-    free(text);
-    ce__port_reply_error(p, id, CE_ETOOBIG,
-                         "control_send: the frame is %zu bytes of JSON, over the control "
-                         "channel's limit of %u",
-                         n + 1, CE_CONTROL_MAX_FRAME);
-    return;
-  }
-  /* The sidecar's own parser judges the frame first: a frame it would
+  /* The sidecar's own rules judge the frame first: a frame it would
    * refuse closes the channel there (a protocol violation), while here
    * it is only this call's error. Handshake frames are valid for the
-   * parser but a violation once authenticated. */
+   * parser but a violation once authenticated. What only the text could
+   * get wrong (duplicate members, UTF-8, NUL bytes) the conversion from
+   * the term ruled out already; the size is the writer's bound. */
   ce_frame_t parsed;
   const char *why = NULL;
-  if (ce_control_frame_parse(text, n, &parsed, &why) != CE_OK ||
+  if (ce_control_frame_check(frame, &parsed, &why) != CE_OK ||
       parsed.type == CE_FRAME_HELLO || parsed.type == CE_FRAME_AUTH) {
-    free(text);
-    ce__port_reply_error(p, id, CE_EINVAL, "control_send: frame: %s",
+    json_decref(frame);
+    ce__chan_send_error(p, to, chan, CE_EINVAL, "control_send: frame: %s",
                          why != NULL ? why : "the handshake is control_attach's alone");
     return;
   }
   if (uv_stream_get_write_queue_size(&c->sock.stream) > CE_PORT_CHAN_WRITE_MAX) {
-    free(text);
-    ce__port_reply_error(p, id, CE_EUNAVAIL,
+    json_decref(frame);
+    ce__chan_send_error(p, to, chan, CE_EUNAVAIL,
                          "control_send: the sidecar is not reading (over %u bytes queued)",
                          CE_PORT_CHAN_WRITE_MAX);
     return;
   }
-  text[n] = '\n';
-  int rc = chan_write(c, text, n + 1);
-  free(text);
+  /* The line is written once, into the buffer the socket write takes. */
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, NULL, 0, CE_CONTROL_MAX_FRAME);
+  ce_jsonw_value(&w, frame);
+  ce_jsonw_raw(&w, "\n", 1);
+  json_decref(frame);
+  int err = ce_jsonw_error(&w);
+  if (err != CE_OK) {
+    ce_jsonw_free(&w);
+    if (err == CE_ETOOBIG)
+      ce__chan_send_error(p, to, chan, CE_ETOOBIG,
+                           "control_send: the frame is over the control channel's limit of %u "
+                           "bytes of JSON",
+                           CE_CONTROL_MAX_FRAME);
+    else
+      ce__chan_send_error(p, to, chan, err, "control_send: cannot write the frame: %s",
+                           ce_strerror(err));
+    return;
+  }
+  int rc = chan_write_buf(c, w.buf, w.len, true);
   if (rc != 0) {
-    ce__port_reply_error(p, id, rc == UV_ENOMEM ? CE_ENOMEM : CE_ECLOSED,
+    ce__chan_send_error(p, to, chan, rc == UV_ENOMEM ? CE_ENOMEM : CE_ECLOSED,
                          "control_send: cannot write to the sidecar: %s", uv_strerror(rc));
     end(c, false, "cannot write to the sidecar: %s", uv_strerror(rc));
     return;
   }
-  ce__port_reply_ok(p, id);
+  if (!to->post)
+    ce__port_reply_ok(p, to->id);
 }
 
 void ce__chan_detach(ce_port_t *p, uint64_t id, uint64_t chan) {

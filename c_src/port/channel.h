@@ -48,8 +48,23 @@ typedef struct {
  * error. */
 void ce__chan_attach(ce_port_t *p, uint64_t id, const ce__attach_t *a);
 
-/* control_send: takes frame (a JSON object); replies to id at once. */
-void ce__chan_send(ce_port_t *p, uint64_t id, uint64_t chan, json_t *frame);
+/* Who hears how a frame's sending went: a call's reply ({reply, Id, ok}
+ * or an error), or, for a post, nothing when the frame is queued and
+ * {control, Chan, {send_failed, Tag, {Code, Message}}} when it is not
+ * (tag: the Tag's bytes, a term in the external format). */
+typedef struct {
+  bool post;
+  uint64_t id;
+  const char *tag;
+  size_t tag_len;
+} ce__send_to_t;
+
+/* control_send, post: takes frame (a JSON value); answers to at once. */
+void ce__chan_send(ce_port_t *p, const ce__send_to_t *to, uint64_t chan, json_t *frame);
+
+/* Answers to with an error (code: a CE_E* value or CE__PORT_BADARG). */
+void ce__chan_send_error(ce_port_t *p, const ce__send_to_t *to, uint64_t chan, int code,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* control_detach: replies ok to id (also for a channel already gone). */
 void ce__chan_detach(ce_port_t *p, uint64_t id, uint64_t chan);

@@ -511,28 +511,39 @@ static void op_attach(ce_port_t *p, const char *buf, int i, uint64_t id) {
   OPENSSL_cleanse(a.token, sizeof(a.token));
 }
 
+/* The Frame of control_send or post, at buf[i], converted and sent. */
+static void send_frame(ce_port_t *p, const ce__send_to_t *to, uint64_t chan, const char *buf,
+                       int i, const char *name) {
+  if ((unsigned char)buf[i] != ERL_MAP_EXT) {
+    ce__chan_send_error(p, to, chan, CE__PORT_BADARG, "%s: Frame must be a map", name);
+    return;
+  }
+  char err[CE_PORT_MSG_MAX];
+  json_t *frame = NULL;
+  int rc = ce_term_to_json(buf, &i, "frame", &frame, err, sizeof(err));
+  if (rc != CE_OK) {
+    ce__chan_send_error(p, to, chan, rc == CE_EINVAL ? CE__PORT_BADARG : rc, "%s: %s", name,
+                        err);
+    return;
+  }
+  ce__chan_send(p, to, chan, frame);
+}
+
 static void op_send(ce_port_t *p, const char *buf, int i, uint64_t id) {
   uint64_t chan = 0;
   if (!ce_etf_u64(buf, &i, &chan) || chan == 0) {
     BADARG("control_send: Chan must be a positive integer");
     return;
   }
-  if ((unsigned char)buf[i] != ERL_MAP_EXT) {
-    BADARG("control_send: Frame must be a map");
-    return;
-  }
-  char err[CE_PORT_MSG_MAX];
-  json_t *frame = NULL;
-  int rc = ce_term_to_json(buf, &i, "frame", &frame, err, sizeof(err));
-  if (rc == CE_EINVAL) {
-    BADARG("control_send: %s", err);
-    return;
-  }
-  if (rc != CE_OK) {
-    ce__port_reply_error(p, id, rc, "control_send: %s", err);
-    return;
-  }
-  ce__chan_send(p, id, chan, frame);
+  ce__send_to_t to = {.post = false, .id = id};
+  send_frame(p, &to, chan, buf, i, "control_send");
+}
+
+void ce__port_post(ce_port_t *p, const char *buf, const ce_port_request_t *req) {
+  ce__send_to_t to = {.post = true,
+                      .tag = buf + req->args,
+                      .tag_len = (size_t)(req->frame - req->args)};
+  send_frame(p, &to, req->chan, buf, req->frame, "post");
 }
 
 static void op_detach(ce_port_t *p, const char *buf, int i, uint64_t id) {

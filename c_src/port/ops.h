@@ -22,4 +22,9 @@
  * reply. */
 void ce__port_call(ce_port_t *p, const char *buf, const ce_port_request_t *req);
 
+/* Runs {post, Chan, Tag, Frame} (req parsed from the checked packet buf):
+ * control_send's work, answered only when it fails, with
+ * {control, Chan, {send_failed, Tag, {Code, Message}}}. */
+void ce__port_post(ce_port_t *p, const char *buf, const ce_port_request_t *req);
+
 #endif

@@ -14,6 +14,8 @@
  *
  *   Request  = {call, Id, Op}             % answered by exactly one {reply, Id, _}
  *            | {ack, Chan, N}             % credit for N more frames; no reply
+ *            | {post, Chan, Tag, Frame}   % control_send without a reply: nothing
+ *                                         % when queued, else a send_failed
  *   Id       = non_neg_integer()          % < 2^64, echoed back
  *   Chan     = pos_integer()              % a channel number the port gave out
  *
@@ -46,6 +48,7 @@
  *   Message   = binary()
  *   Async     = {control, Chan, {frame, Frame}}
  *             | {control, Chan, {closed, Reason}}
+ *             | {control, Chan, {send_failed, Tag, {Code, Message}}}
  *             | {kube_forward, FChan, {error, Message}}
  *   Malformed = {error, badterm | too_big | badarg, Message}
  *
@@ -222,7 +225,7 @@ void ce__port_reply_ok(ce_port_t *p, uint64_t id) {
   ce__port_send(p, &x);
 }
 
-static int encode_code(ei_x_buff *x, int code) {
+int ce__port_encode_code(ei_x_buff *x, int code) {
   if (code == CE__PORT_BADARG)
     return ei_x_encode_atom(x, "badarg");
   return ce_etf_encode_err_code(x, code);
@@ -240,7 +243,7 @@ void ce__port_reply_error(ce_port_t *p, uint64_t id, int code, const char *fmt, 
     return;
   }
   if (ei_x_encode_tuple_header(&x, 2) != 0 || ei_x_encode_atom(&x, "error") != 0 ||
-      ei_x_encode_tuple_header(&x, 2) != 0 || encode_code(&x, code) != 0 ||
+      ei_x_encode_tuple_header(&x, 2) != 0 || ce__port_encode_code(&x, code) != 0 ||
       ce_etf_encode_text(&x, msg) != 0) {
     ei_x_free(&x);
     out_of_memory(p);
@@ -300,6 +303,10 @@ static void handle_packet(ce_port_t *p, const char *buf, size_t len) {
   }
   if (req.kind == CE_PORT_REQ_ACK) {
     ce__chan_ack(p, req.chan, req.n);
+    return;
+  }
+  if (req.kind == CE_PORT_REQ_POST) {
+    ce__port_post(p, buf, &req);
     return;
   }
   ce__port_call(p, buf, &req);

@@ -91,6 +91,10 @@ void ce__port_release(ce_port_t *p);
  * then freed). */
 int ce__port_reply_begin(ei_x_buff *x, uint64_t id);
 
+/* Appends the Code of an error (CE__PORT_BADARG or a CE_E* value) as an
+ * atom. Returns 0 or -1 (no memory). */
+int ce__port_encode_code(ei_x_buff *x, int code);
+
 /* Sends {reply, Id, ok}. */
 void ce__port_reply_ok(ce_port_t *p, uint64_t id);
 

@@ -6,6 +6,8 @@
 
 #include "common/error.h"
 
+#define EXPECTED "expected {call, Id, Op}, {ack, Chan, N} or {post, Chan, Tag, Frame}"
+
 static int bad(char *err, size_t errlen, const char *msg) {
   if (err != NULL && errlen > 0)
     snprintf(err, errlen, "%s", msg);
@@ -20,8 +22,21 @@ int ce_port_request_parse(const char *buf, size_t len, ce_port_request_t *req,
     return rc;
   int i = 1, arity = 0;
   char tag[CE_ETF_ATOM_MAX];
-  if (!ce_etf_tuple(buf, &i, &arity) || arity != 3 || !ce_etf_atom(buf, &i, tag))
-    return bad(err, errlen, "expected {call, Id, Op} or {ack, Chan, N}");
+  if (!ce_etf_tuple(buf, &i, &arity) || (arity != 3 && arity != 4) ||
+      !ce_etf_atom(buf, &i, tag))
+    return bad(err, errlen, EXPECTED);
+
+  if (strcmp(tag, "post") == 0 && arity == 4) {
+    req->kind = CE_PORT_REQ_POST;
+    if (!ce_etf_u64(buf, &i, &req->chan) || req->chan == 0)
+      return bad(err, errlen, "post: Chan must be a positive integer");
+    req->args = i; /* Tag: any term, echoed back on failure */
+    ce_etf_skip(buf, &i);
+    req->frame = i;
+    return CE_OK;
+  }
+  if (arity != 3)
+    return bad(err, errlen, EXPECTED);
 
   if (strcmp(tag, "ack") == 0) {
     req->kind = CE_PORT_REQ_ACK;
@@ -32,7 +47,7 @@ int ce_port_request_parse(const char *buf, size_t len, ce_port_request_t *req,
     return CE_OK;
   }
   if (strcmp(tag, "call") != 0)
-    return bad(err, errlen, "expected {call, Id, Op} or {ack, Chan, N}");
+    return bad(err, errlen, EXPECTED);
 
   req->kind = CE_PORT_REQ_CALL;
   if (!ce_etf_u64(buf, &i, &req->id))

@@ -3,6 +3,7 @@
  *
  *   {call, Id, Op}     Op = {Name, Arg...}
  *   {ack, Chan, N}
+ *   {post, Chan, Tag, Frame}
  *
  * Parsing it is pure (no allocation survives, no state), so the fuzz
  * target can run it on any bytes.
@@ -19,6 +20,7 @@
 typedef enum {
   CE_PORT_REQ_CALL = 1,
   CE_PORT_REQ_ACK,
+  CE_PORT_REQ_POST,
 } ce_port_req_kind_t;
 
 typedef struct {
@@ -27,8 +29,9 @@ typedef struct {
   uint64_t id;                 /* call: the transaction id */
   char op[CE_ETF_ATOM_MAX];    /* call: the operation's name */
   int argc;                    /* call: the arguments after the name */
-  int args;                    /* call: index of the first argument */
-  uint64_t chan;               /* ack */
+  int args;                    /* call: index of the first argument; post: of Tag */
+  int frame;                   /* post: index of Frame (not checked here) */
+  uint64_t chan;               /* ack, post */
   uint64_t n;                  /* ack: the credit given, > 0 */
 } ce_port_request_t;
 

@@ -11,9 +11,10 @@ defmodule Condukt.Native do
   grammar is normative in `docs/port-protocol.md` (and heads
   `c_src/port/port.c`). In short:
 
-      BEAM → port   {call, Id, Op} | {ack, Chan, N}
+      BEAM → port   {call, Id, Op} | {ack, Chan, N} | {post, Chan, Tag, Frame}
       port → BEAM   {reply, Id, ok | {ok, Value} | {error, {Code, Message}}}
                     {control, Chan, {frame, Frame} | {closed, Reason}}
+                    {control, Chan, {send_failed, Tag, {Code, Message}}}
                     {error, Kind, Message}
 
   Every call carries an integer id; the server keeps `%{id => from}` and
@@ -28,6 +29,12 @@ defmodule Condukt.Native do
 
       {:condukt_control, native :: pid(), chan :: pos_integer(), {:frame, map()}}
       {:condukt_control, native, chan, {:closed, reason :: String.t()}}
+
+  Frames go the other way with `control_send/3` (a call: `:ok` once the
+  frame is queued on the socket) or `control_post/4` (no reply: the caller
+  writes to the port itself and hears back only when the frame could not
+  be queued, as `{:condukt_control, native, chan, {:send_failed, tag,
+  %Condukt.Native.Error{}}}`).
 
   Frames are credited: the port sends at most `:window` (default 256)
   frames the owner has not acknowledged with `ack/3`. An owner that dies
@@ -151,6 +158,33 @@ defmodule Condukt.Native do
   @doc "Queues `frame` (a map; docs/port-protocol.md maps it to JSON) on channel `chan`."
   @spec control_send(server(), chan(), map()) :: :ok | error()
   def control_send(server, chan, frame) when is_map(frame), do: call(server, {:control_send, chan, frame})
+
+  @doc """
+  The port of the program (for `control_post/4`).
+  """
+  @spec port(server()) :: port()
+  def port(server), do: GenServer.call(server, :port)
+
+  @doc """
+  Queues `frame` on channel `chan` like `control_send/3`, without a
+  round trip: the calling process writes the request to `port` (from
+  `port/1`) itself, and the port program answers only when the frame
+  cannot be queued (every error `control_send/3` would return), with
+  `{:condukt_control, native, chan, {:send_failed, tag, %Condukt.Native.Error{}}}`
+  to the calling process. So a decision reaches the socket without a
+  process hop on the way and without a reply waking the caller after it.
+
+  Returns `:ok`, or `{:error, %Condukt.Native.Error{code: :port_exited}}`
+  when the port is closed (the server's `{:closed, _}` or exit follows).
+  """
+  @spec control_post(port(), chan(), map(), term()) :: :ok | error()
+  def control_post(port, chan, frame, tag) when is_port(port) and is_map(frame) do
+    true = Port.command(port, :erlang.term_to_binary({:post, chan, {self(), tag}, frame}))
+    :ok
+  rescue
+    ArgumentError ->
+      {:error, %Error{code: :port_exited, message: "the port program is closed", op: :control_post}}
+  end
 
   @doc "Closes channel `chan`; no `{:closed, _}` message follows."
   @spec control_detach(server(), chan()) :: :ok | error()
@@ -308,6 +342,7 @@ defmodule Condukt.Native do
   end
 
   def handle_call(:os_pid, _from, state), do: {:reply, state.os_pid, state}
+  def handle_call(:port, _from, state), do: {:reply, state.port, state}
 
   @impl true
   def handle_cast({:ack, chan, n}, state) do
@@ -373,6 +408,15 @@ defmodule Condukt.Native do
     state = %{state | pending: pending}
     {reply, state} = reply(op, result, owner, state)
     if from, do: GenServer.reply(from, reply)
+    {:noreply, state}
+  end
+
+  # A post that could not be queued: to the poster (the Tag carries it),
+  # whether or not the channel is still known here.
+  defp handle_term({:control, chan, {:send_failed, {poster, tag}, {code, message}}}, state)
+       when is_pid(poster) and is_atom(code) do
+    error = %Error{code: code, message: to_string(message), op: :control_post}
+    send(poster, {:condukt_control, self(), chan, {:send_failed, tag, error}})
     {:noreply, state}
   end
 

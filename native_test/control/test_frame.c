@@ -2,6 +2,7 @@
  * and refuses (docs/control-channel.md, "Peer to sidecar"), and the line
  * encoder the sidecar writes with. */
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +12,40 @@
 #include "control/control.h"
 #include "control/frame.h"
 
+/* Every frame parsed here is also judged as a jansson value by
+ * ce_control_frame_check() (the port program's check before it writes a
+ * frame), which must agree: the same code, the same reason, the same
+ * frame. Text that jansson alone refuses has no value to judge. */
+static void check_agrees(const char *text, int rc, const ce_frame_t *f, const char *why) {
+  json_error_t jerr;
+  json_t *v = json_loadb(text, strlen(text), JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+  if (v == NULL || rc == CE_ETOOBIG) {
+    json_decref(v);
+    return;
+  }
+  ce_frame_t g;
+  memset(&g, 0, sizeof(g));
+  const char *why2 = "unset";
+  int rc2 = ce_control_frame_check(v, &g, &why2);
+  json_decref(v);
+  cr_assert_eq(rc2, rc, "%s: the check says %s, the parser %s", text, ce_err_name(rc2),
+               ce_err_name(rc));
+  if (rc != CE_OK) {
+    cr_assert_str_eq(why2, why, "%s", text);
+    return;
+  }
+  cr_assert_null(why2);
+  cr_assert_eq(memcmp(&g, f, sizeof(g)), 0, "%s: the check gives another frame", text);
+}
+
 static int parse(const char *text, ce_frame_t *f, const char **why) {
-  return ce_control_frame_parse(text, strlen(text), f, why);
+  ce_frame_t zeroed;
+  memset(&zeroed, 0, sizeof(zeroed));
+  const char *why1 = NULL;
+  int rc = ce_control_frame_parse(text, strlen(text), &zeroed, &why1);
+  check_agrees(text, rc, &zeroed, why1);
+  rc = ce_control_frame_parse(text, strlen(text), f, why);
+  return rc;
 }
 
 static ce_frame_t parse_ok(const char *text) {
@@ -245,6 +278,9 @@ Test(frame, depth_bound) {
   parse_ok(text);
   snprintf(text, sizeof(text), "{\"type\":\"ping\",\"x\":%.16s%.16s}",
            "[[[[[[[[[[[[[[[[", "]]]]]]]]]]]]]]]]");
+  refused(text, CE_EPARSE, "deeper than 16");
+  /* Nesting is judged before the root's type (the port's check agrees). */
+  snprintf(text, sizeof(text), "%.17s%.17s", "[[[[[[[[[[[[[[[[[", "]]]]]]]]]]]]]]]]]");
   refused(text, CE_EPARSE, "deeper than 16");
   /* Brackets inside strings do not count. */
   parse_ok("{\"type\":\"ping\",\"x\":\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\\\"[[[[\"}");

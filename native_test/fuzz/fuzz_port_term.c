@@ -4,7 +4,9 @@
  * leak, no undefined behaviour", it checks the promises: a term the walk
  * accepts is never read past its end by erl_interface (ASan sees that),
  * a refusal names a reason, a term converted to JSON converts back to a
- * term that converts to the same JSON. */
+ * term that converts to the same JSON, and what control_send would write
+ * for it (ce_jsonw_value) is jansson's dump of it, judged by
+ * ce_control_frame_check() as the sidecar's parser judges that text. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,8 @@
 #include <jansson.h>
 
 #include "common/error.h"
+#include "common/jsonw.h"
+#include "control/control.h"
 #include "port/etf.h"
 #include "port/json_term.h"
 #include "port/request.h"
@@ -25,6 +29,32 @@ static void check(int ok, const char *what) {
     fprintf(stderr, "fuzz_port_term: broken promise: %s\n", what);
     abort();
   }
+}
+
+/* What control_send writes for a converted frame: the text jansson's dump
+ * would give, judged by ce_control_frame_check() as the sidecar's parser
+ * judges that text. */
+static void as_sent(const json_t *v) {
+  char *dumped = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+  check(dumped != NULL, "json_dumps");
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, NULL, 0, CE_CONTROL_MAX_FRAME);
+  ce_jsonw_value(&w, v);
+  check(ce_jsonw_error(&w) == CE_OK, "the writer refuses a converted frame");
+  check(w.len == strlen(dumped) && memcmp(w.buf, dumped, w.len) == 0,
+        "the writer's text is not jansson's");
+  ce_frame_t a, b;
+  memset(&a, 0, sizeof(a));
+  memset(&b, 0, sizeof(b));
+  const char *why_a = NULL, *why_b = NULL;
+  int ra = ce_control_frame_parse(w.buf, w.len, &a, &why_a);
+  int rb = ce_control_frame_check(v, &b, &why_b);
+  check(ra == rb, "the check and the sidecar's parser disagree");
+  check(ra != CE_OK || memcmp(&a, &b, sizeof(a)) == 0, "the check gives another frame");
+  check(ra == CE_OK || (why_a != NULL && why_b != NULL && strcmp(why_a, why_b) == 0),
+        "the check gives another reason");
+  ce_jsonw_free(&w);
+  free(dumped);
 }
 
 /* JSON -> term -> JSON must be the identity. */
@@ -73,6 +103,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (rc == CE_OK) {
       check((size_t)i == size, "convert: index not at the end");
       round_trip(v);
+      as_sent(v);
       json_decref(v);
     } else {
       check(i == 1, "convert: index moved on failure");

@@ -315,10 +315,79 @@ Test(port_channel, control_send_refusals) {
   expect_packet("{reply,6,{error,{closed,<<\"control_send: channel 9 is not open\">>}}}");
   ce_test_port_send(&pp, "{call, 7, {control_send, 0, #{type => ping}}}");
   expect_packet("{reply,7,{error,{badarg,<<\"control_send: Chan must be a positive integer\">>}}}");
+  /* Deeper than the sidecar's parser goes (16), within the mapping's 32. */
+  ce_test_port_send(&pp, "{call, 9, {control_send, 1, #{type => ping, x => "
+                         "[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}}}");
+  expect_packet("{reply,9,{error,{inval,<<\"control_send: frame: frame nested deeper than "
+                "16\">>}}}");
+  /* Over 1 MiB of JSON with its newline, and just within it. */
+  size_t room = CE_CONTROL_MAX_FRAME - strlen("{\"type\":\"ping\",\"x\":\"\"}\n");
+  for (int k = 0; k < 2; k++) {
+    size_t n = room + (k == 0 ? 1 : 0);
+    char *req = malloc(n + 100);
+    cr_assert_not_null(req);
+    int len = snprintf(req, 100, "{call, %d, {control_send, 1, #{type => ping, x => <<\"",
+                       10 + k);
+    memset(req + len, 'a', n);
+    strcpy(req + (size_t)len + n, "\">>}}}");
+    ce_test_port_send(&pp, req);
+    free(req);
+  }
+  expect_packet("{reply,10,{error,{toobig,<<\"control_send: the frame is over the control "
+                "channel's limit of 1048576 bytes of JSON\">>}}}");
+  expect_packet("{reply,11,ok}");
+  /* The sidecar read the 1 MiB line: its pong. */
+  expect_packet("{control,1,{frame,#{<<\"type\">> => <<\"pong\">>}}}");
   /* The channel survived all of that. */
   ce_test_port_send(&pp, "{call, 8, {control_send, 1, #{type => ping}}}");
   expect_packet("{reply,8,ok}");
   expect_packet("{control,1,{frame,#{<<\"type\">> => <<\"pong\">>}}}");
+  finish();
+}
+
+static void on_post_decision(void *data, int status, bool allow, const char *reason,
+                             bool cacheable) {
+  int *got = data;
+  *got = status == CE_OK && allow ? 1 : -1;
+}
+
+/* A post is control_send without the reply: a frame that is queued gets
+ * no answer at all, one that is not gets {send_failed, Tag, {Code, Msg}}
+ * on the channel, with the poster's Tag as it was sent. */
+Test(port_channel, post_answers_only_failures) {
+  attach(8);
+  int got = 0;
+  cr_assert_eq(ce_control_ask(ctl, json_pack("{s:s}", "host", "a.test"), 5000, on_post_decision,
+                              &got),
+               1);
+  char *req = recv_term();
+  cr_assert(strstr(req, "decision_request") != NULL, "%s", req);
+  free(req);
+  ce_test_port_send(&pp, "{post, 1, {decision, <<\"1\">>, allow}, #{type => decision, "
+                         "id => <<\"1\">>, decision => allow, cache => false}}");
+  for (int k = 0; k < 2000 && got == 0; k++) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    poll(NULL, 0, 1);
+  }
+  cr_assert_eq(got, 1, "the posted decision did not reach the sidecar");
+  expect_quiet();
+  /* Refused by the sidecar's rules, by the mapping, not a map, and a
+   * channel that is not open: each a send_failed with its Tag. */
+  ce_test_port_send(&pp, "{post, 1, {t, 1}, #{type => decision, id => <<\"x\">>}}");
+  expect_packet("{control,1,{send_failed,{t,1},{inval,<<\"control_send: frame: decision: "
+                "\\\"id\\\" must be a decimal string of a uint64\">>}}}");
+  ce_test_port_send(&pp, "{post, 1, {t, 2}, #{type => ping, x => {1}}}");
+  expect_packet("{control,1,{send_failed,{t,2},{badarg,<<\"post: frame.x: a tuple is not "
+                "JSON\">>}}}");
+  ce_test_port_send(&pp, "{post, 1, [t, 3], [ping]}");
+  expect_packet("{control,1,{send_failed,[t,3],{badarg,<<\"post: Frame must be a map\">>}}}");
+  ce_test_port_send(&pp, "{post, 9, <<\"t4\">>, #{type => ping}}");
+  expect_packet("{control,9,{send_failed,<<\"t4\">>,{closed,<<\"control_send: channel 9 is not "
+                "open\">>}}}");
+  /* The channel is fine: a posted ping is answered by the sidecar only. */
+  ce_test_port_send(&pp, "{post, 1, t5, #{type => ping}}");
+  expect_packet("{control,1,{frame,#{<<\"type\">> => <<\"pong\">>}}}");
+  expect_quiet();
   finish();
 }
 
@@ -607,5 +676,76 @@ Test(port_channel, attach_needs_the_session_id) {
   expect_packet("{reply,3,{error,{closed,<<\"the control channel closed during the handshake (a "
                 "wrong token or session id, another protocol version, or not a condukt "
                 "sidecar)\">>}}}");
+  finish();
+}
+
+/* A sidecar that holds the token (the squatter above, given it) runs the
+ * handshake to the welcome, as a real one would. */
+static void squat_open(squat_t *q, int id) {
+  char line[1024];
+  squat_accept(q, id, line, sizeof(line));
+  json_error_t jerr;
+  json_t *hello = json_loads(line, 0, &jerr);
+  cr_assert_not_null(hello, "%s", line);
+  uint8_t tok[16], np[CE_CONTROL_NONCE_LEN], ns[CE_CONTROL_NONCE_LEN];
+  uint8_t proof[CE_CONTROL_PROOF_LEN];
+  cr_assert(ce_control_unhex(TOKEN_HEX, 32, tok, sizeof(tok)));
+  cr_assert(ce_control_unhex(json_string_value(json_object_get(hello, "nonce")), 64, np,
+                             sizeof(np)));
+  json_decref(hello);
+  cr_assert(ce_control_unhex(H64, 64, ns, sizeof(ns)));
+  squat_say(q, "{\"type\":\"challenge\",\"version\":2,\"nonce\":\"" H64 "\"}\n");
+  ssize_t n = read(q->c, line, sizeof(line) - 1);
+  cr_assert(n > 0);
+  cr_assert_eq(ce_control_proof(tok, sizeof(tok), CE_CONTROL_ROLE_SIDECAR, "sess-port", np, ns,
+                                proof),
+               CE_OK);
+  char welcome[400];
+  int len = snprintf(welcome, sizeof(welcome),
+                     "{\"type\":\"welcome\",\"version\":2,\"session_id\":\"sess-port\","
+                     "\"dropped\":0,\"proof\":\"");
+  ce_control_hex(proof, sizeof(proof), welcome + len);
+  snprintf(welcome + len + 2 * CE_CONTROL_PROOF_LEN,
+           sizeof(welcome) - (size_t)len - 2 * CE_CONTROL_PROOF_LEN, "\"}\n");
+  squat_say(q, welcome);
+  char expect[256];
+  snprintf(expect, sizeof(expect),
+           "{reply,%d,{ok,{%d,#{<<\"type\">> => <<\"welcome\">>,<<\"version\">> => 2,"
+           "<<\"session_id\">> => <<\"sess-port\">>,<<\"dropped\">> => 0}}}}",
+           id, id);
+  expect_packet(expect);
+}
+
+/* A sidecar's line that is not a frame ends the channel: the frames
+ * before it in the same read are delivered, then {closed, Reason} says
+ * what was wrong and where, and nothing after it is relayed. */
+Test(port_channel, a_malformed_frame_closes_the_channel_with_the_reason) {
+  squat_t q;
+  squat_start(&q);
+  squat_open(&q, 1);
+  squat_say(&q, "{\"type\":\"event\",\"seq\":1,\"s\":\"\\u00e9\"}\n"
+                "{\"type\":\"event\",\"seq\":2,\"type\":\"x\"}\n"
+                "{\"type\":\"event\",\"seq\":3}\n");
+  expect_packet("{control,1,{frame,#{<<\"type\">> => <<\"event\">>,<<\"seq\">> => 1,"
+                "<<\"s\">> => <<\"é\">>}}}");
+  expect_packet("{control,1,{closed,<<\"the sidecar sent a malformed frame: byte 0: the member "
+                "\\\"type\\\" appears twice in an object\">>}}");
+  expect_quiet();
+  squat_end(&q);
+
+  /* Valid JSON nested deeper than the mapping goes. */
+  squat_open(&q, 2);
+  char deep[200];
+  int len = snprintf(deep, sizeof(deep), "{\"type\":\"event\",\"x\":");
+  for (int k = 0; k < 40; k++)
+    deep[len++] = '[';
+  for (int k = 0; k < 40; k++)
+    deep[len++] = ']';
+  snprintf(deep + len, sizeof(deep) - (size_t)len, "}\n");
+  squat_say(&q, deep);
+  expect_packet("{control,2,{closed,<<\"the sidecar sent a frame the port cannot relay: byte 52: "
+                "nested deeper than 32\">>}}");
+  squat_end(&q);
+  close(q.lfd);
   finish();
 }

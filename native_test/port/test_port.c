@@ -365,7 +365,8 @@ Test(port, malformed_packets_never_stop_the_port) {
                       "byte 3 of the packet\">>}");
   free(r);
   ce_test_port_expect(&pp, "{hello}",
-                      "{error,badarg,<<\"expected {call, Id, Op} or {ack, Chan, N}\">>}");
+                      "{error,badarg,<<\"expected {call, Id, Op}, {ack, Chan, N} or {post, Chan, Tag, "
+                      "Frame}\">>}");
   ce_test_port_expect(&pp, "{call, -3, {version}}",
                       "{error,badarg,<<\"call: Id must be an integer from 0 to 2^64-1\">>}");
   ce_test_port_expect(&pp, "{call, 4, version}",

@@ -48,6 +48,31 @@ Test(port_request, ack) {
   cr_assert_not(r.has_id);
 }
 
+/* {post, Chan, Tag, Frame}: Tag is any term (its bytes are echoed back on
+ * failure), Frame is checked by the operation, not here. */
+Test(port_request, post) {
+  ce_port_request_t r;
+  char err[256];
+  ei_x_buff x;
+  ce_test_term(&x, "{post, 5, {decision, <<\"7\">>, allow, [1,2]}, #{type => ping}}");
+  cr_assert_eq(ce_port_request_parse(x.buff, (size_t)x.index, &r, err, sizeof(err)), CE_OK, "%s",
+               err);
+  cr_assert_eq(r.kind, CE_PORT_REQ_POST);
+  cr_assert_eq(r.chan, 5);
+  cr_assert_not(r.has_id);
+  cr_assert_eq(x.buff[r.args], 'h', "Tag is not at args");
+  cr_assert_eq((unsigned char)x.buff[r.frame], ERL_MAP_EXT, "Frame is not at frame");
+  cr_assert_lt(r.args, r.frame);
+  ei_x_free(&x);
+  cr_assert_eq(parse("{post, 1, tag, not_a_map}", &r, err), CE_OK, "%s", err);
+  cr_assert_eq(parse("{post, 0, tag, #{}}", &r, err), CE_EINVAL);
+  cr_assert(strstr(err, "post: Chan must be a positive integer") != NULL, "%s", err);
+  cr_assert_eq(parse("{post, 1, #{}}", &r, err), CE_EINVAL);
+  cr_assert_eq(parse("{post, 1, tag, #{}, extra}", &r, err), CE_EINVAL);
+  cr_assert_eq(parse("{call, 1, {version}, extra}", &r, err), CE_EINVAL);
+  cr_assert_not(r.has_id);
+}
+
 Test(port_request, refusals_without_an_id) {
   ce_port_request_t r;
   char err[256];

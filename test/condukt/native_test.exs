@@ -132,6 +132,39 @@ defmodule Condukt.NativeTest do
       assert msg =~ "bad"
     end
 
+    test "control_post: no answer when the frame is queued, send_failed with the tag when not",
+         %{native: n, listener: l} do
+      {chan, _conn} = attach(n, l, owner: self())
+      port = Native.port(n)
+      assert is_port(port)
+
+      assert :ok = Native.control_post(port, chan, %{type: "decision", id: "7", decision: "allow", cache: false}, :t1)
+      assert_receive {:listener, :line, line}, 5_000
+      assert line["type"] == "decision" and line["id"] == "7" and line["decision"] == "allow"
+      refute_receive {:condukt_control, ^n, ^chan, _}, 300
+
+      # Refused by the sidecar's rules, by the mapping, and on a channel
+      # that is not open: each comes back to the poster with its tag.
+      assert :ok = Native.control_post(port, chan, %{type: "decision", id: "x"}, {:decision, "x"})
+
+      assert_receive {:condukt_control, ^n, ^chan,
+                      {:send_failed, {:decision, "x"}, %Error{code: :inval, op: :control_post, message: msg}}},
+                     5_000
+
+      assert msg =~ ~s("id" must be a decimal string)
+      assert :ok = Native.control_post(port, chan, %{type: "ping", x: {:tuple}}, :t3)
+      assert_receive {:condukt_control, ^n, ^chan, {:send_failed, :t3, %Error{code: :badarg}}}, 5_000
+      assert :ok = Native.control_post(port, 999, %{type: "ping"}, :t4)
+      assert_receive {:condukt_control, ^n, 999, {:send_failed, :t4, %Error{code: :closed}}}, 5_000
+      refute_received {:listener, :line, _}
+
+      # A port that is gone is an error at once.
+      Native.stop(n)
+
+      assert {:error, %Error{code: :port_exited, op: :control_post}} =
+               Native.control_post(port, chan, %{type: "ping"}, :t5)
+    end
+
     test "credit: at most :window unacknowledged frames", %{native: n, listener: l} do
       {chan, conn} = attach(n, l, owner: self(), window: 4)
       ControlListener.send_frames(conn, for(i <- 1..10, do: %{type: "event", seq: i}))

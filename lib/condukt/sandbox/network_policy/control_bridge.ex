@@ -189,6 +189,8 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
       owner: opts[:owner],
       session_id: opts[:session_id],
       native: nil,
+      # The port program's port, written to directly for decisions.
+      port: nil,
       chan: nil,
       failures: 0,
       dial_timer: nil,
@@ -291,6 +293,17 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
     {:noreply, state}
   end
 
+  # A decision posted to the port that could not be queued on the socket
+  # (the channel closed under it, the sidecar not reading, ...): held for
+  # the sidecar's re-sent request, as if there had been no channel.
+  def handle_info(
+        {:condukt_control, native, _chan, {:send_failed, {:decision, id, answer, cache}, error}},
+        %{native: native} = state
+      ) do
+    Logger.warning("network policy (session #{inspect(state.session_id)}): #{Exception.message(error)}")
+    {:noreply, %{state | held: Map.put(state.held, id, {answer, cache, System.monotonic_time(:millisecond)})}}
+  end
+
   def handle_info({:condukt_control, _native, _chan, _message}, state) do
     # From a channel or port we already left behind.
     {:noreply, state}
@@ -300,7 +313,7 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
     if state.chan, do: Telemetry.control_disconnected(state.session_id, {:port_exited, reason})
     now = System.monotonic_time(:millisecond)
     deaths = [now | Enum.filter(state.port_deaths, &(now - &1 < @port_death_window))]
-    state = %{state | native: nil, chan: nil, unacked: 0, port_deaths: deaths}
+    state = %{state | native: nil, port: nil, chan: nil, unacked: 0, port_deaths: deaths}
 
     if length(deaths) > @max_port_deaths do
       give_up(state, {:port_exited, reason})
@@ -380,9 +393,12 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
 
   defp ensure_native(%{native: nil} = state) do
     case Native.start_link(state.opts[:native]) do
-      {:ok, native} -> {:ok, %{state | native: native}}
+      {:ok, native} -> {:ok, %{state | native: native, port: Native.port(native)}}
       {:error, reason} -> {:error, reason, state}
     end
+  catch
+    # The program died at once; its EXIT message follows and restarts it.
+    :exit, reason -> {:error, {:native_exited, reason}, state}
   end
 
   defp ensure_native(state), do: {:ok, state}
@@ -563,23 +579,27 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridge do
     end)
   end
 
-  defp send_decision(state, {:decision, id, answer, cache}) do
+  # Posted: written to the port from here, with no reply to wait for when
+  # it is queued on the socket; a failure comes back as :send_failed with
+  # the reply as its tag (handled above).
+  defp send_decision(state, {:decision, id, answer, cache} = reply) do
     frame =
       case answer do
         :allow -> %{type: "decision", id: id, decision: "allow", cache: cache}
         {:deny, reason} -> %{type: "decision", id: id, decision: "deny", reason: wire_reason(reason), cache: cache}
       end
 
-    case Native.control_send(state.native, state.chan, frame) do
+    case state.port && Native.control_post(state.port, state.chan, frame, reply) do
       :ok ->
         :ok
 
       {:error, error} ->
         Logger.warning("network policy (session #{inspect(state.session_id)}): #{Exception.message(error)}")
         :error
+
+      nil ->
+        :error
     end
-  catch
-    :exit, _ -> :error
   end
 
   defp wire_reason(reason) when is_atom(reason), do: wire_reason(Atom.to_string(reason))

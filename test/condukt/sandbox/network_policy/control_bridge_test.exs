@@ -212,6 +212,39 @@ defmodule Condukt.Sandbox.NetworkPolicy.ControlBridgeTest do
     Sidecar.stop(sc)
   end
 
+  # Decisions are posted to the port without a reply; one the port could
+  # not queue comes back as :send_failed (Condukt.NativeTest shows the
+  # port and Native doing so). Given that message, the bridge holds the
+  # answer and gives it to the sidecar's re-sent request: the decider is
+  # not asked again (here it never answers at all).
+  test "a posted decision that could not be queued is held for the re-sent request", ctx do
+    sc = Sidecar.start(ctx.tb, policy(self(), 10_000))
+    bridge = start_bridge(ctx, sc)
+    %{os_pid: os_pid, native: native, chan: chan} = ControlBridge.info(bridge)
+    q = tag()
+    client = Task.async(fn -> curl(ctx.tb, sc, "https://v6.test/?#{q}") end)
+    assert_receive {:deciding, "v6.test", _decider}, 10_000
+
+    # The sidecar's first question of this run has id "1".
+    failed = %Condukt.Native.Error{
+      code: :closed,
+      message: "control_send: channel #{chan} is not open",
+      op: :control_post
+    }
+
+    capture_log(fn ->
+      send(bridge, {:condukt_control, native, chan, {:send_failed, {:decision, "1", :allow, false}, failed}})
+      System.cmd("kill", ["-KILL", "#{os_pid}"])
+      assert_receive {:telemetry, @prefix ++ [:control_connected], _, _}, 10_000
+    end)
+
+    r = Task.await(client, 30_000)
+    assert r.status == 200, inspect(r)
+    assert {:request_closed, _, _} = List.last(events_for(q))
+    refute_received {:deciding, "v6.test", _}
+    Sidecar.stop(sc)
+  end
+
   test "the channel cut mid-decision with a decider too slow: denied :decider_timeout, the bridge recovers", ctx do
     sc = Sidecar.start(ctx.tb, policy(self(), 1_500))
     bridge = start_bridge(ctx, sc)
