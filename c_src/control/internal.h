@@ -62,15 +62,12 @@
 #define OUT_BATCH_CAP (64u * 1024u)
 #define OUT_BATCH_MS 1u
 /* Events for the authenticated peer wait in the ring, in order, and go
- * to it in one write when PEER_BATCH_LINES have gathered, at the end of
- * the loop's turn in which the first was queued (peer_timer, due at once:
- * after the turn's other callbacks and socket writes, before the loop
- * polls or sleeps again), and at once ahead of a decision request, which
- * travels in the same write: a request's events are not written (waking
- * the peer's reader) between reading its decision and forwarding it, and
- * its request_opened and decision_request leave together. */
+ * to it in one write when PEER_BATCH_LINES have gathered or OUT_BATCH_MS
+ * after the first (peer_timer), and at once ahead of a decision request,
+ * which travels in the same write: a request's events are not written
+ * (waking the peer's reader) between reading its decision and forwarding
+ * it, and its request_opened and decision_request leave together. */
 #define PEER_BATCH_LINES 64u
-#define PEER_BATCH_MS 0u
 /* Bytes waiting for the peer. Past the soft bound events go to the ring
  * instead (where the oldest are dropped); past the hard bound the peer is
  * taken as stuck and closed, so that a re-dialled bridge gets a fresh
@@ -218,7 +215,7 @@ struct ce_control {
 
   uint64_t seq, events, dropped, stdout_dropped, auth_failures;
 
-  uv_timer_t peer_timer;     /* flushes the ring to the peer at the end of the turn */
+  uv_timer_t peer_timer;     /* flushes the ring to the peer (PEER_BATCH_LINES) */
 
   /* control_refused events (REFUSED_EVENT_MS apart at most) */
   uv_timer_t refused_timer;

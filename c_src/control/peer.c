@@ -284,11 +284,7 @@ void ce__ctl_peer_event_queued(ce_control_t *ctl) {
   if (ctl->ring_count >= PEER_BATCH_LINES || ctl->ring_count >= ctl->ring_cap)
     ce__ctl_flush_ring(ctl);
   else if (!uv_is_active((uv_handle_t *)&ctl->peer_timer))
-    /* Due at once: libuv runs it when the loop next runs its timers,
-     * after this turn's callbacks, and polls without sleeping meanwhile.
-     * The events of one turn (a request read, forwarded, its events) go
-     * in one write without waiting a millisecond for company. */
-    uv_timer_start(&ctl->peer_timer, peer_timer_cb, PEER_BATCH_MS, 0);
+    uv_timer_start(&ctl->peer_timer, peer_timer_cb, OUT_BATCH_MS, 0);
 }
 
 static void peer_authenticate(peer_t *p) {
