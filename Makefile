@@ -7,6 +7,7 @@
 #   make bench     benchmarks against direct, mitmproxy and Squid (bench/README.md)
 #   make soak      the sidecar under mixed traffic for an hour (SOAK_MINUTES)
 #   make bench-wakeups  the added latency at one request in flight, by CPU setting
+#   make bench-events   the event text of one allowed request, CPU per request
 #
 # `mix compile` calls `make priv/condukt-egress` through the compiler step
 # in mix.exs, so a project using :condukt as a dependency gets the binary.
@@ -247,6 +248,16 @@ bench-tls: $(BENCH_TLS) $(BIN)
 	@d=$$(mktemp -d) && $(BIN) ca new --cert $$d/ca.pem --key $$d/ca.key >/dev/null && \
 	  BENCH_TLS_DIR=$$d $(BENCH_TLS) 200 && BENCH_TLS_DIR=$$d $(BENCH_TLS) 200 resume; \
 	  rc=$$?; rm -rf $$d; exit $$rc
+
+# The event text of one allowed request, alone: CPU per request against
+# the same event built with jansson (bench/events.c, bench/PROFILE.md).
+BENCH_EVENTS := $(BUILD)/bench/events
+$(BENCH_EVENTS): bench/events.c $(LIB_REL_OBJS) $(REL_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -MMD -MP,$(REL_CFLAGS)) -pie -o $@ bench/events.c $(LIB_REL_OBJS) $(PKG_LIBS)
+.PHONY: bench-events
+bench-events: $(BENCH_EVENTS)
+	$(BENCH_EVENTS) $(EVENTS_N)
 
 # Refresh the Mozilla root snapshot from Debian's ca-certificates package.
 mozilla-pem:

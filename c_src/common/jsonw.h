@@ -24,6 +24,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "common/error.h"
 
 /* Containers nested deeper than this are refused (CE_EINVAL): it bounds
  * the recursion, and therefore also rules out reference cycles. */
@@ -47,8 +50,21 @@ void ce_jsonw_free(ce_jsonw_t *w);
 
 int ce_jsonw_error(const ce_jsonw_t *w);
 
-/* Appends n bytes as they are (punctuation, pre-encoded JSON). */
-void ce_jsonw_raw(ce_jsonw_t *w, const char *s, size_t n);
+/* The path of ce_jsonw_raw that grows the buffer (or fails). */
+void ce_jsonw_raw_grow(ce_jsonw_t *w, const char *s, size_t n);
+
+/* Appends n bytes as they are (punctuation, pre-encoded JSON). Inline:
+ * an event appends some sixty short pieces, most of them literals whose
+ * copy the compiler writes out. */
+static inline void ce_jsonw_raw(ce_jsonw_t *w, const char *s, size_t n) {
+  if (w->err == CE_OK && n <= w->cap - w->len) {
+    if (n > 0)
+      memcpy(w->buf + w->len, s, n);
+    w->len += n;
+    return;
+  }
+  ce_jsonw_raw_grow(w, s, n);
+}
 
 /* Appends s[0..n) as a quoted, escaped JSON string; CE_EINVAL unless the
  * bytes are valid UTF-8 (no overlong forms, no surrogates, at most
