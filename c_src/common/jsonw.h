@@ -16,6 +16,8 @@
  * Errors are sticky: after the first one (CE_ETOOBIG past max, CE_ENOMEM,
  * CE_EINVAL for a string that is not UTF-8 or a value that cannot be
  * written) every call does nothing, and ce_jsonw_error() reports it.
+ * The text written before a failure is not to be used (a string that did
+ * not fit may have been written in part).
  */
 #ifndef CE_COMMON_JSONW_H
 #define CE_COMMON_JSONW_H

@@ -317,9 +317,61 @@ Test(jsonw, long_strings_every_position_against_jansson) {
   }
 }
 
+/* jansson's compact text of s[0..n) as a JSON string; for lossy, bytes
+ * that are not UTF-8 first become U+FFFD each (as the events want them).
+ * NULL when jansson refuses it (not lossy: not UTF-8). */
+static char *jansson_text(const char *s, size_t n, bool lossy) {
+  json_t *js = json_stringn(s, n);
+  if (js == NULL && lossy) {
+    char *fixed = malloc(3 * n + 1);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+      if ((unsigned char)s[i] >= 0x80) {
+        memcpy(fixed + k, "\xef\xbf\xbd", 3);
+        k += 3;
+      } else {
+        fixed[k++] = s[i];
+      }
+    }
+    js = json_stringn(fixed, k);
+    free(fixed);
+  }
+  if (js == NULL)
+    return NULL;
+  char *text = json_dumps(js, JSON_ENCODE_ANY | JSON_COMPACT);
+  json_decref(js);
+  return text;
+}
+
+/* Writes s[0..n) both ways and compares with jansson's text and verdict. */
+static void expect_as_jansson(const char *s, size_t n, const char *what, unsigned b, size_t at) {
+  for (int lossy = 0; lossy < 2; lossy++) {
+    char buf[256];
+    ce_jsonw_t w;
+    ce_jsonw_init(&w, buf, sizeof(buf), sizeof(buf));
+    if (lossy)
+      ce_jsonw_string_lossy(&w, s, n);
+    else
+      ce_jsonw_string(&w, s, n);
+    char *want = jansson_text(s, n, lossy);
+    if (want == NULL) {
+      cr_assert_eq(ce_jsonw_error(&w), CE_EINVAL, "%s: byte %u at %zu of %zu", what, b, at, n);
+    } else {
+      cr_assert_eq(ce_jsonw_error(&w), CE_OK, "%s%s: byte %u at %zu of %zu", what, lossy ? " lossy" : "", b, at, n);
+      cr_assert_eq(w.len, strlen(want), "%s%s: byte %u at %zu of %zu", what, lossy ? " lossy" : "", b, at, n);
+      cr_assert_eq(memcmp(w.buf, want, w.len), 0, "%s%s: byte %u at %zu of %zu", what, lossy ? " lossy" : "", b,
+                   at, n);
+      free(want);
+    }
+    ce_jsonw_free(&w);
+  }
+}
+
 /* Every byte value at every position of a 16-byte string (two 8-byte
- * steps of the scan, the tail after them): the same text as jansson's,
- * refused where jansson refuses. */
+ * steps of the scan, the tail after them), after ASCII and after a valid
+ * two-byte character (the scan's slower path): the same text as
+ * jansson's, refused where jansson refuses; lossy, the same as jansson's
+ * text of the string with U+FFFD for each byte when it is not UTF-8. */
 Test(jsonw, every_byte_at_every_position_against_jansson) {
   for (unsigned b = 0; b < 256; b++) {
     for (size_t at = 0; at < 16; at++) {
@@ -327,29 +379,21 @@ Test(jsonw, every_byte_at_every_position_against_jansson) {
         char in[17];
         memset(in, 'x', sizeof(in));
         in[at] = (char)b;
-        char buf[256];
-        ce_jsonw_t w;
-        ce_jsonw_init(&w, buf, sizeof(buf), sizeof(buf));
-        ce_jsonw_string(&w, in, n);
-        json_t *js = json_stringn(in, n);
-        if (js == NULL) {
-          cr_assert_eq(ce_jsonw_error(&w), CE_EINVAL, "byte %u at %zu of %zu", b, at, n);
-        } else {
-          char *want = json_dumps(js, JSON_ENCODE_ANY | JSON_COMPACT);
-          cr_assert_eq(ce_jsonw_error(&w), CE_OK, "byte %u at %zu of %zu", b, at, n);
-          cr_assert_eq(w.len, strlen(want), "byte %u at %zu of %zu", b, at, n);
-          cr_assert_eq(memcmp(w.buf, want, w.len), 0, "byte %u at %zu of %zu", b, at, n);
-          free(want);
-          json_decref(js);
+        expect_as_jansson(in, n, "after ASCII", b, at);
+        if (at >= 2) {
+          memcpy(in, "\xc3\xa9", 2); /* U+00E9 first */
+          expect_as_jansson(in, n, "after U+00E9", b, at);
         }
-        ce_jsonw_free(&w);
       }
     }
   }
+  /* Something to escape after valid non-ASCII text. */
+  expect_string("\xc3\xa9\"\n", 4, "\"\xc3\xa9\\\"\\n\"");
 }
 
 /* A plain string is written in one piece: it fits exactly when its quoted
- * form does, and a refused one leaves nothing behind. */
+ * form does, and a refused one leaves nothing behind (a string with
+ * escapes may leave a part: the text is not used after an error). */
 Test(jsonw, plain_strings_fit_exactly_or_not_at_all) {
   char buf[8];
   ce_jsonw_t w;
