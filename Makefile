@@ -134,13 +134,15 @@ SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
 c-test: $(TEST_BIN) $(BIN)
 	$(SAN_ENV) CONDUKT_EGRESS_BIN=$(ROOT)/$(BIN) sh scripts/run-native-tests.sh $(TEST_BIN) --jobs 2
 
+# -MMD -MP: a changed header (an inline function in it) rebuilds the
+# objects and targets that include it.
 $(BUILD)/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -c -o $@ $<
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c -o $@ $<
 
 $(BUILD)/fuzz/%: native_test/fuzz/%.c $(FUZZ_LIB_OBJS)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJS) $(PKG_LIBS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -MF $@.d -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJS) $(PKG_LIBS)
 
 # Each target starts from its committed seeds (native_test/fuzz/corpus/NAME)
 # and writes new inputs to a scratch copy, so the tree stays clean.
@@ -266,7 +268,7 @@ mozilla-pem:
 clean:
 	rm -rf build $(BIN) $(VIRTUAL_NIF) _build
 
--include $(REL_OBJS:.o=.d) $(SAN_OBJS:.o=.d)
+-include $(REL_OBJS:.o=.d) $(SAN_OBJS:.o=.d) $(FUZZ_LIB_OBJS:.o=.d) $(FUZZ_BINS:=.d)
 
 # ---- The Virtual sandbox's NIF (native/condukt_virtual, Rust) ------------------------
 # Separate from `all`: nothing above depends on it. mix.exs calls
