@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/jsonw.h"
 #include "support/failalloc.h"
+#include "support/json_text.h"
 
 /* Writes s as a JSON string and checks the text (and that jansson reads
  * it back as the same bytes). */
@@ -317,32 +318,6 @@ Test(jsonw, long_strings_every_position_against_jansson) {
   }
 }
 
-/* jansson's compact text of s[0..n) as a JSON string; for lossy, bytes
- * that are not UTF-8 first become U+FFFD each (as the events want them).
- * NULL when jansson refuses it (not lossy: not UTF-8). */
-static char *jansson_text(const char *s, size_t n, bool lossy) {
-  json_t *js = json_stringn(s, n);
-  if (js == NULL && lossy) {
-    char *fixed = malloc(3 * n + 1);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-      if ((unsigned char)s[i] >= 0x80) {
-        memcpy(fixed + k, "\xef\xbf\xbd", 3);
-        k += 3;
-      } else {
-        fixed[k++] = s[i];
-      }
-    }
-    js = json_stringn(fixed, k);
-    free(fixed);
-  }
-  if (js == NULL)
-    return NULL;
-  char *text = json_dumps(js, JSON_ENCODE_ANY | JSON_COMPACT);
-  json_decref(js);
-  return text;
-}
-
 /* Writes s[0..n) both ways and compares with jansson's text and verdict. */
 static void expect_as_jansson(const char *s, size_t n, const char *what, unsigned b, size_t at) {
   for (int lossy = 0; lossy < 2; lossy++) {
@@ -353,7 +328,7 @@ static void expect_as_jansson(const char *s, size_t n, const char *what, unsigne
       ce_jsonw_string_lossy(&w, s, n);
     else
       ce_jsonw_string(&w, s, n);
-    char *want = jansson_text(s, n, lossy);
+    char *want = ce_test_json_text(s, n, lossy);
     if (want == NULL) {
       cr_assert_eq(ce_jsonw_error(&w), CE_EINVAL, "%s: byte %u at %zu of %zu", what, b, at, n);
     } else {

@@ -22,6 +22,7 @@
 
 #include "common/error.h"
 #include "common/jsonw.h"
+#include "support/json_text.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -33,32 +34,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
     }                                                                 \
   } while (0)
 
-/* jansson's compact text of s, or of s with U+FFFD for each byte >= 0x80
- * (lossy, when s is not UTF-8); NULL when jansson refuses s (strict). */
+/* The reference text (support/json_text.h), its length in *len. */
 static char *reference(const char *s, size_t n, bool lossy, size_t *len) {
-  json_t *js = json_stringn(s, n);
-  if (js == NULL && lossy) {
-    char *fixed = malloc(3 * n + 1);
-    CHECK(fixed != NULL);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-      if ((unsigned char)s[i] >= 0x80) {
-        memcpy(fixed + k, "\xef\xbf\xbd", 3);
-        k += 3;
-      } else {
-        fixed[k++] = s[i];
-      }
-    }
-    js = json_stringn(fixed, k);
-    free(fixed);
-    CHECK(js != NULL);
-  }
-  if (js == NULL)
-    return NULL;
-  char *text = json_dumps(js, JSON_ENCODE_ANY | JSON_COMPACT);
-  json_decref(js);
-  CHECK(text != NULL);
-  *len = strlen(text);
+  char *text = ce_test_json_text(s, n, lossy);
+  CHECK(text != NULL || !lossy);
+  if (text != NULL)
+    *len = strlen(text);
   return text;
 }
 
