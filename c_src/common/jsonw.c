@@ -73,11 +73,14 @@ void ce_jsonw_raw_grow(ce_jsonw_t *w, const char *s, size_t n) {
   w->len += n;
 }
 
+#define ONES UINT64_C(0x0101010101010101)
+#define HIGH UINT64_C(0x8080808080808080)
+
 /* True when none of the 8 bytes at p has its high bit set. */
 static inline bool ascii8(const unsigned char *p) {
   uint64_t v;
   memcpy(&v, p, sizeof(v));
-  return (v & UINT64_C(0x8080808080808080)) == 0;
+  return (v & HIGH) == 0;
 }
 
 /* RFC 3629: the well-formed sequences. */
@@ -168,9 +171,6 @@ static void escaped(ce_jsonw_t *w, const char *s, size_t n, bool lossy) {
   }
   ce_jsonw_raw(w, s + start, n - start);
 }
-
-#define ONES UINT64_C(0x0101010101010101)
-#define HIGH UINT64_C(0x8080808080808080)
 
 /* True when none of the 8 bytes at p is >= 0x80, below 0x20, '"' or '\\'.
  * A byte b of v is below n (n <= 0x80) exactly when (b - n) borrows into
