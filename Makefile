@@ -7,6 +7,7 @@
 #   make bench     benchmarks against direct, mitmproxy and Squid (bench/README.md)
 #   make soak      the sidecar under mixed traffic for an hour (SOAK_MINUTES)
 #   make bench-wakeups  the added latency at one request in flight, by CPU setting
+#   make bench-events   the event text of one allowed request, CPU per request
 #
 # `mix compile` calls `make priv/condukt-egress` through the compiler step
 # in mix.exs, so a project using :condukt as a dependency gets the binary.
@@ -133,13 +134,15 @@ SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
 c-test: $(TEST_BIN) $(BIN)
 	$(SAN_ENV) CONDUKT_EGRESS_BIN=$(ROOT)/$(BIN) sh scripts/run-native-tests.sh $(TEST_BIN) --jobs 2
 
+# -MMD -MP: a changed header (an inline function in it) rebuilds the
+# objects and targets that include it.
 $(BUILD)/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -c -o $@ $<
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c -o $@ $<
 
 $(BUILD)/fuzz/%: native_test/fuzz/%.c $(FUZZ_LIB_OBJS)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJS) $(PKG_LIBS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -MF $@.d -fsanitize=fuzzer -o $@ $< $(FUZZ_LIB_OBJS) $(PKG_LIBS)
 
 # Each target starts from its committed seeds (native_test/fuzz/corpus/NAME)
 # and writes new inputs to a scratch copy, so the tree stays clean.
@@ -248,6 +251,16 @@ bench-tls: $(BENCH_TLS) $(BIN)
 	  BENCH_TLS_DIR=$$d $(BENCH_TLS) 200 && BENCH_TLS_DIR=$$d $(BENCH_TLS) 200 resume; \
 	  rc=$$?; rm -rf $$d; exit $$rc
 
+# The event text of one allowed request, alone: CPU per request against
+# the same event built with jansson (bench/events.c, bench/PROFILE.md).
+BENCH_EVENTS := $(BUILD)/bench/events
+$(BENCH_EVENTS): bench/events.c $(LIB_REL_OBJS) $(REL_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -MMD -MP,$(REL_CFLAGS)) -pie -o $@ bench/events.c $(LIB_REL_OBJS) $(PKG_LIBS)
+.PHONY: bench-events
+bench-events: $(BENCH_EVENTS)
+	$(BENCH_EVENTS) $(EVENTS_N)
+
 # Refresh the Mozilla root snapshot from Debian's ca-certificates package.
 mozilla-pem:
 	sh scripts/refresh-mozilla-pem.sh
@@ -255,7 +268,7 @@ mozilla-pem:
 clean:
 	rm -rf build $(BIN) $(VIRTUAL_NIF) _build
 
--include $(REL_OBJS:.o=.d) $(SAN_OBJS:.o=.d)
+-include $(REL_OBJS:.o=.d) $(SAN_OBJS:.o=.d) $(FUZZ_LIB_OBJS:.o=.d) $(FUZZ_BINS:=.d)
 
 # ---- The Virtual sandbox's NIF (native/condukt_virtual, Rust) ------------------------
 # Separate from `all`: nothing above depends on it. mix.exs calls

@@ -66,11 +66,18 @@ static bool reserve(ce_jsonw_t *w, size_t n) {
   return true;
 }
 
-void ce_jsonw_raw(ce_jsonw_t *w, const char *s, size_t n) {
+void ce_jsonw_raw_grow(ce_jsonw_t *w, const char *s, size_t n) {
   if (n == 0 || !reserve(w, n))
     return;
   memcpy(w->buf + w->len, s, n);
   w->len += n;
+}
+
+/* True when none of the 8 bytes at p has its high bit set. */
+static inline bool ascii8(const unsigned char *p) {
+  uint64_t v;
+  memcpy(&v, p, sizeof(v));
+  return (v & UINT64_C(0x8080808080808080)) == 0;
 }
 
 /* RFC 3629: the well-formed sequences. */
@@ -78,6 +85,10 @@ bool ce_utf8_valid(const char *s, size_t n) {
   const unsigned char *p = (const unsigned char *)s;
   size_t i = 0;
   while (i < n) {
+    if (n - i >= 8 && ascii8(p + i)) {
+      i += 8;
+      continue;
+    }
     unsigned char c = p[i];
     if (c < 0x80) {
       i++;
@@ -112,6 +123,9 @@ bool ce_utf8_valid(const char *s, size_t n) {
   return true;
 }
 
+/* A byte a JSON string carries as it is: not a control, '"' or '\\'. */
+static inline bool plain(unsigned char c) { return c >= 0x20 && c != '"' && c != '\\'; }
+
 /* Writes s[0..n) escaped, without quotes; with lossy, every byte >= 0x80
  * as U+FFFD. */
 static void escaped(ce_jsonw_t *w, const char *s, size_t n, bool lossy) {
@@ -122,7 +136,7 @@ static void escaped(ce_jsonw_t *w, const char *s, size_t n, bool lossy) {
   size_t start = 0;
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)s[i];
-    if (c >= 0x20 && c != '"' && c != '\\' && (c < 0x80 || !lossy))
+    if (plain(c) && (c < 0x80 || !lossy))
       continue;
     if (c >= 0x80) {
       ce_jsonw_raw(w, s + start, i - start);
@@ -155,11 +169,74 @@ static void escaped(ce_jsonw_t *w, const char *s, size_t n, bool lossy) {
   ce_jsonw_raw(w, s + start, n - start);
 }
 
+#define ONES UINT64_C(0x0101010101010101)
+#define HIGH UINT64_C(0x8080808080808080)
+
+/* True when none of the 8 bytes at p is >= 0x80, below 0x20, '"' or '\\'.
+ * A byte b of v is below n (n <= 0x80) exactly when (b - n) borrows into
+ * its high bit while b's own is clear; a borrow only ever starts at such a
+ * byte, so the word has one exactly when the test is non-zero. */
+static inline bool plain_ascii8(const unsigned char *p) {
+  uint64_t v;
+  memcpy(&v, p, sizeof(v));
+  uint64_t q = v ^ (ONES * '"'), b = v ^ (ONES * '\\');
+  uint64_t hit = v | ((v - ONES * 0x20) & ~v) | ((q - ONES) & ~q) | ((b - ONES) & ~b);
+  return (hit & HIGH) == 0;
+}
+
+/* The length of the leading run of s[0..n) that is ASCII and needs no
+ * escape. */
+static size_t plain_ascii_run(const char *s, size_t n) {
+  const unsigned char *p = (const unsigned char *)s;
+  size_t i = 0;
+  while (n - i >= 8 && plain_ascii8(p + i))
+    i += 8;
+  while (i < n && p[i] < 0x80 && plain(p[i]))
+    i++;
+  return i;
+}
+
+/* Appends s[0..n) quoted as it is: the text has nothing to escape. The
+ * quoted text is at least n + 2 bytes whatever the escaping, so when that
+ * does not fit, neither would any other form. */
+static void quoted_copy(ce_jsonw_t *w, const char *s, size_t n) {
+  if (n > SIZE_MAX - 2) {
+    fail(w, CE_ETOOBIG);
+    return;
+  }
+  if (!reserve(w, n + 2))
+    return;
+  char *d = w->buf + w->len;
+  d[0] = '"';
+  if (n > 0)
+    memcpy(d + 1, s, n);
+  d[n + 1] = '"';
+  w->len += n + 2;
+}
+
+/* s[0..n) has nothing to escape (valid UTF-8 is copied as it is). */
+static bool nothing_to_escape(const char *s, size_t n) {
+  const unsigned char *p = (const unsigned char *)s;
+  for (size_t i = plain_ascii_run(s, n); i < n; i++)
+    if (!plain(p[i]))
+      return false;
+  return true;
+}
+
 void ce_jsonw_string(ce_jsonw_t *w, const char *s, size_t n) {
   if (w->err != CE_OK)
     return;
+  /* Plain ASCII, the common case: valid, and nothing to escape. */
+  if (plain_ascii_run(s, n) == n) {
+    quoted_copy(w, s, n);
+    return;
+  }
   if (!ce_utf8_valid(s, n)) {
     fail(w, CE_EINVAL);
+    return;
+  }
+  if (nothing_to_escape(s, n)) {
+    quoted_copy(w, s, n);
     return;
   }
   ce_jsonw_raw(w, "\"", 1);
@@ -170,8 +247,17 @@ void ce_jsonw_string(ce_jsonw_t *w, const char *s, size_t n) {
 void ce_jsonw_string_lossy(ce_jsonw_t *w, const char *s, size_t n) {
   if (w->err != CE_OK)
     return;
+  if (plain_ascii_run(s, n) == n) {
+    quoted_copy(w, s, n);
+    return;
+  }
+  bool valid = ce_utf8_valid(s, n);
+  if (valid && nothing_to_escape(s, n)) {
+    quoted_copy(w, s, n);
+    return;
+  }
   ce_jsonw_raw(w, "\"", 1);
-  escaped(w, s, n, !ce_utf8_valid(s, n));
+  escaped(w, s, n, !valid);
   ce_jsonw_raw(w, "\"", 1);
 }
 

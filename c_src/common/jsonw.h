@@ -16,6 +16,8 @@
  * Errors are sticky: after the first one (CE_ETOOBIG past max, CE_ENOMEM,
  * CE_EINVAL for a string that is not UTF-8 or a value that cannot be
  * written) every call does nothing, and ce_jsonw_error() reports it.
+ * The text written before a failure is not to be used (a string that did
+ * not fit may have been written in part).
  */
 #ifndef CE_COMMON_JSONW_H
 #define CE_COMMON_JSONW_H
@@ -24,6 +26,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "common/error.h"
 
 /* Containers nested deeper than this are refused (CE_EINVAL): it bounds
  * the recursion, and therefore also rules out reference cycles. */
@@ -47,8 +52,21 @@ void ce_jsonw_free(ce_jsonw_t *w);
 
 int ce_jsonw_error(const ce_jsonw_t *w);
 
-/* Appends n bytes as they are (punctuation, pre-encoded JSON). */
-void ce_jsonw_raw(ce_jsonw_t *w, const char *s, size_t n);
+/* The path of ce_jsonw_raw that grows the buffer (or fails). */
+void ce_jsonw_raw_grow(ce_jsonw_t *w, const char *s, size_t n);
+
+/* Appends n bytes as they are (punctuation, pre-encoded JSON). Inline:
+ * an event appends some sixty short pieces, most of them literals whose
+ * copy the compiler writes out. */
+static inline void ce_jsonw_raw(ce_jsonw_t *w, const char *s, size_t n) {
+  if (w->err == CE_OK && n <= w->cap - w->len) {
+    if (n > 0)
+      memcpy(w->buf + w->len, s, n);
+    w->len += n;
+    return;
+  }
+  ce_jsonw_raw_grow(w, s, n);
+}
 
 /* Appends s[0..n) as a quoted, escaped JSON string; CE_EINVAL unless the
  * bytes are valid UTF-8 (no overlong forms, no surrogates, at most

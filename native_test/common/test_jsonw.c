@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/jsonw.h"
 #include "support/failalloc.h"
+#include "support/json_text.h"
 
 /* Writes s as a JSON string and checks the text (and that jansson reads
  * it back as the same bytes). */
@@ -119,7 +120,8 @@ Test(jsonw, bounded_by_max) {
   ce_jsonw_init(&w, NULL, 0, 1u << 20);
   ce_jsonw_raw(&w, "ab", 2);
   cr_assert_eq(ce_jsonw_error(&w), CE_OK);
-  ce_jsonw_raw(&w, "x", SIZE_MAX);
+  volatile size_t huge = SIZE_MAX; /* not a constant the compiler checks */
+  ce_jsonw_raw(&w, "x", huge);
   cr_assert_eq(ce_jsonw_error(&w), CE_ETOOBIG);
   ce_jsonw_free(&w);
 }
@@ -264,4 +266,131 @@ Test(jsonw, fail_is_sticky_and_first_wins) {
   ce_jsonw_string_lossy(&w, "x", 1);
   ce_jsonw_raw(&w, "}", 1);
   cr_assert_eq(w.len, 1);
+}
+
+/* The validator skips 8 ASCII bytes at a time and a string with nothing to
+ * escape is copied whole: a byte that matters at any position of a long
+ * string (before, inside and after the 8-byte steps) still decides. */
+Test(jsonw, long_strings_every_position_against_jansson) {
+  static const char *const pieces[] = {
+      "\xe9",         /* not UTF-8: refused (lossy: U+FFFD) */
+      "\xc3\xa9",     /* valid: copied */
+      "\xf0\x9f\x98", /* cut short */
+      "\"",           /* escaped */
+      "\\",
+      "\x1f",
+      "\x7f",         /* copied */
+  };
+  for (size_t k = 0; k < sizeof(pieces) / sizeof(pieces[0]); k++) {
+    size_t plen = strlen(pieces[k]);
+    for (size_t at = 0; at <= 40; at++) {
+      char in[64];
+      memset(in, 'a', sizeof(in));
+      memcpy(in + at, pieces[k], plen);
+      size_t n = at + plen + (at % 3) * 5; /* the piece at, near or at the end */
+      char buf[512];
+      ce_jsonw_t w;
+      ce_jsonw_init(&w, buf, sizeof(buf), sizeof(buf));
+      ce_jsonw_string(&w, in, n);
+      json_t *s = json_stringn(in, n);
+      cr_assert_eq(ce_utf8_valid(in, n), s != NULL, "piece %zu at %zu", k, at);
+      if (s == NULL) {
+        cr_assert_eq(ce_jsonw_error(&w), CE_EINVAL, "piece %zu at %zu", k, at);
+      } else {
+        char *want = json_dumps(s, JSON_ENCODE_ANY | JSON_COMPACT);
+        cr_assert_eq(ce_jsonw_error(&w), CE_OK);
+        cr_assert_eq(w.len, strlen(want), "piece %zu at %zu", k, at);
+        cr_assert_eq(memcmp(w.buf, want, w.len), 0, "%.*s\n%s", (int)w.len, w.buf, want);
+        free(want);
+        json_decref(s);
+      }
+      ce_jsonw_free(&w);
+      /* Lossy: always written, always valid JSON, the ASCII kept. */
+      ce_jsonw_init(&w, buf, sizeof(buf), sizeof(buf));
+      ce_jsonw_string_lossy(&w, in, n);
+      cr_assert_eq(ce_jsonw_error(&w), CE_OK);
+      json_t *back = json_loadb(w.buf, w.len, JSON_DECODE_ANY, NULL);
+      cr_assert_not_null(back, "piece %zu at %zu: %.*s", k, at, (int)w.len, w.buf);
+      cr_assert_eq(memcmp(json_string_value(back), in, at), 0);
+      json_decref(back);
+      ce_jsonw_free(&w);
+    }
+  }
+}
+
+/* Writes s[0..n) both ways and compares with jansson's text and verdict. */
+static void expect_as_jansson(const char *s, size_t n, const char *what, unsigned b, size_t at) {
+  for (int lossy = 0; lossy < 2; lossy++) {
+    char buf[256];
+    ce_jsonw_t w;
+    ce_jsonw_init(&w, buf, sizeof(buf), sizeof(buf));
+    if (lossy)
+      ce_jsonw_string_lossy(&w, s, n);
+    else
+      ce_jsonw_string(&w, s, n);
+    char *want = ce_test_json_text(s, n, lossy);
+    if (want == NULL) {
+      cr_assert_eq(ce_jsonw_error(&w), CE_EINVAL, "%s: byte %u at %zu of %zu", what, b, at, n);
+    } else {
+      cr_assert_eq(ce_jsonw_error(&w), CE_OK, "%s%s: byte %u at %zu of %zu", what, lossy ? " lossy" : "", b, at, n);
+      cr_assert_eq(w.len, strlen(want), "%s%s: byte %u at %zu of %zu", what, lossy ? " lossy" : "", b, at, n);
+      cr_assert_eq(memcmp(w.buf, want, w.len), 0, "%s%s: byte %u at %zu of %zu", what, lossy ? " lossy" : "", b,
+                   at, n);
+      free(want);
+    }
+    ce_jsonw_free(&w);
+  }
+}
+
+/* Every byte value at every position of a 16-byte string (two 8-byte
+ * steps of the scan, the tail after them), after ASCII and after a valid
+ * two-byte character (the scan's slower path): the same text as
+ * jansson's, refused where jansson refuses; lossy, the same as jansson's
+ * text of the string with U+FFFD for each byte when it is not UTF-8. */
+Test(jsonw, every_byte_at_every_position_against_jansson) {
+  for (unsigned b = 0; b < 256; b++) {
+    for (size_t at = 0; at < 16; at++) {
+      for (size_t n = at + 1; n <= 17; n += 16 - at) {
+        char in[17];
+        memset(in, 'x', sizeof(in));
+        in[at] = (char)b;
+        expect_as_jansson(in, n, "after ASCII", b, at);
+        if (at >= 2) {
+          memcpy(in, "\xc3\xa9", 2); /* U+00E9 first */
+          expect_as_jansson(in, n, "after U+00E9", b, at);
+        }
+      }
+    }
+  }
+  /* Something to escape after valid non-ASCII text. */
+  expect_string("\xc3\xa9\"\n", 4, "\"\xc3\xa9\\\"\\n\"");
+}
+
+/* A plain string is written in one piece: it fits exactly when its quoted
+ * form does, and a refused one leaves nothing behind (a string with
+ * escapes may leave a part: the text is not used after an error). */
+Test(jsonw, plain_strings_fit_exactly_or_not_at_all) {
+  char buf[8];
+  ce_jsonw_t w;
+  ce_jsonw_init(&w, buf, sizeof(buf), 12);
+  ce_jsonw_raw(&w, "[", 1);
+  ce_jsonw_string(&w, "012345678", 9); /* 1 + 11 = 12 */
+  cr_assert_eq(ce_jsonw_error(&w), CE_OK);
+  cr_assert_eq(w.len, 12);
+  cr_assert_eq(memcmp(w.buf, "[\"012345678\"", 12), 0);
+  ce_jsonw_free(&w);
+
+  ce_jsonw_init(&w, buf, sizeof(buf), 11);
+  ce_jsonw_raw(&w, "[", 1);
+  ce_jsonw_string_lossy(&w, "012345678", 9);
+  cr_assert_eq(ce_jsonw_error(&w), CE_ETOOBIG);
+  cr_assert_eq(w.len, 1);
+  ce_jsonw_free(&w);
+
+  /* Within the inline buffer: no allocation. */
+  ce_jsonw_init(&w, buf, sizeof(buf), 64);
+  ce_jsonw_string(&w, "abcdef", 6);
+  cr_assert_eq(ce_jsonw_error(&w), CE_OK);
+  cr_assert_eq(w.buf, buf);
+  ce_jsonw_free(&w);
 }

@@ -493,6 +493,10 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
       assert %{"status" => 200, "ended" => true, "size" => ^size, "sha256" => ^sha} = out["streams"]["3"], inspect(out)
       assert %{"status" => 503, "ended" => true} = failed = out["streams"]["5"], inspect(out)
       assert failed["body"] =~ "upstream_busy: responses of closed upstream connections wait unread", inspect(failed)
+      # It waited the connect timeout for a connection, not less (and not
+      # much more: the deadline's timer, not the client's end, answered).
+      waited = failed["head_at"] - failed["sent_at"]
+      assert waited >= @connect_ms / 1000 - 0.05 and waited < @connect_ms / 1000 + 1.0, inspect(failed)
 
       events = closing_events(q, 3)
       [ev] = Enum.filter(events, &(&1["event"] == "request_failed"))

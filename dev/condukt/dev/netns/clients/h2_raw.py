@@ -52,7 +52,9 @@ modes:
                opens the stream windows (INITIAL_WINDOW_SIZE 1 MiB) and
                reads every stream to its end ("sha256" per stream)
 "port" (default 443) is the port dialled; :authority names it when not 443.
-Prints one JSON line: statuses per stream, the GOAWAY seen, ALPN.
+Prints one JSON line: statuses per stream, the GOAWAY seen, ALPN; for the
+streams of "paths" (unread, window_zero) "sent_at" and "head_at", seconds
+from the handshake's end to the request's queueing and to its response head.
 Trust comes from SSL_CERT_FILE like every client in the testbed.
 """
 import json
@@ -60,6 +62,7 @@ import os
 import socket
 import ssl
 import sys
+import time
 
 import h2.config
 import h2.connection
@@ -74,6 +77,7 @@ port = int(spec.get("port", 443))
 authority = host if port == 443 else "%s:%d" % (host, port)
 sock = socket.create_connection((host, port), timeout=15)
 tls = ctx.wrap_socket(sock, server_hostname=host)
+t_start = time.monotonic()
 out = {"alpn": tls.selected_alpn_protocol(), "streams": {}, "goaway": None, "resets_sent": 0}
 conn = h2.connection.H2Connection(
     config=h2.config.H2Configuration(client_side=True, validate_outbound_headers=spec["mode"] != "custom")
@@ -110,6 +114,7 @@ def pump(until):
             elif isinstance(ev, h2.events.ResponseReceived):
                 st = out["streams"].setdefault(str(ev.stream_id), {"body": ""})
                 st["status"] = int(dict(ev.headers)[b":status"])
+                st["head_at"] = time.monotonic() - t_start
                 st["headers"] = {k.decode(): v.decode() for k, v in ev.headers}
             elif isinstance(ev, h2.events.TrailersReceived):
                 st = out["streams"].setdefault(str(ev.stream_id), {"body": ""})
@@ -152,6 +157,7 @@ def get_hashed(i, path):
     sid = 1 + 2 * i
     hashes[sid] = hashlib.sha256()
     conn.send_headers(sid, headers(authority, path + "&" + q), end_stream=True)
+    out["streams"].setdefault(str(sid), {"body": ""})["sent_at"] = time.monotonic() - t_start
     return sid
 
 
@@ -172,8 +178,6 @@ def read_all(sids, keep):
 
 def pump_for(seconds):
     """Reads (HEADERS, and DATA as the windows allow) for `seconds`."""
-    import time
-
     deadline = time.monotonic() + seconds
     tls.settimeout(0.2)
     while time.monotonic() < deadline and not out.get("closed"):
@@ -194,8 +198,6 @@ def flood(frames):
     if "path" in spec:
         conn.send_headers(1, headers(authority, spec["path"] + "?" + q), end_stream=True)
         tls.sendall(conn.data_to_send())
-        import time
-
         time.sleep(0.3)
     try:
         for i in range(0, len(frames), 50):
@@ -272,8 +274,6 @@ try:
             out["error"] = repr(e)
         out["streams"] = {k: v for k, v in out["streams"].items() if "reset" not in v}
     elif spec["mode"] == "fail_unread":
-        import time
-
         conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16 * 1024 * 1024})
         conn.increment_flow_control_window(16 * 1024 * 1024)
         conn.send_headers(1, headers(authority, spec["path"] + "?" + q), end_stream=True)
@@ -293,8 +293,6 @@ try:
                 out["close_error"] = repr(e)
                 break
     elif spec["mode"] == "upload_open":
-        import time
-
         tls.settimeout(3)
         hd = headers(authority, spec["path"] + "?" + q)
         hd[0] = (":method", "POST")
@@ -344,8 +342,6 @@ try:
         conn.send_headers(1, headers(authority, spec["path"] + "?" + q), end_stream=True)
         tls.sendall(conn.data_to_send())
         print(json.dumps({"waiting": True}), flush=True)
-        import time
-
         time.sleep(float(spec.get("seconds", 3)))
         pump(lambda: out["streams"].get("1", {}).get("ended") or out["goaway"] is not None)
         out["streams"]["1"]["body"] = ""
