@@ -223,7 +223,9 @@ struct ce_h2conn {
   h1slot_t slots[CE_H2_H1_POOL];
   h2s_t *qhead, *qtail;
   size_t qlen;
-  ce_h1_head_t *head;      /* scratch for a parsed response head */
+  ce_h1_head_t *head;      /* scratch: a parsed HTTP/1.1 response head, a
+                              stream's request or response as a head for
+                              its record; used within one call */
   size_t down_held;        /* Σ down.cap over the streams (CE_H2_DOWN_BUDGET) */
   size_t rq_held;          /* Σ rq.cap over the streams (CE_H2_HEAD_BUDGET) */
   uint64_t blocked_at;     /* since when (ms) the queue waits with every connection draining, or 0 */

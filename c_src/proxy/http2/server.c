@@ -160,7 +160,10 @@ size_t h2__hset_nva(const hset_t *s, nghttp2_nv *out, size_t cap, bool trailers)
 
 /* A parsed-head view of a set (regular fields only) for the event record. */
 void h2__hset_head(const hset_t *s, ce_h1_head_t *hd) {
-  memset(hd, 0, sizeof(*hd));
+  /* Everything but the fields array (4 KiB, of which only the first
+   * field_count entries are ever read): this runs twice per stream. */
+  memset(hd, 0, offsetof(ce_h1_head_t, fields));
+  memset(&hd->field_count, 0, sizeof(*hd) - offsetof(ce_h1_head_t, field_count));
   hd->version_minor = 1;
   for (size_t i = 0; i < s->n && hd->field_count < CE_H1_MAX_FIELDS; i++) {
     const char *name = s->buf + s->f[i].no;
@@ -580,24 +583,19 @@ void h2__stream_request(h2s_t *s) {
   size_t hl = 0;
   const char *host = h2__hset_get(&s->rq, "host", &hl);
 
-  ce_h1_head_t *hd = malloc(sizeof(*hd));
-  if (hd == NULL) {
-    snprintf(s->fail, sizeof(s->fail), "out_of_memory");
-    nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
-    return;
-  }
+  /* The connection's scratch head: ce_reqinfo_set_request copies what it
+   * keeps, so it is free again when this returns. */
+  ce_h1_head_t *hd = h->head;
   h2__hset_head(&s->rq, hd);
   hd->method = method != NULL ? method : "GET";
   hd->method_len = method != NULL ? ml : 3;
   hd->path = path;
   hd->path_len = pl;
   if (ce_reqinfo_set_request(&s->x.req, hd, c->proxy->opts) != CE_OK) {
-    free(hd);
     snprintf(s->fail, sizeof(s->fail), "out_of_memory");
     nghttp2_submit_rst_stream(h->srv, NGHTTP2_FLAG_NONE, s->cid, NGHTTP2_INTERNAL_ERROR);
     return;
   }
-  free(hd);
   s->x.req.http_version = "HTTP/2";
   s->x.req.bytes_out = h2__hset_bytes(&s->rq);
 

@@ -136,14 +136,12 @@ static void upstream_response(h2s_t *s, bool end) {
     h2__fail_502(s, s->fail);
     return;
   }
-  ce_h1_head_t *hd = malloc(sizeof(*hd));
-  if (hd != NULL) {
-    h2__hset_head(&s->rs, hd);
-    hd->is_response = true;
-    hd->status = status;
-    ce_reqinfo_set_response(&s->x.req, hd, h->c->proxy->opts);
-    free(hd);
-  }
+  /* The connection's scratch head (set_response copies what it keeps). */
+  ce_h1_head_t *hd = h->head;
+  h2__hset_head(&s->rs, hd);
+  hd->is_response = true;
+  hd->status = status;
+  ce_reqinfo_set_response(&s->x.req, hd, h->c->proxy->opts);
   s->x.req.bytes_in += h2__hset_bytes(&s->rs);
   nghttp2_nv nva[CE_H2_MAX_FIELDS];
   size_t k = h2__hset_nva(&s->rs, nva, CE_H2_MAX_FIELDS, false);
