@@ -28,12 +28,13 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
     dns = DnsServer.start(tb, %{"allowed.test" => [tb.inet.v4, tb.inet.v6]})
     hosts = Regex.replace(~r/ allowed\.test(?= |$)/m, Testbed.hosts_file(tb), "")
     # A short connect timeout: it is also how long streams wait while every
-    # upstream connection drains ("every slot draining" below).
+    # upstream connection drains ("every slot draining" below). The debug
+    # trace shows what the proxy did when ("memory of responses" below).
     sc =
       Sidecar.start(tb, policy(),
         ports: [443, @h2_only],
         hosts: hosts,
-        extra_args: ["--connect-timeout-ms", "#{@connect_ms}"]
+        extra_args: ["--connect-timeout-ms", "#{@connect_ms}", "--verbose"]
       )
 
     on_exit(fn -> Sidecar.stop(sc) end)
@@ -504,5 +505,74 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
       assert ev["status"] == 503 and ev["reason"] =~ "upstream_busy: responses of closed upstream connections",
              inspect(ev)
     end
+
+    test "a stream held back by unread responses waits for a connection being opened while they pass the budget again",
+         %{tb: tb, sc: sc} do
+      # The first two connections drain after their GOAWAY, their streams
+      # held open (hold=): connection 0 until after the read below,
+      # connection 1 (whose timer runs the hold's deadline) past two
+      # deadlines. The next two close at once: 1,200,000 bytes unread, and
+      # the fifth stream waits. The workspace reads the third response: a
+      # connection is opened for the fifth stream, its TLS handshake 7.5 s
+      # slow (delay_next; the handshake timeout is 10 s). Meanwhile
+      # connection 0 closes with its 900,000 bytes unread: past the budget
+      # again while the connection is being opened. The stream waits for
+      # it (two connect timeouts, past the hold's deadline) and gets its
+      # answer from it.
+      q = tag()
+      size = 900_000
+      delay = 7.5
+
+      paths = [
+        "/close-after?size=#{size}&hold=5500&i=1",
+        "/close-after?size=1000&hold=11500&i=2",
+        "/close-after?size=#{size}&i=3",
+        "/close-after?size=300000&delay_next=#{round(delay * 1000)}&i=4",
+        "/bytes?size=1000&i=5"
+      ]
+
+      spec = %{host: "allowed.test", port: @h2_only, mode: "unread", gap: 0.5, seconds: 1.5, query: q}
+      out = h2_raw(tb, sc, Map.merge(spec, %{paths: paths, early: [2], early_seconds: delay + 0.5}))
+
+      for {sid, n} <- [{"1", size}, {"3", 1000}, {"5", size}, {"7", 300_000}, {"9", 1000}] do
+        sha = body_sha(n)
+        assert %{"status" => 200, "ended" => true, "size" => ^n, "sha256" => ^sha} = out["streams"][sid], inspect(out)
+      end
+
+      # Answered by the connection opened after the read: it was not
+      # refused at the hold's deadline, nor one connect timeout later.
+      held = out["streams"]["9"]
+      assert held["head_at"] - held["sent_at"] > 2 * @connect_ms / 1000 + 0.2, inspect(held)
+      assert held["head_at"] > out["streams"]["5"]["read_at"] + delay - 0.5, inspect(out)
+
+      events = closing_events(q, 5)
+      assert Enum.all?(events, &(&1["event"] == "request_closed" and &1["status"] == 200)), inspect(events)
+
+      # What the proxy did, in its trace: the hold, the new connection,
+      # connection 0 closing while it was opened, before the hold's
+      # deadline; the new connection up after two deadlines, connection 1
+      # (the deadline's timer) up until then.
+      trace = h2_trace(sc, hd(events)["connection_id"])
+      [hold | _] = trace_at(trace, ~r/new streams wait$/)
+      [opened] = trace_at(trace, ~r/connecting upstream connection [2-5]$/) |> Enum.filter(&(&1 > hold))
+      [closed0] = trace_at(trace, ~r/upstream connection 0 closed/)
+      [closed1] = trace_at(trace, ~r/upstream connection 1 closed/)
+      [ready] = trace_at(trace, ~r/upstream connection [2-5] ready \(h2\)$/) |> Enum.filter(&(&1 > opened))
+      deadline = hold + @connect_ms / 1000
+      assert hold < opened and opened < closed0 and closed0 < deadline, inspect(trace)
+      assert ready > deadline + @connect_ms / 1000 and closed1 > deadline + @connect_ms / 1000, inspect(trace)
+      assert trace_at(trace, ~r/the waiting streams fail/) == [], inspect(trace)
+    end
   end
+
+  # The proxy's h2 trace lines (--verbose) of workspace connection `id`:
+  # {monotonic seconds, message}.
+  defp h2_trace(sc, id) do
+    tag = "c-" <> String.pad_leading(String.downcase(Integer.to_string(String.to_integer(id), 16)), 8, "0")
+
+    for [_, t, msg] <- Regex.scan(~r/^condukt-egress: (\d+\.\d+) debug proxy #{tag}: (h2: .*)$/m, Sidecar.stderr(sc)),
+        do: {String.to_float(t), msg}
+  end
+
+  defp trace_at(trace, re), do: for({t, msg} <- trace, msg =~ re, do: t)
 end

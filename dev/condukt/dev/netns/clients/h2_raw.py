@@ -44,7 +44,10 @@ modes:
                other, "gap" seconds apart, each read to "take" bytes (0:
                not read); prints {"waiting": true}, reads nothing for
                "seconds", then opens the stream windows (1 MiB) and reads
-               every stream to its end ("sha256" per stream)
+               every stream to its end ("sha256" per stream); with "early"
+               (indices into "paths"), after "seconds" those streams alone
+               are read to their end first ("read_at": when their windows
+               opened), then nothing else for "early_seconds"
   window_zero  SETTINGS_INITIAL_WINDOW_SIZE 0 (and a 16 MiB connection
                window), one GET stream per entry of "paths", all at once;
                reads only HEADERS for "seconds", then asks "stats" (a path)
@@ -364,6 +367,15 @@ try:
                 pump(lambda: size_of(sid) >= take or out["goaway"] is not None)
         print(json.dumps({"waiting": True}), flush=True)
         pump_for(float(spec.get("seconds", 3)))
+        early = [sids[i] for i in spec.get("early", [])]
+        for sid in early:
+            conn.increment_flow_control_window(1 << 30, stream_id=sid)
+            out["streams"].setdefault(str(sid), {"body": ""})["read_at"] = time.monotonic() - t_start
+        if early:
+            tls.sendall(conn.data_to_send())
+            tls.settimeout(10)
+            pump(lambda: all(out["streams"].get(str(s), {}).get("ended") for s in early) or out["goaway"] is not None)
+            pump_for(float(spec.get("early_seconds", 0)))
         ack[0] = True
         read_all(sids, 200)
     elif spec["mode"] == "window_zero":

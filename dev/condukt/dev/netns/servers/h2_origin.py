@@ -37,7 +37,12 @@ handshake), IPv4 and IPv6. Answers by path:
   /close-after?size=N...
              the same, then GOAWAY NO_ERROR naming this stream as the last,
              and the connection closes once the client closes it (or
-             after 10 s)
+             after 10 s); with hold=MS the stream's end (an empty DATA
+             frame) comes MS ms after the GOAWAY: the connection drains
+             that long, its stream open
+  ...&delay_next=MS (any path)
+             the next connection accepted after this request waits MS ms
+             before its TLS handshake (a slow upstream being opened)
   /count...  200 "h2 origin <path> seen <n>\n" (<n>: how many times it came)
   /count-refuse...
              RST_STREAM REFUSED_STREAM, counted like /count
@@ -61,6 +66,9 @@ from hyperframe.frame import GoAwayFrame
 # /goaway-once paths seen, across connections.
 SEEN = {}
 SEEN_LOCK = threading.Lock()
+# delay_next=MS: the next accepted connection's wait before its handshake
+# (under SEEN_LOCK).
+DELAY_NEXT = [0]
 
 
 def serve(tls):
@@ -84,13 +92,21 @@ def serve(tls):
                 streams[ev.stream_id]["trailers"] = [(k.decode(), v.decode()) for k, v in ev.headers]
             elif isinstance(ev, h2.events.StreamEnded):
                 st = streams.pop(ev.stream_id)
+                if query_int(st["path"], "delay_next", 0) > 0:
+                    with SEEN_LOCK:
+                        DELAY_NEXT[0] = query_int(st["path"], "delay_next", 0)
                 if st["path"].startswith("/bytes") or st["path"].startswith("/close-after"):
-                    send_bytes(tls, conn, ev.stream_id, query_int(st["path"], "size", 1000))
+                    hold_ms = query_int(st["path"], "hold", 0) if st["path"].startswith("/close-after") else 0
+                    send_bytes(tls, conn, ev.stream_id, query_int(st["path"], "size", 1000), end=hold_ms == 0)
                     if st["path"].startswith("/close-after"):
                         goaway = GoAwayFrame(0)
                         goaway.last_stream_id = ev.stream_id
                         goaway.error_code = 0
                         tls.sendall(goaway.serialize())
+                        if hold_ms > 0:
+                            time.sleep(hold_ms / 1000.0)
+                            conn.send_data(ev.stream_id, b"", end_stream=True)
+                            tls.sendall(conn.data_to_send())
                         read_until_closed(tls, 10)
                         return
                     continue
@@ -183,9 +199,10 @@ def query_int(path, name, default):
     return default
 
 
-def send_bytes(tls, conn, sid, size):
+def send_bytes(tls, conn, sid, size, end=True):
     """200 and `size` bytes of "0123456789abcdef" repeated, as fast as the
-    client's windows allow (this connection serves nothing else meanwhile)."""
+    client's windows allow (this connection serves nothing else meanwhile);
+    the last of them ends the stream when `end`."""
     body = (b"0123456789abcdef" * (size // 16 + 1))[:size]
     conn.send_headers(sid, [(":status", "200"), ("content-length", str(size))])
     tls.sendall(conn.data_to_send())
@@ -199,7 +216,7 @@ def send_bytes(tls, conn, sid, size):
             conn.receive_data(data)
             tls.sendall(conn.data_to_send())
             continue
-        conn.send_data(sid, body[off : off + w], end_stream=off + w == size)
+        conn.send_data(sid, body[off : off + w], end_stream=end and off + w == size)
         off += w
         tls.sendall(conn.data_to_send())
 
@@ -234,6 +251,9 @@ def hold(tls, conn, sid, path):
 
 def handle(sock, ctx):
     try:
+        with SEEN_LOCK:
+            delay, DELAY_NEXT[0] = DELAY_NEXT[0], 0
+        time.sleep(delay / 1000.0)
         tls = ctx.wrap_socket(sock, server_side=True)
         serve(tls)
     except Exception as e:  # one connection's failure is not the server's
