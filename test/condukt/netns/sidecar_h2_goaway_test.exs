@@ -513,25 +513,26 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
       # connection 1 (whose timer runs the hold's deadline) past two
       # deadlines. The next two close at once: 1,200,000 bytes unread, and
       # the fifth stream waits. The workspace reads the third response: a
-      # connection is opened for the fifth stream, its TLS handshake 7.5 s
-      # slow (delay_next; the handshake timeout is 10 s). Meanwhile
+      # connection is opened for the fifth stream, its TLS handshake 8 s
+      # slow (delay_next: two connect timeouts; the handshake timeout is
+      # 10 s). Meanwhile
       # connection 0 closes with its 900,000 bytes unread: past the budget
       # again while the connection is being opened. The stream waits for
       # it (two connect timeouts, past the hold's deadline) and gets its
       # answer from it.
       q = tag()
       size = 900_000
-      delay = 7.5
+      delay = 2 * @connect_ms / 1000
 
       paths = [
-        "/close-after?size=#{size}&hold=5500&i=1",
+        "/close-after?size=#{size}&hold=5000&i=1",
         "/close-after?size=1000&hold=11500&i=2",
         "/close-after?size=#{size}&i=3",
         "/close-after?size=300000&delay_next=#{round(delay * 1000)}&i=4",
         "/bytes?size=1000&i=5"
       ]
 
-      spec = %{host: "allowed.test", port: @h2_only, mode: "unread", gap: 0.5, seconds: 1.5, query: q}
+      spec = %{host: "allowed.test", port: @h2_only, mode: "unread", gap: 0.5, seconds: 0.5, query: q}
       out = h2_raw(tb, sc, Map.merge(spec, %{paths: paths, early: [2], early_seconds: delay + 0.5}))
 
       for {sid, n} <- [{"1", size}, {"3", 1000}, {"5", size}, {"7", 300_000}, {"9", 1000}] do
@@ -553,11 +554,17 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
       # deadline; the new connection up after two deadlines, connection 1
       # (the deadline's timer) up until then.
       trace = h2_trace(sc, hd(events)["connection_id"])
-      [hold | _] = trace_at(trace, ~r/new streams wait$/)
-      [opened] = trace_at(trace, ~r/connecting upstream connection [2-5]$/) |> Enum.filter(&(&1 > hold))
-      [closed0] = trace_at(trace, ~r/upstream connection 0 closed/)
-      [closed1] = trace_at(trace, ~r/upstream connection 1 closed/)
-      [ready] = trace_at(trace, ~r/upstream connection [2-5] ready \(h2\)$/) |> Enum.filter(&(&1 > opened))
+      assert [hold | _] = trace_at(trace, ~r/new streams wait$/), inspect(trace)
+
+      assert [opened] = trace_at(trace, ~r/connecting upstream connection [2-5]$/) |> Enum.filter(&(&1 > hold)),
+             inspect(trace)
+
+      assert [closed0] = trace_at(trace, ~r/upstream connection 0 closed/), inspect(trace)
+      assert [closed1] = trace_at(trace, ~r/upstream connection 1 closed/), inspect(trace)
+
+      assert [ready] = trace_at(trace, ~r/upstream connection [2-5] ready \(h2\)$/) |> Enum.filter(&(&1 > opened)),
+             inspect(trace)
+
       deadline = hold + @connect_ms / 1000
       assert hold < opened and opened < closed0 and closed0 < deadline, inspect(trace)
       assert ready > deadline + @connect_ms / 1000 and closed1 > deadline + @connect_ms / 1000, inspect(trace)

@@ -41,8 +41,9 @@ handshake), IPv4 and IPv6. Answers by path:
              frame) comes MS ms after the GOAWAY: the connection drains
              that long, its stream open
   ...&delay_next=MS (any path)
-             the next connection accepted after this request waits MS ms
-             before its TLS handshake (a slow upstream being opened)
+             the next connection accepted after this request (within
+             10 s) waits MS ms before its TLS handshake (a slow upstream
+             being opened)
   /count...  200 "h2 origin <path> seen <n>\n" (<n>: how many times it came)
   /count-refuse...
              RST_STREAM REFUSED_STREAM, counted like /count
@@ -66,9 +67,11 @@ from hyperframe.frame import GoAwayFrame
 # /goaway-once paths seen, across connections.
 SEEN = {}
 SEEN_LOCK = threading.Lock()
-# delay_next=MS: the next accepted connection's wait before its handshake
-# (under SEEN_LOCK).
-DELAY_NEXT = [0]
+# delay_next=MS: the next accepted connection's wait before its handshake,
+# and until when (monotonic) it applies: a test that fails before its slow
+# connection is opened leaves no slow handshake to the next (under SEEN_LOCK).
+DELAY_NEXT = [0, 0.0]
+DELAY_NEXT_FOR = 10.0
 
 
 def serve(tls):
@@ -95,6 +98,7 @@ def serve(tls):
                 if query_int(st["path"], "delay_next", 0) > 0:
                     with SEEN_LOCK:
                         DELAY_NEXT[0] = query_int(st["path"], "delay_next", 0)
+                        DELAY_NEXT[1] = time.monotonic() + DELAY_NEXT_FOR
                 if st["path"].startswith("/bytes") or st["path"].startswith("/close-after"):
                     hold_ms = query_int(st["path"], "hold", 0) if st["path"].startswith("/close-after") else 0
                     send_bytes(tls, conn, ev.stream_id, query_int(st["path"], "size", 1000), end=hold_ms == 0)
@@ -252,7 +256,8 @@ def hold(tls, conn, sid, path):
 def handle(sock, ctx):
     try:
         with SEEN_LOCK:
-            delay, DELAY_NEXT[0] = DELAY_NEXT[0], 0
+            delay = DELAY_NEXT[0] if time.monotonic() < DELAY_NEXT[1] else 0
+            DELAY_NEXT[0] = 0
         time.sleep(delay / 1000.0)
         tls = ctx.wrap_socket(sock, server_side=True)
         serve(tls)
