@@ -151,3 +151,69 @@ Test(h2_session, data_without_a_copy_goes_through_send_data_in_frames_of_the_len
   cr_assert_eq(t.frames[2], 500);
   nghttp2_session_del(s);
 }
+
+/* The bytes the sanitizer's allocator holds (the tests run under ASan;
+ * <sanitizer/allocator_interface.h> is not installed with gcc here). */
+size_t __sanitizer_get_current_allocated_bytes(void);
+
+/* A server session answers every stream at once (HEADERS, no body). */
+static int answer_at_once(nghttp2_session *session, const nghttp2_frame *frame, void *user_data) {
+  if (frame->hd.type == NGHTTP2_HEADERS && (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
+    const nghttp2_nv st = {(uint8_t *)":status", (uint8_t *)"204", 7, 3, NGHTTP2_NV_FLAG_NONE};
+    cr_assert_eq(nghttp2_submit_response(session, frame->hd.stream_id, &st, 1, NULL), 0);
+  }
+  return 0;
+}
+
+/* Moves what `from` has to send into `to`. */
+static void pass(nghttp2_session *from, nghttp2_session *to) {
+  const uint8_t *data;
+  ssize_t got;
+  while ((got = nghttp2_session_mem_send(from, &data)) > 0)
+    cr_assert_eq(nghttp2_session_mem_recv(to, data, (size_t)got), got);
+  cr_assert_geq(got, 0);
+}
+
+/* Runs `n` GET streams one after the other from client to server. */
+static void run_streams(nghttp2_session *client, nghttp2_session *server, int n) {
+  const nghttp2_nv nva[] = {
+      {(uint8_t *)":method", (uint8_t *)"GET", 7, 3, NGHTTP2_NV_FLAG_NONE},
+      {(uint8_t *)":scheme", (uint8_t *)"https", 7, 5, NGHTTP2_NV_FLAG_NONE},
+      {(uint8_t *)":authority", (uint8_t *)"a.test", 10, 6, NGHTTP2_NV_FLAG_NONE},
+      {(uint8_t *)":path", (uint8_t *)"/", 5, 1, NGHTTP2_NV_FLAG_NONE},
+  };
+  for (int i = 0; i < n; i++) {
+    cr_assert_gt(nghttp2_submit_request(client, NULL, nva, 4, NULL, NULL), 0);
+    pass(client, server);
+    pass(server, client);
+    pass(client, server); /* WINDOW_UPDATEs, SETTINGS ACKs */
+  }
+}
+
+Test(h2_session, a_server_session_keeps_no_closed_streams) {
+  ce_h2_session_params_t p = {.role = CE_H2_SESSION_SERVER,
+                              .stream_window = 65535,
+                              .conn_window = 1024 * 1024,
+                              .max_header_list = 65536,
+                              .max_streams = 100};
+  ce_h2_session_callbacks_t cbs = {.frame_recv = answer_at_once};
+  nghttp2_session *server = NULL, *client = NULL;
+  cr_assert_eq(ce_h2_session_new(&p, &cbs, NULL, &server), CE_OK);
+  nghttp2_session_callbacks *ccb;
+  cr_assert_eq(nghttp2_session_callbacks_new(&ccb), 0);
+  cr_assert_eq(nghttp2_session_client_new(&client, ccb, NULL), 0);
+  nghttp2_session_callbacks_del(ccb);
+  cr_assert_eq(nghttp2_submit_settings(client, NGHTTP2_FLAG_NONE, NULL, 0), 0);
+
+  /* The HPACK tables and the sessions' buffers settle in the first streams. */
+  run_streams(client, server, 20);
+  size_t before = __sanitizer_get_current_allocated_bytes();
+  run_streams(client, server, 200);
+  size_t after = __sanitizer_get_current_allocated_bytes();
+  cr_assert_eq(nghttp2_session_get_next_stream_id(client), 2 * 220 + 1);
+  /* Keeping closed streams would add ~100 stream objects (> 20 KB). */
+  cr_assert_lt(after, before + 4096, "the server session grew from %zu to %zu bytes over 200 finished streams",
+               before, after);
+  nghttp2_session_del(client);
+  nghttp2_session_del(server);
+}
