@@ -50,12 +50,17 @@ static void announced(nghttp2_session *s, bool client, announced_t *out) {
 
 static const ce_h2_session_callbacks_t no_callbacks = {0};
 
+/* A workspace-side session's parameters, as the proxy sets them. */
+static ce_h2_session_params_t server_params(void) {
+  return (ce_h2_session_params_t){.role = CE_H2_SESSION_SERVER,
+                                  .stream_window = 65535,
+                                  .conn_window = 1024 * 1024,
+                                  .max_header_list = 65536,
+                                  .max_streams = 100};
+}
+
 Test(h2_session, a_server_session_announces_its_limits_and_no_push) {
-  ce_h2_session_params_t p = {.role = CE_H2_SESSION_SERVER,
-                              .stream_window = 65535,
-                              .conn_window = 1024 * 1024,
-                              .max_header_list = 65536,
-                              .max_streams = 100};
+  ce_h2_session_params_t p = server_params();
   nghttp2_session *s = NULL;
   cr_assert_eq(ce_h2_session_new(&p, &no_callbacks, NULL, &s), CE_OK);
   announced_t a;
@@ -191,11 +196,7 @@ static void run_streams(nghttp2_session *client, nghttp2_session *server, int n)
 }
 
 Test(h2_session, a_server_session_keeps_no_closed_streams) {
-  ce_h2_session_params_t p = {.role = CE_H2_SESSION_SERVER,
-                              .stream_window = 65535,
-                              .conn_window = 1024 * 1024,
-                              .max_header_list = 65536,
-                              .max_streams = 100};
+  ce_h2_session_params_t p = server_params();
   ce_h2_session_callbacks_t cbs = {.frame_recv = answer_at_once};
   nghttp2_session *server = NULL, *client = NULL;
   cr_assert_eq(ce_h2_session_new(&p, &cbs, NULL, &server), CE_OK);
