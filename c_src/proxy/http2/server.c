@@ -162,6 +162,9 @@ size_t h2__hset_nva(const hset_t *s, nghttp2_nv *out, size_t cap, bool trailers)
 void h2__hset_head(const hset_t *s, ce_h1_head_t *hd) {
   /* Everything but the fields array (4 KiB, of which only the first
    * field_count entries are ever read): this runs twice per stream. */
+  _Static_assert(offsetof(ce_h1_head_t, field_count) ==
+                     offsetof(ce_h1_head_t, fields) + sizeof(((ce_h1_head_t *)0)->fields),
+                 "the two memsets below clear every member but fields[]");
   memset(hd, 0, offsetof(ce_h1_head_t, fields));
   memset(&hd->field_count, 0, sizeof(*hd) - offsetof(ce_h1_head_t, field_count));
   hd->version_minor = 1;
