@@ -10,7 +10,6 @@ defmodule Condukt.Netns.SidecarCredentialsTest do
   # is used for the next request.
   use Condukt.Test.Netns.Case, async: false
 
-  alias Condukt.Dev.Netns.Tier
   alias Condukt.Test.Netns.{ControlPeer, RawHttp, Sidecar}
 
   # servers/scripted.py speaks HTTP/1.1 only on 8091, servers/h2_origin.py
@@ -34,14 +33,7 @@ defmodule Condukt.Netns.SidecarCredentialsTest do
 
   setup_all do
     tb = Testbed.start()
-    {crt, key} = tb.pki.server
-    py = Tier.tool!("python3")
-
-    s1 =
-      Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "scripted.py"), "8090", "#{@h1_only}", crt, key, "8094"])
-
-    s2 = Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "h2_origin.py"), "#{@h2_only}", crt, key])
-    :ok = Testbed.wait_listening(tb, :inet, tcp: ["0.0.0.0:#{@h1_only}", "0.0.0.0:#{@h2_only}"], pids: [s1, s2])
+    Testbed.start_origins(tb)
 
     sc =
       Sidecar.start(tb, @policy,

@@ -553,33 +553,23 @@ defmodule Condukt.Netns.SidecarH2GoawayTest do
       # connection 0 closing while it was opened, before the hold's
       # deadline; the new connection up after two deadlines, connection 1
       # (the deadline's timer) up until then.
-      trace = h2_trace(sc, hd(events)["connection_id"])
-      assert [hold | _] = trace_at(trace, ~r/new streams wait$/), inspect(trace)
+      trace = Sidecar.h2_trace(sc, hd(events)["connection_id"])
+      assert [hold | _] = Sidecar.trace_at(trace, ~r/new streams wait$/), inspect(trace)
 
-      assert [opened] = trace_at(trace, ~r/connecting upstream connection [2-5]$/) |> Enum.filter(&(&1 > hold)),
+      assert [opened] = Sidecar.trace_at(trace, ~r/connecting upstream connection [2-5]$/) |> Enum.filter(&(&1 > hold)),
              inspect(trace)
 
-      assert [closed0] = trace_at(trace, ~r/upstream connection 0 closed/), inspect(trace)
-      assert [closed1] = trace_at(trace, ~r/upstream connection 1 closed/), inspect(trace)
+      assert [closed0] = Sidecar.trace_at(trace, ~r/upstream connection 0 closed/), inspect(trace)
+      assert [closed1] = Sidecar.trace_at(trace, ~r/upstream connection 1 closed/), inspect(trace)
 
-      assert [ready] = trace_at(trace, ~r/upstream connection [2-5] ready \(h2\)$/) |> Enum.filter(&(&1 > opened)),
+      assert [ready] =
+               Sidecar.trace_at(trace, ~r/upstream connection [2-5] ready \(h2\)$/) |> Enum.filter(&(&1 > opened)),
              inspect(trace)
 
       deadline = hold + @connect_ms / 1000
       assert hold < opened and opened < closed0 and closed0 < deadline, inspect(trace)
       assert ready > deadline + @connect_ms / 1000 and closed1 > deadline + @connect_ms / 1000, inspect(trace)
-      assert trace_at(trace, ~r/the waiting streams fail/) == [], inspect(trace)
+      assert Sidecar.trace_at(trace, ~r/the waiting streams fail/) == [], inspect(trace)
     end
   end
-
-  # The proxy's h2 trace lines (--verbose) of workspace connection `id`:
-  # {monotonic seconds, message}.
-  defp h2_trace(sc, id) do
-    tag = "c-" <> String.pad_leading(String.downcase(Integer.to_string(String.to_integer(id), 16)), 8, "0")
-
-    for [_, t, msg] <- Regex.scan(~r/^condukt-egress: (\d+\.\d+) debug proxy #{tag}: (h2: .*)$/m, Sidecar.stderr(sc)),
-        do: {String.to_float(t), msg}
-  end
-
-  defp trace_at(trace, re), do: for({t, msg} <- trace, msg =~ re, do: t)
 end

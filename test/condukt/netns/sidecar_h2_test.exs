@@ -28,28 +28,7 @@ defmodule Condukt.Netns.SidecarH2Test do
 
   setup_all do
     tb = Testbed.start(big_size: 20 * 1024 * 1024)
-    {crt, key} = tb.pki.server
-    py = Tier.tool!("python3")
-
-    s1 =
-      Testbed.spawn_in(tb, :inet, [
-        py,
-        Path.join(tb.bin_dir, "scripted.py"),
-        "8090",
-        "#{@h1_only}",
-        crt,
-        key,
-        "#{@h1_one}"
-      ])
-
-    s2 = Testbed.spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "h2_origin.py"), "#{@h2_only}", crt, key])
-
-    :ok =
-      Testbed.wait_listening(tb, :inet,
-        tcp: ["0.0.0.0:#{@h1_only}", "0.0.0.0:#{@h2_only}", "0.0.0.0:#{@h1_one}"],
-        pids: [s1, s2]
-      )
-
+    Testbed.start_origins(tb)
     sc = Sidecar.start(tb, policy(), ports: [80, 443, @h1_only, @h2_only, @h1_one])
     on_exit(fn -> Sidecar.stop(sc) end)
     %{tb: tb, sc: sc}

@@ -158,12 +158,9 @@ defmodule Condukt.Netns.SidecarIdleMemoryTest do
   # Opens n keep-alive connections through the proxy, one GET of `url`
   # each, and leaves them open; returns the client's pid.
   defp hold(tb, sc, url, n) do
-    log = Path.join(tb.logs.dir, "idle-#{System.unique_integer([:positive])}.log")
-    py = Tier.tool!("python3")
-    pid = Testbed.spawn_in(tb, :pod, [py, Path.join(tb.bin_dir, "idle.py"), url, "#{n}", sc.ca_cert, "300"], log: log)
+    {pid, opened, failed} = Client.idle(tb, sc.ca_cert, url, n)
     on_exit(fn -> Cmd.kill([pid]) end)
-    :ok = Cmd.poll(fn -> File.read!(log) =~ "ready" end, 60_000, 100)
-    assert File.read!(log) =~ "ready #{n} 0", File.read!(log)
+    assert {opened, failed} == {n, 0}
     pid
   end
 end

@@ -13,7 +13,7 @@ defmodule Condukt.Dev.Netns.Client do
   # `Testbed.ca_env/1`; `ca: nil` leaves the system's trust store. No client
   # follows redirects.
 
-  alias Condukt.Dev.Netns.{Testbed, Tier}
+  alias Condukt.Dev.Netns.{Cmd, Testbed, Tier}
 
   defmodule Result do
     @moduledoc false
@@ -180,6 +180,38 @@ defmodule Condukt.Dev.Netns.Client do
     {out, status} = Testbed.exec_in(tb, :pod, argv, ca: ca, timeout: 60_000)
     if status != 0, do: raise("h2_raw.py exited #{status}: #{out}")
     out |> String.split("\n", trim: true) |> List.last() |> Condukt.JSON.decode!()
+  end
+
+  @doc """
+  Starts the idle-connection client (`clients/idle.py`) in the pod: `n`
+  keep-alive connections to `url`, one GET each over `protocol`
+  ("http/1.1" or "h2"), then held for 300 s, trusting `ca`. Waits (up to
+  60 s) until every connection was tried and returns
+  `{pid, opened, failed}`; kill the pid when done (`Cmd.kill/1`).
+  """
+  @spec idle(Testbed.t(), Path.t(), String.t(), pos_integer(), String.t()) ::
+          {pos_integer(), non_neg_integer(), non_neg_integer()}
+  def idle(tb, ca, url, n, protocol \\ "http/1.1") do
+    log = Path.join(tb.logs.dir, "idle-#{System.unique_integer([:positive])}.log")
+    argv = [Tier.tool!("python3"), Path.join(tb.bin_dir, "idle.py"), url, "#{n}", ca, "300", protocol]
+    pid = Testbed.spawn_in(tb, :pod, argv, log: log)
+
+    ready = fn ->
+      case File.read(log) do
+        {:ok, text} -> Regex.run(~r/^ready (\d+) (\d+)$/m, text)
+        {:error, _} -> nil
+      end
+    end
+
+    case Cmd.poll(fn -> ready.() != nil end, 60_000, 100) do
+      :ok ->
+        [_, opened, failed] = ready.()
+        {pid, String.to_integer(opened), String.to_integer(failed)}
+
+      {:error, :timeout} ->
+        Cmd.kill([pid])
+        raise "idle.py did not get ready:\n" <> File.read!(log)
+    end
   end
 
   @doc "Runs h2load (Debian's nghttp2-client) in the pod with `args`; returns its output (raises unless it exits 0)."

@@ -572,6 +572,23 @@ defmodule Condukt.Dev.Netns.Testbed do
   end
 
   @doc """
+  Starts the testbed's scripted origins in the internet namespace and waits
+  until they listen: servers/scripted.py, HTTP/1.1 only (no ALPN), plain
+  on 8090, TLS on 8091 and TLS on 8094 taking one connection at a time;
+  servers/h2_origin.py, h2 only, on 8093 (both describe their paths).
+  Returns their pids.
+  """
+  @spec start_origins(t()) :: [pos_integer()]
+  def start_origins(tb) do
+    {crt, key} = tb.pki.server
+    py = Tier.tool!("python3")
+    s1 = spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "scripted.py"), "8090", "8091", crt, key, "8094"])
+    s2 = spawn_in(tb, :inet, [py, Path.join(tb.bin_dir, "h2_origin.py"), "8093", crt, key])
+    :ok = wait_listening(tb, :inet, tcp: ~w(0.0.0.0:8091 0.0.0.0:8093 0.0.0.0:8094), pids: [s1, s2])
+    [s1, s2]
+  end
+
+  @doc """
   Waits until every listener is up in namespace `ns`, as `ss` prints local
   addresses ("127.0.0.1:15001", "[::1]:15001", "0.0.0.0:443", "[::]:443").
   Options: `:tcp`, `:udp` (lists of those), `:pids` (give up early when

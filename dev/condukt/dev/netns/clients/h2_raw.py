@@ -16,7 +16,19 @@ modes:
                of them, until the server sends GOAWAY; settings_flood and
                ping_flood first open a GET stream for "path" when given
   slow_reader  a 16 MiB window, one GET for "path", then "seconds" without
-               reading a byte; then reads the whole response
+               reading a byte; then reads the whole response ("sha256")
+  rest         one GET for "path" (stream 1; "query", when given, is added
+               to every path of the mode), read to its end; prints
+               {"first": the stream, "port": the local port}; then rests:
+               sends nothing (every byte would be news to the proxy) but
+               reads, and answers what the server sends (SETTINGS, PING),
+               until the file "go" exists (at most "pause" seconds, default
+               60) or, without "go", for "pause" seconds; then one GET for
+               "path2" (default "path") on the same connection (stream 3),
+               read to its end; "port2" is the local port again. With
+               "pauses" (a list of seconds), one such rest and GET of
+               "path2" per entry (streams 3, 5, ...), the first pause
+               still "pause"/"go" when given
   uploads      one POST stream after the other, one per entry of "paths",
                each with a "size"-byte body sent as the windows allow; a
                stream that gets no answer within 5 s ends the run
@@ -340,6 +352,9 @@ try:
     elif spec["mode"] == "ping_flood":
         flood([raw_frame(8, 6, 0, 0, i.to_bytes(8, "big")) for i in range(int(spec.get("count", 1000)))])
     elif spec["mode"] == "slow_reader":
+        import hashlib
+
+        hashes[1] = hashlib.sha256()
         conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16 * 1024 * 1024})
         conn.increment_flow_control_window(16 * 1024 * 1024)
         conn.send_headers(1, headers(authority, spec["path"] + "?" + q), end_stream=True)
@@ -348,6 +363,37 @@ try:
         time.sleep(float(spec.get("seconds", 3)))
         pump(lambda: out["streams"].get("1", {}).get("ended") or out["goaway"] is not None)
         out["streams"]["1"]["body"] = ""
+        out["streams"]["1"]["sha256"] = hashes[1].hexdigest()
+    elif spec["mode"] == "rest":
+        ended = lambda s: out["streams"].get(str(s), {}).get("ended") or "reset" in out["streams"].get(str(s), {})
+        full = lambda p: p + ("&" if "?" in p else "?") + q if q else p
+        out["port"] = tls.getsockname()[1]
+        conn.send_headers(1, headers(authority, full(spec["path"])), end_stream=True)
+        tls.sendall(conn.data_to_send())
+        pump(lambda: ended(1) or out["goaway"] is not None)
+        print(json.dumps({"first": out["streams"].get("1"), "port": out["port"]}), flush=True)
+        go = spec.get("go")
+        path2 = spec.get("path2", spec["path"])
+        pauses = spec.get("pauses") or [None]
+        for i, pause in enumerate(pauses):
+            wait_go = go if i == 0 else None
+            if pause is None or (i == 0 and "pause" in spec):
+                pause = spec.get("pause", 60 if wait_go else 1)
+            deadline = time.monotonic() + float(pause)
+            tls.settimeout(0.05)
+            while time.monotonic() < deadline and not out.get("closed") and not (wait_go and os.path.exists(wait_go)):
+                try:
+                    pump(lambda: False)
+                except (socket.timeout, TimeoutError):
+                    pass
+            tls.settimeout(15)
+            if out.get("closed") or out["goaway"] is not None:
+                break
+            sid = 3 + 2 * i
+            conn.send_headers(sid, headers(authority, full(path2)), end_stream=True)
+            tls.sendall(conn.data_to_send())
+            pump(lambda: ended(sid) or out["goaway"] is not None)
+        out["port2"] = tls.getsockname()[1]
     elif spec["mode"] == "unread":
         ack[0] = False
         zero_windows(64 * 1024 * 1024)
