@@ -64,6 +64,8 @@ static void on_linger_shutdown(uv_shutdown_t *req, int status);
 static void finish_close(ce_conn_t *c);
 static void on_timer(uv_timer_t *t);
 static void conn_release_idle(ce_conn_t *c);
+static void conn_release_idle_h2(ce_conn_t *c);
+static void h2_rest_arm(ce_conn_t *c);
 static void on_write(uv_write_t *req, int status);
 static void upstream_ready(ce_conn_t *c);
 static void upstream_failed(ce_conn_t *c, int status, const char *reason);
@@ -398,6 +400,16 @@ static void on_timer(uv_timer_t *t) {
     /* Flushing or lingering took too long: the request was reported. */
     break;
   case ST_H2:
+    if (c->release_due) {
+      /* --idle-release-ms at rest (h2_rest_arm): the upstreams go, then
+       * the rest of the idle timeout runs. */
+      c->release_due = false;
+      if (ce_h2conn_releasable(c))
+        conn_release_idle_h2(c);
+      if (!c->dead)
+        conn__arm(c, c->proxy->opts->idle_ms - c->proxy->opts->release_ms);
+      return;
+    }
     if (!c->hard_deadline && h2_connect_end(c, 504, "upstream_unreachable: connect timed out"))
       return;
     ce_h2conn_timeout(c);
@@ -474,6 +486,21 @@ static void trim_arm(ce_proxy_t *p) {
  * socket, TLS verified for the host, resumed from the session store),
  * after its own evaluation, as the first request did.
  */
+/* The workspace's TLS ciphertext buffers (a few KiB after a small
+ * exchange, the BIOs' room) go; the next request grows them again. Not at
+ * every exchange's end: they would re-grow per request. True when there
+ * was room to release (the connection may be dead after: a failed flush). */
+static bool release_workspace_tls(ce_conn_t *c) {
+  if (ce_tlsconn_held(c->c.tls) == 0)
+    return false;
+  /* Only empty buffers are released: what this turn gathered goes first. */
+  conn__side_flush(&c->c);
+  if (c->dead)
+    return false;
+  ce_tlsconn_release(c->c.tls);
+  return true;
+}
+
 static void conn_release_idle(ce_conn_t *c) {
   c->release_due = false;
   bool released = false;
@@ -492,19 +519,39 @@ static void conn_release_idle(ce_conn_t *c) {
     conn__upstream_reset(c);
     released = true;
   }
-  /* The workspace's TLS ciphertext buffers (a few KiB after a small
-   * exchange, the BIOs' room) go too; the next request grows them again.
-   * Not at every exchange's end: they would re-grow per request. */
-  if (ce_tlsconn_held(c->c.tls) > 0) {
-    /* Only empty buffers are released: what this turn gathered goes first. */
-    conn__side_flush(&c->c);
-    if (c->dead)
-      return;
-    ce_tlsconn_release(c->c.tls);
+  if (release_workspace_tls(c))
     released = true;
-  }
-  if (released)
+  if (released && !c->dead)
     trim_arm(c->proxy);
+}
+
+/*
+ * The same for an h2 workspace connection with no stream left
+ * (ce_h2conn_releasable): every upstream connection of its pool goes, and
+ * the workspace's TLS buffers' room. Its session with the workspace stays
+ * as it is (no GOAWAY: the connection is not closing).
+ */
+static void conn_release_idle_h2(ce_conn_t *c) {
+  bool released = ce_h2conn_release_idle(c);
+  if (c->dead)
+    return;
+  if (release_workspace_tls(c))
+    released = true;
+  if (released && !c->dead)
+    trim_arm(c->proxy);
+}
+
+/* ST_H2: a connection that came to rest with something to release gets
+ * its release --idle-release-ms later (on_timer), unless a byte read
+ * before that re-arms the idle timeout (conn__arm clears release_due). At
+ * rest nothing else runs the timer: no stream waits for a preview, no
+ * connect is under way, no failure's deadline is set. */
+static void h2_rest_arm(ce_conn_t *c) {
+  uint32_t idle = c->proxy->opts->idle_ms, release = c->proxy->opts->release_ms;
+  if (c->release_due || release == 0 || release >= idle || !ce_h2conn_releasable(c))
+    return;
+  conn__arm(c, release);
+  c->release_due = true;
 }
 
 /* ---- writing ------------------------------------------------------------- */
@@ -1262,6 +1309,8 @@ void conn__process(ce_conn_t *c) {
   ce_conn_release_input(&c->c);
   ce_conn_release_input(&c->u);
   update_reading(c);
+  if (c->state == ST_H2 && !c->dead)
+    h2_rest_arm(c);
 }
 
 /* ---- accepting ----------------------------------------------------------- */
@@ -1444,7 +1493,7 @@ void ce_conn_wake_in(ce_conn_t *c, uint32_t ms) {
   /* Not while an upstream for the streams is being connected: the timer
    * is that connect's timeout then (the wait is checked as frames come). */
   if (c->up_for == CE_UP_FOR_H2_STREAMS ||
-      (uv_is_active((uv_handle_t *)&c->timer) && uv_timer_get_due_in(&c->timer) <= ms))
+      (!c->release_due && uv_is_active((uv_handle_t *)&c->timer) && uv_timer_get_due_in(&c->timer) <= ms))
     return;
   conn__arm(c, ms);
 }

@@ -124,7 +124,8 @@ struct ce_conn {
   bool again;
   bool lingering;          /* closing: client write side shut, its input discarded */
   bool head_started;       /* the header timeout runs for a head begun */
-  bool release_due;        /* ST_HEAD: the timer runs to the idle release (conn__await_request) */
+  bool release_due;        /* ST_HEAD, ST_H2: the timer runs to the idle release
+                              (conn__await_request, h2_rest_arm in conn.c) */
   ce_clienthello_state_t hello_state;
 
   /* What the workspace dialled. */
@@ -259,9 +260,19 @@ void ce_h2conn_abort(ce_conn_t *c, const char *reason);
 void ce_h2conn_free(struct ce_h2conn *h);
 /* What an h2 connection holds beyond c->c and c->u (stats.c): bytes
  * queued towards its own upstream connections (*queued), its streams'
- * data buffers and request heads (*streams), and how many of its own
- * upstream connections are open (*upstreams). */
-void ce_h2conn_held(const struct ce_h2conn *h, size_t *queued, size_t *streams, size_t *upstreams);
+ * data buffers and request heads (*streams), how many of its own
+ * upstream connections are open (*upstreams) and their TLS buffers' room
+ * (*tls). */
+void ce_h2conn_held(const struct ce_h2conn *h, size_t *queued, size_t *streams, size_t *upstreams, size_t *tls);
+/* --idle-release-ms on an h2 workspace connection (docs/proxy.md "Idle
+ * connections"): true when it rests (no stream of any kind, no connect
+ * under way, no failure or drain) and holds something to release (an
+ * upstream connection, or TLS buffers' room with the workspace). */
+bool ce_h2conn_releasable(const ce_conn_t *c);
+/* At rest, every upstream connection goes (an h2 one after its GOAWAY,
+ * a TLS one after its close_notify); the workspace's connection stays.
+ * True when one went. */
+bool ce_h2conn_release_idle(ce_conn_t *c);
 /* Reading on the pool's own upstream connections (from update_reading). */
 void ce_h2conn_update_reading(ce_conn_t *c);
 /* conn_abort: closes the pool's own handles and cancels its lookups. */

@@ -17,8 +17,9 @@ void ce_proxy_buffer_stats(const ce_proxy_t *p, ce_buffer_stats_t *out) {
     out->tls += ce_tlsconn_held(c->c.tls) + ce_tlsconn_held(c->u.tls);
     out->upstreams += c->u.open;
     if (c->h2 != NULL) {
-      size_t queued = 0, streams = 0, upstreams = 0;
-      ce_h2conn_held(c->h2, &queued, &streams, &upstreams);
+      size_t queued = 0, streams = 0, upstreams = 0, tls = 0;
+      ce_h2conn_held(c->h2, &queued, &streams, &upstreams, &tls);
+      out->tls += tls;
       out->queued += queued;
       out->h2_streams += streams;
       out->upstreams += upstreams;

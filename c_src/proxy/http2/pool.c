@@ -876,3 +876,83 @@ void ce_h2conn_close_handles(ce_conn_t *c) {
     }
   }
 }
+
+/* ---- rest: --idle-release-ms (docs/proxy.md "Idle connections") -------------------- */
+
+/* No stream of any kind (open, queued, asking, previewing, answered
+ * locally: each is a record on h->streams), no connect under way, nothing
+ * read and not consumed, no failure or drain running. What is pending
+ * towards the workspace (a WINDOW_UPDATE, a PING's ACK) does not count: a
+ * workspace that reads nothing must not keep its upstreams that way. */
+static bool at_rest(const ce_conn_t *c) {
+  const h2_t *h = c->h2;
+  if (c->state != ST_H2 || h == NULL || c->dead || c->hard_deadline || h->failed || h->closing || h->draining)
+    return false;
+  if (h->streams != NULL || c->c.in_len > 0 || c->up_for == CE_UP_FOR_H2_STREAMS || ce_connector_busy(&c->uk))
+    return false;
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
+    const h1slot_t *sl = &h->slots[i];
+    if (sl->cur != NULL || (!sl->conn_slot && (sl->connecting || ce_connector_busy(&sl->k))))
+      return false;
+  }
+  return true;
+}
+
+bool ce_h2conn_releasable(const ce_conn_t *c) {
+  if (!at_rest(c))
+    return false;
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++) {
+    const h1slot_t *sl = &c->h2->slots[i];
+    if (sl->sess != NULL || slot_open(sl))
+      return true;
+  }
+  return ce_tlsconn_held(c->c.tls) > 0;
+}
+
+/* The slot's connection ends on purpose: an h2 one with its GOAWAY
+ * (NO_ERROR, RFC 9113 §9.1), a TLS one with its close_notify, both written
+ * as far as the socket takes them now (best effort: the connection goes
+ * anyway). */
+static void slot_release(h1slot_t *sl) {
+  ce_conn_t *c = sl->h->c;
+  side_t *u = sl->s;
+  if (sl->sess != NULL && u->open) {
+    nghttp2_session_terminate_session(sl->sess, NGHTTP2_NO_ERROR);
+    for (int round = 0; round < 8 && !c->dead && u->open; round++) {
+      const uint8_t *data;
+      ssize_t n = nghttp2_session_mem_send(sl->sess, &data);
+      if (n <= 0)
+        break;
+      ce_conn_side_write(u, (const char *)data, (size_t)n);
+    }
+  }
+  if (!c->dead && ce_transport_ready(u) && u->shut == SIDE_WRITING && !u->eof &&
+      ce_transport_close_notify(u) == CE_OK)
+    ce_conn_side_write(u, NULL, 0);
+  if (c->dead)
+    return;
+  CE_TRACE_D("proxy", 'c', c->id, "h2: idle: upstream connection %d released", (int)(sl - sl->h->slots));
+  if (sl->sess != NULL)
+    h2__up_gone(sl, "idle: released"); /* no stream is on it: only the session and the connection go */
+  else
+    h2__slot_reset(sl);
+}
+
+bool ce_h2conn_release_idle(ce_conn_t *c) {
+  if (!at_rest(c))
+    return false;
+  h2_t *h = c->h2;
+  bool released = false;
+  for (size_t i = 0; i < CE_H2_H1_POOL && !c->dead; i++) {
+    h1slot_t *sl = &h->slots[i];
+    if (sl->sess == NULL && !slot_open(sl))
+      continue;
+    slot_release(sl);
+    released = true;
+  }
+  /* A cooldown waits for a stream to end on another connection: none is
+   * left, so the next stream may open any. */
+  for (size_t i = 0; i < CE_H2_H1_POOL; i++)
+    h->slots[i].cooldown = false;
+  return released;
+}

@@ -908,18 +908,20 @@ int ce_h2conn_start(ce_conn_t *c) {
   return CE_OK;
 }
 
-void ce_h2conn_held(const struct ce_h2conn *h, size_t *queued, size_t *streams, size_t *upstreams) {
-  size_t q = 0, up = 0, open = 0;
+void ce_h2conn_held(const struct ce_h2conn *h, size_t *queued, size_t *streams, size_t *upstreams, size_t *tls) {
+  size_t q = 0, up = 0, open = 0, room = 0;
   for (size_t i = 0; i < CE_H2_H1_POOL; i++)
     if (!h->slots[i].conn_slot) {
       q += h->slots[i].own.queued;
       open += h->slots[i].own.open;
+      room += ce_tlsconn_held(h->slots[i].own.tls);
     }
   for (const h2s_t *s = h->streams; s != NULL; s = s->next)
     up += s->up.cap;
   *queued = q;
   *streams = h->down_held + h->rq_held + up;
   *upstreams = open;
+  *tls = room;
 }
 
 void ce_h2conn_free(struct ce_h2conn *h) {
