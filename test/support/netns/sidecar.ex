@@ -295,17 +295,21 @@ defmodule Condukt.Test.Netns.Sidecar do
   def stderr(sc), do: File.read!(sc.stderr)
 
   @doc """
-  The proxy's HTTP/2 trace lines (a proxy started with `--verbose`) of the
+  The proxy's debug trace lines (a proxy started with `--verbose`) of the
   workspace connection `id` (an event's "connection_id"), in order:
-  `{monotonic seconds, message}`, each message starting with "h2: ".
+  `{monotonic seconds, message}`.
   """
-  @spec h2_trace(t(), String.t()) :: [{float(), String.t()}]
-  def h2_trace(sc, id) do
+  @spec trace(t(), String.t()) :: [{float(), String.t()}]
+  def trace(sc, id) do
     tag = "c-" <> String.pad_leading(String.downcase(Integer.to_string(String.to_integer(id), 16)), 8, "0")
 
-    for [_, t, msg] <- Regex.scan(~r/^condukt-egress: (\d+\.\d+) debug proxy #{tag}: (h2: .*)$/m, stderr(sc)),
+    for [_, t, msg] <- Regex.scan(~r/^condukt-egress: (\d+\.\d+) debug proxy #{tag}: (.*)$/m, stderr(sc)),
         do: {String.to_float(t), msg}
   end
+
+  @doc "The lines of `trace/2` about HTTP/2 (their message starts with \"h2: \")."
+  @spec h2_trace(t(), String.t()) :: [{float(), String.t()}]
+  def h2_trace(sc, id), do: Enum.filter(trace(sc, id), fn {_, msg} -> String.starts_with?(msg, "h2: ") end)
 
   @doc "The times of the lines of `trace` (`h2_trace/2`) whose message matches `re`."
   @spec trace_at([{float(), String.t()}], Regex.t()) :: [float()]
