@@ -168,6 +168,37 @@ defmodule Condukt.Netns.SidecarH2IdleReleaseTest do
     end
   end
 
+  test "an h2 connection over six HTTP/1.1 upstream connections (the pool) releases them all", %{tb: tb, sc: sc} do
+    key = "k#{System.unique_integer([:positive])}"
+    q = tag()
+    # Eight slow streams at once to the HTTP/1.1-only origin: the pool opens
+    # its six connections (slot 0 and five of its own).
+    paths = for i <- 1..8, do: "/slow?key=#{key}&i=#{i}"
+    spec = %{host: "allowed.test", port: @h1_only, mode: "rest", paths: paths, path2: "/after?#{q}"}
+    {log, go} = rest(tb, sc, spec)
+
+    [first] = await_lines(log, 1)
+
+    for i <- 0..7 do
+      assert %{"status" => 200, "ended" => true, "body" => "slow"} = first["streams"]["#{1 + 2 * i}"], inspect(first)
+    end
+
+    id = hd(RawHttp.events_for(sc, "key=#{key}&i=1"))["connection_id"]
+    released_at = await_release(sc, id)
+    slots = fn -> for {_, m} <- Sidecar.h2_trace(sc, id), m =~ @released, do: m |> String.split() |> Enum.at(4) end
+    _ = Cmd.poll(fn -> length(slots.()) >= 6 end, 5_000, 100)
+    assert Enum.sort(slots.()) == ~w(0 1 2 3 4 5), inspect(Sidecar.h2_trace(sc, id))
+    assert %{"connections" => 1, "upstreams" => 0, "tls" => 0, "held" => 0} = Sidecar.buffer_stats(sc)
+
+    File.write!(go, "")
+    [_, out] = await_lines(log, 2)
+    assert %{"status" => 200, "ended" => true, "body" => "scripted /after\n"} = out["streams"]["17"], inspect(out)
+    events = RawHttp.events_for(sc, q)
+    assert ~w(request_opened request_allowed request_closed) == Enum.map(events, & &1["event"])
+    assert %{"stream_id" => 17, "connection_id" => ^id} = List.last(events)
+    after_release!(sc, id, released_at, [~r/^\[upstream handshaking\] -> ready$/])
+  end
+
   test "a stream waiting for its decision keeps the upstream", %{tb: tb, sc: sc, peer: peer} do
     q = tag()
     # Stream 3 is allowed at once and connects; stream 1 waits for the test

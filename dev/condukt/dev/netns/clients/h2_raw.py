@@ -17,18 +17,19 @@ modes:
                ping_flood first open a GET stream for "path" when given
   slow_reader  a 16 MiB window, one GET for "path", then "seconds" without
                reading a byte; then reads the whole response ("sha256")
-  rest         one GET for "path" (stream 1; "query", when given, is added
-               to every path of the mode), read to its end; prints
-               {"first": the stream, "port": the local port}; then rests:
-               sends nothing (every byte would be news to the proxy) but
-               reads, and answers what the server sends (SETTINGS, PING),
-               until the file "go" exists (at most "pause" seconds, default
-               60) or, without "go", for "pause" seconds; then one GET for
-               "path2" (default "path") on the same connection (stream 3),
-               read to its end; "port2" is the local port again. With
-               "pauses" (a list of seconds), one such rest and GET of
-               "path2" per entry (streams 3, 5, ...), the first pause
-               still "pause"/"go" when given
+  rest         one GET for "path" (stream 1), read to its end, or with
+               "paths" one GET stream per entry, all at once, read to their
+               ends ("query", when given, is added to every path); prints
+               {"first": stream 1, "streams": those streams, "port": the
+               local port}; then rests: sends nothing (every byte would be
+               news to the proxy) but reads, and answers what the server
+               sends (SETTINGS, PING), until the file "go" exists (at most
+               "pause" seconds, default 60) or, without "go", for "pause"
+               seconds (default 1); then one GET for "path2" (default
+               "path") as the next stream on the same connection, read to
+               its end; "port2" is the local port again. With "pauses" (a
+               list of seconds), one such rest and GET of "path2" per entry,
+               the first pause still "pause"/"go" when given
   uploads      one POST stream after the other, one per entry of "paths",
                each with a "size"-byte body sent as the windows allow; a
                stream that gets no answer within 5 s ends the run
@@ -368,12 +369,14 @@ try:
         ended = lambda s: out["streams"].get(str(s), {}).get("ended") or "reset" in out["streams"].get(str(s), {})
         full = lambda p: p + ("&" if "?" in p else "?") + q if q else p
         out["port"] = tls.getsockname()[1]
-        conn.send_headers(1, headers(authority, full(spec["path"])), end_stream=True)
+        first = spec.get("paths") or [spec["path"]]
+        for i, p in enumerate(first):
+            conn.send_headers(1 + 2 * i, headers(authority, full(p)), end_stream=True)
         tls.sendall(conn.data_to_send())
-        pump(lambda: ended(1) or out["goaway"] is not None)
-        print(json.dumps({"first": out["streams"].get("1"), "port": out["port"]}), flush=True)
+        pump(lambda: all(ended(1 + 2 * i) for i in range(len(first))) or out["goaway"] is not None)
+        print(json.dumps({"first": out["streams"].get("1"), "streams": out["streams"], "port": out["port"]}), flush=True)
         go = spec.get("go")
-        path2 = spec.get("path2", spec["path"])
+        path2 = spec.get("path2") or spec["path"]
         pauses = spec.get("pauses") or [None]
         for i, pause in enumerate(pauses):
             wait_go = go if i == 0 else None
@@ -389,7 +392,7 @@ try:
             tls.settimeout(15)
             if out.get("closed") or out["goaway"] is not None:
                 break
-            sid = 3 + 2 * i
+            sid = 1 + 2 * len(first) + 2 * i
             conn.send_headers(sid, headers(authority, full(path2)), end_stream=True)
             tls.sendall(conn.data_to_send())
             pump(lambda: ended(sid) or out["goaway"] is not None)
