@@ -121,6 +121,14 @@ defmodule Condukt.Netns.SidecarH2IdleReleaseTest do
     closed = List.last(events)
     assert %{"stream_id" => 3, "status" => 200, "connection_id" => ^id, "http_version" => "HTTP/2"} = closed
 
+    # The release itself said nothing: the connection's events are its two
+    # streams'.
+    mine = Enum.filter(Sidecar.stdout_events(sc), &(&1["connection_id"] == id))
+
+    assert Enum.map(mine, &{&1["event"], &1["stream_id"]}) ==
+             for(s <- [1, 3], e <- ~w(request_opened request_allowed request_closed), do: {e, s}),
+           inspect(mine)
+
     # It connected again (the trace: a verified TLS handshake, an h2
     # session), over h2 (nginx), on another upstream connection that
     # resumed the first one's TLS session.

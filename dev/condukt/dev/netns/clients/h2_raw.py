@@ -383,8 +383,9 @@ try:
             if pause is None or (i == 0 and "pause" in spec):
                 pause = spec.get("pause", 60 if wait_go else 1)
             deadline = time.monotonic() + float(pause)
-            tls.settimeout(0.05)
             while time.monotonic() < deadline and not out.get("closed") and not (wait_go and os.path.exists(wait_go)):
+                # The pause ends on time (the go file is looked for every 50 ms).
+                tls.settimeout(max(0.001, min(0.05, deadline - time.monotonic())))
                 try:
                     pump(lambda: False)
                 except (socket.timeout, TimeoutError):
