@@ -126,6 +126,7 @@ struct ce_conn {
   bool head_started;       /* the header timeout runs for a head begun */
   bool release_due;        /* ST_HEAD, ST_H2: the timer runs to the idle release
                               (conn__await_request, h2_rest_arm in conn.c) */
+  uint32_t idle_after_release; /* ST_H2: what is left of the idle timeout then (ms) */
   ce_clienthello_state_t hello_state;
 
   /* What the workspace dialled. */

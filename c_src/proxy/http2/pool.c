@@ -906,7 +906,7 @@ bool ce_h2conn_releasable(const ce_conn_t *c) {
     if (sl->sess != NULL || slot_open(sl))
       return true;
   }
-  return ce_tlsconn_held(c->c.tls) > 0;
+  return ce_tlsconn_releasable(c->c.tls) > 0;
 }
 
 /* The slot's connection ends on purpose: an h2 one with its GOAWAY
