@@ -268,7 +268,8 @@ void ce_h2conn_held(const struct ce_h2conn *h, size_t *queued, size_t *streams, 
 /* --idle-release-ms on an h2 workspace connection (docs/proxy.md "Idle
  * connections"): true when it rests (no stream of any kind, no connect
  * under way, no failure or drain) and holds something to release (an
- * upstream connection, or TLS buffers' room with the workspace). */
+ * upstream connection, the streams' scratch head, or TLS buffers' room
+ * with the workspace). */
 bool ce_h2conn_releasable(const ce_conn_t *c);
 /* At rest, every upstream connection goes (an h2 one after its GOAWAY,
  * a TLS one after its close_notify); the workspace's connection stays.
