@@ -141,7 +141,8 @@ result =
 
             acc =
               if round == cfg.rounds and kind != "direct" do
-                add.(acc, kind, :idle, Bench.Measure.idle_rss(tb, ic, url_1k, cfg.idle_conns))
+                acc = add.(acc, kind, :idle, Bench.Measure.idle_rss(tb, ic, url_1k, cfg.idle_conns))
+                add.(acc, kind, :idle_h2, Bench.Measure.idle_rss(tb, ic, url_1k, cfg.idle_conns, "h2"))
               else
                 acc
               end

@@ -124,14 +124,18 @@ defmodule Bench.Measure do
 
   @doc """
   RSS of the interceptor's processes before and while `n` keep-alive TLS
-  connections (each after one request) sit idle; KiB.
+  connections (each after one request) sit idle; KiB. `protocol` is the
+  workspace's: "http/1.1", or "h2" (ALPN h2 only: an interceptor that
+  does not offer it opens none).
   """
-  def idle_rss(tb, ic, url, n) do
+  def idle_rss(tb, ic, url, n, protocol \\ "http/1.1") do
     pids = Bench.Interceptor.pids(ic)
     before = Bench.Os.rss_kib(pids)
     log = Path.join(tb.dir, "logs/idle-#{System.unique_integer([:positive])}.log")
     script = Path.join(tb.bin_dir, "idle.py")
-    client = Bench.Os.spawn_client(tb, ["/usr/bin/python3", script, url, "#{n}", ic.ca, "120"], log, ca: ic.ca)
+
+    client =
+      Bench.Os.spawn_client(tb, ["/usr/bin/python3", script, url, "#{n}", ic.ca, "120", protocol], log, ca: ic.ca)
 
     try do
       case Cmd.poll(fn -> File.read!(log) =~ "ready" or not Cmd.alive?(client) end, 120_000, 200) do

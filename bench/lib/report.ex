@@ -21,7 +21,8 @@ defmodule Bench.Report do
       {:added_p99, "added latency p99 (over direct)", "µs", :lower},
       {:rss_base, "proxy RSS at start", "MiB", :lower},
       {:rss_idle, "proxy RSS with #{cfg.idle_conns} idle TLS connections", "MiB", :lower},
-      {:rss_per_conn, "proxy RSS per idle connection", "KiB", :lower}
+      {:rss_per_conn, "proxy RSS per idle connection", "KiB", :lower},
+      {:rss_per_conn_h2, "proxy RSS per idle h2 connection", "KiB", :lower}
     ]
   end
 
@@ -46,7 +47,8 @@ defmodule Bench.Report do
              ),
            rss_idle:
              if(kind == "direct", do: {:na, "no proxy"}, else: med(r[:idle], &(&1[:held_kib] && &1[:held_kib] / 1024))),
-           rss_per_conn: if(kind == "direct", do: {:na, "no proxy"}, else: med(r[:idle], & &1[:per_conn_kib]))
+           rss_per_conn: if(kind == "direct", do: {:na, "no proxy"}, else: med(r[:idle], & &1[:per_conn_kib])),
+           rss_per_conn_h2: if(kind == "direct", do: {:na, "no proxy"}, else: idle_h2(r[:idle_h2]))
          }}
       end)
 
@@ -66,6 +68,16 @@ defmodule Bench.Report do
 
   defp diff(a, b) when is_number(a) and is_number(b), do: a - b
   defp diff(_, _), do: {:na, "no direct baseline"}
+
+  # An interceptor that does not offer h2 to the workspace holds no idle
+  # h2 connection: "no h2", not a number.
+  defp idle_h2(nil), do: {:na, "not run"}
+
+  defp idle_h2(rounds) do
+    if Enum.all?(rounds, &(&1[:opened] == 0)),
+      do: {:na, "no h2 to the workspace"},
+      else: med(rounds, & &1[:per_conn_kib])
+  end
 
   # The h2 row shows what happened: a client that asked for h2 and got
   # HTTP/1.1 (the proxy offered no h2 in ALPN) is "h1 fallback", not a number.

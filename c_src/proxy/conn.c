@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -66,6 +67,7 @@ static void on_timer(uv_timer_t *t);
 static void conn_release_idle(ce_conn_t *c);
 static void conn_release_idle_h2(ce_conn_t *c);
 static void h2_rest_arm(ce_conn_t *c);
+static bool socket_has_input(side_t *s);
 static void on_write(uv_write_t *req, int status);
 static void upstream_ready(ce_conn_t *c);
 static void upstream_failed(ce_conn_t *c, int status, const char *reason);
@@ -402,12 +404,15 @@ static void on_timer(uv_timer_t *t) {
   case ST_H2:
     if (c->release_due) {
       /* --idle-release-ms at rest (h2_rest_arm): the upstreams go, then
-       * the rest of the idle timeout runs. */
-      c->release_due = false;
-      if (ce_h2conn_releasable(c))
+       * what is left of the idle timeout runs. Not when the workspace's
+       * bytes wait in the socket (libuv runs timers before it reads): a
+       * stream that came would only have to connect again; the read
+       * starts the wait over. */
+      uint32_t left = c->idle_after_release;
+      if (ce_h2conn_releasable(c) && !socket_has_input(&c->c))
         conn_release_idle_h2(c);
       if (!c->dead)
-        conn__arm(c, c->proxy->opts->idle_ms - c->proxy->opts->release_ms);
+        conn__arm(c, left); /* clears release_due */
       return;
     }
     if (!c->hard_deadline && h2_connect_end(c, 504, "upstream_unreachable: connect timed out"))
@@ -491,7 +496,7 @@ static void trim_arm(ce_proxy_t *p) {
  * every exchange's end: they would re-grow per request. True when there
  * was room to release (the connection may be dead after: a failed flush). */
 static bool release_workspace_tls(ce_conn_t *c) {
-  if (ce_tlsconn_held(c->c.tls) == 0)
+  if (ce_tlsconn_releasable(c->c.tls) == 0)
     return false;
   /* Only empty buffers are released: what this turn gathered goes first. */
   conn__side_flush(&c->c);
@@ -550,8 +555,21 @@ static void h2_rest_arm(ce_conn_t *c) {
   uint32_t idle = c->proxy->opts->idle_ms, release = c->proxy->opts->release_ms;
   if (c->release_due || release == 0 || release >= idle || !ce_h2conn_releasable(c))
     return;
+  /* The idle timeout runs from the last byte read and keeps its end: the
+   * release comes within it, or not at all when it ends first. */
+  uint64_t due = uv_is_active((uv_handle_t *)&c->timer) ? uv_timer_get_due_in(&c->timer) : 0;
+  if (due <= release)
+    return;
   conn__arm(c, release);
   c->release_due = true;
+  c->idle_after_release = (uint32_t)(due - release);
+}
+
+/* Bytes from the peer wait in the side's socket, not yet read. */
+static bool socket_has_input(side_t *s) {
+  uv_os_fd_t fd;
+  int n = 0;
+  return s->open && uv_fileno((uv_handle_t *)&s->tcp, &fd) == 0 && ioctl(fd, FIONREAD, &n) == 0 && n > 0;
 }
 
 /* ---- writing ------------------------------------------------------------- */

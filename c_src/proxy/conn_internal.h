@@ -126,6 +126,7 @@ struct ce_conn {
   bool head_started;       /* the header timeout runs for a head begun */
   bool release_due;        /* ST_HEAD, ST_H2: the timer runs to the idle release
                               (conn__await_request, h2_rest_arm in conn.c) */
+  uint32_t idle_after_release; /* ST_H2: what is left of the idle timeout then (ms) */
   ce_clienthello_state_t hello_state;
 
   /* What the workspace dialled. */
@@ -267,7 +268,8 @@ void ce_h2conn_held(const struct ce_h2conn *h, size_t *queued, size_t *streams, 
 /* --idle-release-ms on an h2 workspace connection (docs/proxy.md "Idle
  * connections"): true when it rests (no stream of any kind, no connect
  * under way, no failure or drain) and holds something to release (an
- * upstream connection, or TLS buffers' room with the workspace). */
+ * upstream connection, the streams' scratch head, or TLS buffers' room
+ * with the workspace). */
 bool ce_h2conn_releasable(const ce_conn_t *c);
 /* At rest, every upstream connection goes (an h2 one after its GOAWAY,
  * a TLS one after its close_notify); the workspace's connection stays.

@@ -368,6 +368,12 @@ size_t ce_tlsconn_held(const ce_tlsconn_t *t) {
   return bio_room(t->rbio) + bio_room(t->wbio);
 }
 
+size_t ce_tlsconn_releasable(const ce_tlsconn_t *t) {
+  if (t == NULL)
+    return 0;
+  return empty_bio_room(t->rbio) + empty_bio_room(t->wbio);
+}
+
 /* Swaps each empty BIO with more than `keep` bytes of room for a fresh
  * one; a failed allocation keeps the old BIO. */
 static void trim_above(ce_tlsconn_t *t, size_t keep) {

@@ -106,6 +106,11 @@ void ce_tlsconn_release(ce_tlsconn_t *t);
  * are trimmed or freed): the accounting of buffer statistics. NULL: 0. */
 size_t ce_tlsconn_held(const ce_tlsconn_t *t);
 
+/* The part of it that ce_tlsconn_release would give back now: the room of
+ * the BIOs that are empty (one holding bytes, a partial record, keeps
+ * its room). NULL: 0. */
+size_t ce_tlsconn_releasable(const ce_tlsconn_t *t);
+
 /* After CE_ETLS: a one-line description, owned by t and valid until it is
  * freed, such as "certificate verify failed: hostname mismatch",
  * "the peer sent fatal alert unknown_ca (48)" or "TLS failure: wrong

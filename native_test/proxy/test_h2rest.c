@@ -42,6 +42,9 @@ Test(h2rest, a_connection_with_no_stream_and_an_open_upstream_is_releasable) {
   r->h.slots[3].own.open = false;
   r->h.slots[2].sess = (nghttp2_session *)&r->s; /* never dereferenced */
   cr_assert(ce_h2conn_releasable(&r->c));
+  r->h.slots[2].sess = NULL;
+  r->h.head = (ce_h1_head_t *)&r->s; /* the streams' scratch head, never dereferenced */
+  cr_assert(ce_h2conn_releasable(&r->c));
   free(r);
 }
 

@@ -258,6 +258,8 @@ Test(tlsconn, release_gives_back_all_room_of_empty_bios) {
   cr_assert_gt(before, 0u);
   ce_tlsconn_trim(s);
   cr_expect_eq(ce_tlsconn_held(s), before, "a trim keeps room under the bound");
+  cr_expect_eq(ce_tlsconn_releasable(s), before, "both BIOs are empty: all of their room can go");
+  cr_expect_eq(ce_tlsconn_releasable(NULL), 0u);
   ce_tlsconn_release(s);
   ce_tlsconn_release(c);
   cr_expect_eq(ce_tlsconn_held(s), 0u);
@@ -268,9 +270,11 @@ Test(tlsconn, release_gives_back_all_room_of_empty_bios) {
   static const uint8_t msg[] = "queued";
   cr_assert_eq(ce_tlsconn_write(s, msg, sizeof(msg)), CE_OK);
   size_t queued = ce_tlsconn_pending_out(s);
+  cr_expect_lt(ce_tlsconn_releasable(s), ce_tlsconn_held(s), "the BIO holding bytes keeps its room");
   ce_tlsconn_release(s);
   cr_expect_eq(ce_tlsconn_pending_out(s), queued);
   cr_expect_gt(ce_tlsconn_held(s), 0u);
+  cr_expect_eq(ce_tlsconn_releasable(s), 0u, "nothing more to give back while the bytes wait");
   fx_shuttle(s, c);
   uint8_t got[sizeof(msg)];
   size_t n = 0;

@@ -225,7 +225,9 @@ struct ce_h2conn {
   size_t qlen;
   ce_h1_head_t *head;      /* scratch: a parsed HTTP/1.1 response head, a
                               stream's request or response as a head for
-                              its record; used within one call */
+                              its record; used within one call of a
+                              stream's, so allocated with the first stream
+                              (stream_new) and freed at rest (NULL then) */
   size_t down_held;        /* Σ down.cap over the streams (CE_H2_DOWN_BUDGET) */
   size_t rq_held;          /* Σ rq.cap over the streams (CE_H2_HEAD_BUDGET) */
   uint64_t blocked_at;     /* since when (ms) the queue waits with every connection draining, or 0 */

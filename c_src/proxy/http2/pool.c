@@ -906,7 +906,7 @@ bool ce_h2conn_releasable(const ce_conn_t *c) {
     if (sl->sess != NULL || slot_open(sl))
       return true;
   }
-  return ce_tlsconn_held(c->c.tls) > 0;
+  return c->h2->head != NULL || ce_tlsconn_releasable(c->c.tls) > 0;
 }
 
 /* The slot's connection ends on purpose: an h2 one with its GOAWAY
@@ -954,5 +954,8 @@ bool ce_h2conn_release_idle(ce_conn_t *c) {
    * left, so the next stream may open any. */
   for (size_t i = 0; i < CE_H2_H1_POOL; i++)
     h->slots[i].cooldown = false;
+  /* Its scratch head is a stream's: none runs (stream_new makes it again). */
+  free(h->head);
+  h->head = NULL;
   return released;
 }

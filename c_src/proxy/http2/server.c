@@ -322,6 +322,10 @@ static void stream_release_windows(h2_t *h, h2s_t *s) {
 }
 
 static h2s_t *stream_new(h2_t *h, int32_t cid) {
+  /* The scratch head comes with the first stream after a rest (the idle
+   * release frees it: ce_h2conn_release_idle). */
+  if (h->head == NULL && (h->head = malloc(sizeof(*h->head))) == NULL)
+    return NULL;
   h2s_t *s = calloc(1, sizeof(*s));
   if (s == NULL)
     return NULL;
@@ -901,8 +905,7 @@ int ce_h2conn_start(ce_conn_t *c) {
    * streams are translated (docs/http2.md §6). */
   h->h2up = c->up_h2;
   h->asks.max = CE_H2_MAX_ASKS;
-  h->head = malloc(sizeof(*h->head));
-  if (h->head == NULL || new_sessions(h) != CE_OK)
+  if (new_sessions(h) != CE_OK)
     return CE_ENOMEM;
   CE_TRACE_D("proxy", 'c', c->id, "h2 with the workspace and the upstream");
   return CE_OK;
