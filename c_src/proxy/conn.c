@@ -1536,7 +1536,7 @@ void ce_conn_h2_connect(ce_conn_t *c, bool offer_h2) {
   snprintf(c->up_host, sizeof(c->up_host), "%s", c->sni.text);
   c->up_port = c->port;
   c->up_for = CE_UP_FOR_H2_STREAMS;
-  trace(c, "h2: connecting %s for HTTP/1.1 streams", c->up_host);
+  trace(c, "h2: connecting upstream connection 0 to %s (%s)", c->up_host, offer_h2 ? "h2 or HTTP/1.1" : "HTTP/1.1");
   conn__arm(c, c->proxy->opts->connect_ms);
   upstream_connect(c);
 }
