@@ -565,11 +565,14 @@ static void h2_rest_arm(ce_conn_t *c) {
   c->idle_after_release = (uint32_t)(due - release);
 }
 
-/* Bytes from the peer wait in the side's socket, not yet read. */
+/* Bytes from the peer wait in the side's socket and will be read in this
+ * turn of the loop (the side is being read: not held back by a full
+ * buffer on the other side). */
 static bool socket_has_input(side_t *s) {
   uv_os_fd_t fd;
   int n = 0;
-  return s->open && uv_fileno((uv_handle_t *)&s->tcp, &fd) == 0 && ioctl(fd, FIONREAD, &n) == 0 && n > 0;
+  return s->open && s->reading && uv_fileno((uv_handle_t *)&s->tcp, &fd) == 0 && ioctl(fd, FIONREAD, &n) == 0 &&
+         n > 0;
 }
 
 /* ---- writing ------------------------------------------------------------- */

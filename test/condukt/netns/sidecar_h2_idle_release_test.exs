@@ -304,6 +304,35 @@ defmodule Condukt.Netns.SidecarH2IdleReleaseTest do
     assert release_lines(sc) != []
   end
 
+  # The idle timeout runs from the last byte read, release or not: after
+  # the release only what is left of it runs (2,000 - 500 ms here), and a
+  # release that would come after it (release >= idle) never comes.
+  @tag proxy_args: ["--verbose", "--idle-timeout-ms", "2000"]
+  test "after the release the idle timeout still ends the connection, on time", %{tb: tb, sc: sc} do
+    q = tag()
+    {log, _go} = rest(tb, sc, %{host: "allowed.test", mode: "rest", path: "/1k.bin?#{q}", path2: "/1k.bin"})
+    [first] = await_lines(log, 1)
+    assert %{"status" => 200, "ended" => true} = first["first"], inspect(first)
+    id = hd(RawHttp.events_for(sc, q))["connection_id"]
+
+    released_at = await_release(sc, id)
+    ended_at = await_end(sc, id)
+    left = ended_at - released_at
+    assert left > 1.2 and left < 1.8, "the connection ended #{left} s after its release (1.5 s expected)"
+    assert %{"connections" => 0} = Sidecar.buffer_stats(sc)
+  end
+
+  @tag proxy_args: ["--verbose", "--idle-timeout-ms", "1500", "--idle-release-ms", "3000"]
+  test "a release that would come after the idle timeout never comes", %{tb: tb, sc: sc} do
+    q = tag()
+    {log, _go} = rest(tb, sc, %{host: "allowed.test", mode: "rest", path: "/1k.bin?#{q}", path2: "/1k.bin"})
+    [_first] = await_lines(log, 1)
+    id = hd(RawHttp.events_for(sc, q))["connection_id"]
+
+    _ = await_end(sc, id)
+    assert Sidecar.trace_at(Sidecar.h2_trace(sc, id), @released) == [], inspect(Sidecar.h2_trace(sc, id))
+  end
+
   ## Helpers
 
   defp h2_raw(tb, sc, spec), do: Client.h2_raw(tb, sc.ca_cert, spec)
@@ -349,6 +378,17 @@ defmodule Condukt.Netns.SidecarH2IdleReleaseTest do
 
       {:error, :timeout} ->
         flunk("no release within 10 s: #{inspect(Sidecar.buffer_stats(sc))}\n#{inspect(Sidecar.h2_trace(sc, id))}")
+    end
+  end
+
+  # Waits for workspace connection `id` to end (its trace's abort: the
+  # idle timeout's GOAWAY, then the close); returns its time.
+  defp await_end(sc, id) do
+    ended = fn -> Sidecar.trace_at(Sidecar.trace(sc, id), ~r/^\[h2\] abort$/) end
+
+    case Cmd.poll(fn -> ended.() != [] end, 10_000, 100) do
+      :ok -> hd(ended.())
+      {:error, :timeout} -> flunk("the connection did not end within 10 s:\n#{inspect(Sidecar.trace(sc, id))}")
     end
   end
 
