@@ -354,7 +354,7 @@ void conn__close_after_flush(ce_conn_t *c) {
 
 static void on_timer(uv_timer_t *t) {
   ce_conn_t *c = t->data;
-  trace(c, "timeout");
+  trace(c, "%s", c->release_due ? "idle release due" : "timeout");
   switch (c->state) {
   case ST_HELLO:
     /* With no byte there is no telling TLS from plain HTTP: the port the
