@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 COLORS = {"direct": "#9e9e9e", "condukt": "#1f77b4", "mitmproxy": "#ff7f0e", "squid": "#2ca02c"}
-SHOWN = ["h1_rps", "h2_rps", "new_conns", "bulk_mb_s", "added_p50", "added_p99", "rss_idle", "rss_per_conn"]
+SHOWN = ["h1_rps", "h2_rps", "new_conns", "bulk_mb_s", "added_p50", "added_p99", "rss_per_conn", "rss_per_conn_h2"]
 
 
 def main():
