@@ -172,6 +172,8 @@ typedef struct h2s {
   int64_t rq_length;       /* the request's content-length, -1 when it declared none */
   uint64_t rq_seen;        /* request body bytes received (forwarded or dropped) */
   bool end_early_sent;     /* RST_STREAM(NO_ERROR) after the response went (h2__stream_end_early) */
+  int64_t rs_length;       /* the h2 upstream response's content-length, -1 when it declared none */
+  uint64_t down_sent;      /* response body bytes handed to the workspace (DATA) */
 } h2s_t;
 
 /*
@@ -244,6 +246,8 @@ uint64_t h2__now_ms(void);
 void h2__hset_reset(hset_t *s);
 bool h2__hset_add(hset_t *s, const uint8_t *name, size_t nl, const uint8_t *value, size_t vl, size_t max_cap);
 const char *h2__hset_get(const hset_t *s, const char *name, size_t *len);
+/* A content-length value: its digits (at most 18), or -1. */
+int64_t h2__length(const char *v, size_t n);
 size_t h2__hset_nva(const hset_t *s, nghttp2_nv *out, size_t cap, bool trailers);
 long h2__rq_fields(h2s_t *s, ce_h1_field_t *f, size_t cap);
 void h2__hset_head(const hset_t *s, ce_h1_head_t *hd);

@@ -111,6 +111,15 @@ bool h2__hset_add(hset_t *s, const uint8_t *name, size_t nl, const uint8_t *valu
 }
 
 /* The value of a field (first one), or NULL. */
+int64_t h2__length(const char *v, size_t n) {
+  if (n == 0 || n > 18)
+    return -1;
+  int64_t len = 0;
+  for (size_t i = 0; i < n && len >= 0; i++)
+    len = v[i] >= '0' && v[i] <= '9' ? len * 10 + (v[i] - '0') : -1;
+  return len;
+}
+
 const char *h2__hset_get(const hset_t *s, const char *name, size_t *len) {
   size_t nl = strlen(name);
   for (size_t i = 0; i < s->n; i++)
@@ -205,6 +214,7 @@ static void down_taken(h2_t *h, h2s_t *s, size_t n) {
   ce_h2buf_drop(&s->down, n);
   h->down_held -= before - s->down.cap;
   s->x.req.bytes_in += n;
+  s->down_sent += n;
   nghttp2_session *us = h2__stream_up(s);
   if (us != NULL) {
     if (s->uid > 0)
@@ -332,6 +342,7 @@ static h2s_t *stream_new(h2_t *h, int32_t cid) {
   s->h = h;
   s->cid = cid;
   s->rq_length = -1;
+  s->rs_length = -1;
   ce_exchange_init(&s->x, &h2_ops, s, &h->asks);
   s->next = h->streams;
   if (h->streams != NULL)
@@ -703,12 +714,8 @@ static int srv_header(nghttp2_session *session, const nghttp2_frame *frame, cons
   }
   rq_add(s->h, s, name, namelen, value, valuelen);
   /* nghttp2 has checked it (digits; DATA will be held to it). */
-  if (namelen == 14 && memcmp(name, "content-length", 14) == 0 && valuelen > 0 && valuelen <= 18) {
-    int64_t n = 0;
-    for (size_t i = 0; i < valuelen && n >= 0; i++)
-      n = value[i] >= '0' && value[i] <= '9' ? n * 10 + (value[i] - '0') : -1;
-    s->rq_length = n;
-  }
+  if (namelen == 14 && memcmp(name, "content-length", 14) == 0)
+    s->rq_length = h2__length((const char *)value, valuelen);
   return 0;
 }
 
@@ -1026,6 +1033,14 @@ void h2__flush(h2_t *h) {
     srv_send(h);
 }
 
+/* The workspace had the whole response of s: its head, and as many body
+ * bytes as its content-length said, all of them written to the socket
+ * (a HEAD's, a 304's or any response without a length never counts). */
+static bool stream_served(const ce_conn_t *c, const h2s_t *s) {
+  return s->rs_head_done && !s->local && s->fail[0] == '\0' && s->rs_length >= 0 &&
+         s->down_sent == (uint64_t)s->rs_length && s->down.len == 0 && c->c.queued == 0;
+}
+
 void ce_h2conn_process(ce_conn_t *c) {
   h2_t *h = c->h2;
   if (h == NULL || c->dead)
@@ -1076,9 +1091,11 @@ void ce_h2conn_process(ce_conn_t *c) {
   if (c->dead)
     return;
   if (c->c.eof) {
-    /* The workspace is gone: its streams with it. */
+    /* The workspace is gone: its streams with it. One that had its whole
+     * response was served (the client closed before the upstream's end of
+     * the stream came, which it did not need). */
     for (h2s_t *s = h->streams; s != NULL; s = s->next)
-      ce_exchange_finish(&s->x, "client_reset: connection closed");
+      ce_exchange_finish(&s->x, stream_served(c, s) ? NULL : "client_reset: connection closed");
     ce_conn_abort(c);
     return;
   }

@@ -136,6 +136,12 @@ static void upstream_response(h2s_t *s, bool end) {
     h2__fail_502(s, s->fail);
     return;
   }
+  /* Its length, for a workspace that closes once it has it all (nghttp2
+   * checked it: digits, and the DATA will be held to it). */
+  size_t cl = 0;
+  const char *len = h2__hset_get(&s->rs, "content-length", &cl);
+  if (len != NULL)
+    s->rs_length = h2__length(len, cl);
   /* The connection's scratch head (set_response copies what it keeps). */
   ce_h1_head_t *hd = h->head;
   h2__hset_head(&s->rs, hd);

@@ -44,6 +44,10 @@ handshake), IPv4 and IPv6. Answers by path:
              the next connection accepted after this request (within
              10 s) waits MS ms before its TLS handshake (a slow upstream
              being opened)
+  /late-end?size=N&ms=M...
+             200 with content-length N and the N bytes, the stream's end
+             (an empty DATA frame) only M ms later (a client may close
+             once it has the N bytes)
   /count...  200 "h2 origin <path> seen <n>\n" (<n>: how many times it came)
   /count-refuse...
              RST_STREAM REFUSED_STREAM, counted like /count
@@ -112,6 +116,15 @@ def serve(tls):
                             conn.send_data(ev.stream_id, b"", end_stream=True)
                             tls.sendall(conn.data_to_send())
                         read_until_closed(tls, 10)
+                        return
+                    continue
+                if st["path"].startswith("/late-end"):
+                    send_bytes(tls, conn, ev.stream_id, query_int(st["path"], "size", 1000), end=False)
+                    time.sleep(query_int(st["path"], "ms", 1000) / 1000.0)
+                    try:
+                        conn.send_data(ev.stream_id, b"", end_stream=True)
+                        tls.sendall(conn.data_to_send())
+                    except Exception:  # the stream was reset, or the connection went: done either way
                         return
                     continue
                 if st["path"].startswith("/goaway-hold"):
