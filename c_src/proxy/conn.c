@@ -1175,6 +1175,7 @@ static void on_read_common(side_t *s, ssize_t nread, const uv_buf_t *buf) {
       }
     }
     s->eof = true;
+    s->peer_reset = nread != UV_EOF;
     uv_read_stop((uv_stream_t *)&s->tcp);
     s->reading = false;
     if (s == &c->c && c->state == ST_HANDSHAKE) {

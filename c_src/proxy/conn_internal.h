@@ -78,6 +78,7 @@ typedef struct side {
   bool reading;
   bool eof;                /* the peer finished sending */
   bool close_notify;       /* TLS: the peer's eof was a close_notify */
+  bool peer_reset;         /* the peer's end was a read error (a reset), not a FIN */
   bool close_after_flush;
   side_shut_t shut;        /* how far the write side's end has gone */
   uv_shutdown_t shut_req;

@@ -193,6 +193,7 @@ void ce_transport_reset(side_t *s) {
   s->connected = false;
   s->handshaken = false;
   s->eof = false;
+  s->peer_reset = false;
   s->close_notify = false;
   s->shut = SIDE_WRITING;
   s->close_after_flush = false;

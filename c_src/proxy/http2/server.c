@@ -1,6 +1,9 @@
 /* HTTP/2 with the workspace: the server session and its streams (h2_internal.h). */
 #include "proxy/http2/h2_internal.h"
 
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+
 static void hset_free(hset_t *s);
 static void down_taken(h2_t *h, h2s_t *s, size_t n);
 static void down_drop(h2_t *h, h2s_t *s);
@@ -110,7 +113,6 @@ bool h2__hset_add(hset_t *s, const uint8_t *name, size_t nl, const uint8_t *valu
   return true;
 }
 
-/* The value of a field (first one), or NULL. */
 int64_t h2__length(const char *v, size_t n) {
   if (n == 0 || n > 18)
     return -1;
@@ -120,6 +122,7 @@ int64_t h2__length(const char *v, size_t n) {
   return len;
 }
 
+/* The value of a field (first one), or NULL. */
 const char *h2__hset_get(const hset_t *s, const char *name, size_t *len) {
   size_t nl = strlen(name);
   for (size_t i = 0; i < s->n; i++)
@@ -1033,12 +1036,20 @@ void h2__flush(h2_t *h) {
     srv_send(h);
 }
 
-/* The workspace had the whole response of s: its head, and as many body
- * bytes as its content-length said, all of them written to the socket
- * (a HEAD's, a 304's or any response without a length never counts). */
+/* The workspace had the whole exchange of s and closed with a FIN: its
+ * request ended, the response's head and as many body bytes as its
+ * content-length said went out, and the workspace acknowledged every byte
+ * written to it (nothing in the socket's send queue). A reset, a response
+ * without a length (or of an HTTP/1.1 upstream, which ends its streams
+ * itself) never counts; a HEAD's or a 304's only with a length of 0. */
 static bool stream_served(const ce_conn_t *c, const h2s_t *s) {
-  return s->rs_head_done && !s->local && s->fail[0] == '\0' && s->rs_length >= 0 &&
-         s->down_sent == (uint64_t)s->rs_length && s->down.len == 0 && c->c.queued == 0;
+  if (!s->rs_head_done || s->local || s->fail[0] != '\0' || s->rs_length < 0 ||
+      s->down_sent != (uint64_t)s->rs_length || s->down.len != 0 || c->c.queued != 0 || c->c.peer_reset ||
+      nghttp2_session_get_stream_remote_close(s->h->srv, s->cid) != 1)
+    return false;
+  uv_os_fd_t fd;
+  int unacked = -1;
+  return uv_fileno((const uv_handle_t *)&c->c.tcp, &fd) == 0 && ioctl(fd, SIOCOUTQ, &unacked) == 0 && unacked == 0;
 }
 
 void ce_h2conn_process(ce_conn_t *c) {
